@@ -1,0 +1,90 @@
+"""Names shared by the API, the renderer, the operator and the trainer: one place, each documented."""
+
+from typing import Final
+
+GROUP: Final = "finetunejob.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "FineTuneJob"
+PLURAL: Final = "finetunejobs"
+SINGULAR: Final = "finetunejob"
+SHORT_NAMES: Final = ["ftj"]
+
+# Standard recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels).
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+APP_NAME: Final = "finetunejob"
+MANAGED_BY: Final = "finetunejob-operator"
+
+# Our own labels: selectors for the headless Service and for finding an attempt's pods.
+LABEL_JOB: Final = f"{GROUP}/job-name"
+LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
+LABEL_ROLE: Final = f"{GROUP}/role"
+
+# Kueue admits a workload by flipping spec.suspend; it finds workloads by this label.
+LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+
+# The Indexed Job controller writes each pod's completion index into this annotation; node rank comes from it.
+ANNOTATION_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
+
+# Paths inside trainer pods.
+CONFIG_MOUNT_PATH: Final = "/etc/finetune"
+CONFIG_FILE: Final = "trainer.json"
+DEEPSPEED_FILE: Final = "deepspeed.json"
+FSDP_FILE: Final = "fsdp.json"
+OUTPUT_MOUNT_PATH: Final = "/output"
+CACHE_MOUNT_PATH: Final = "/cache"
+TMP_MOUNT_PATH: Final = "/tmp"
+SHM_MOUNT_PATH: Final = "/dev/shm"
+TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
+
+CONTAINER_NAME: Final = "trainer"
+RENDEZVOUS_PORT_NAME: Final = "rendezvous"
+DEFAULT_RENDEZVOUS_PORT: Final = 29500
+DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
+DEFAULT_TRAINER_IMAGE: Final = "ghcr.io/finetunejob/trainer:0.1.0"
+# Non-root uid/gid of the trainer image (trainer_image/Dockerfile creates it).
+TRAINER_UID: Final = 1000
+
+# torchrun reads PET_<FLAG> as its own --<flag>; these five are the rendezvous contract every operator uses.
+ENV_PET_NNODES: Final = "PET_NNODES"
+ENV_PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+ENV_PET_NODE_RANK: Final = "PET_NODE_RANK"
+ENV_PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+ENV_PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+
+# Our own variables, read by finetune_trainer.
+ENV_CONFIG: Final = "FINETUNE_CONFIG"
+ENV_JOB_NAME: Final = "FINETUNE_JOB_NAME"
+ENV_JOB_NAMESPACE: Final = "FINETUNE_JOB_NAMESPACE"
+ENV_ATTEMPT: Final = "FINETUNE_ATTEMPT"
+ENV_POD_NAME: Final = "FINETUNE_POD_NAME"
+
+# Names a user env entry may not set: torchrun/torch.distributed would silently be redirected.
+RESERVED_ENV_NAMES: Final = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "NODE_RANK",
+        "CUDA_VISIBLE_DEVICES",
+        ENV_CONFIG,
+        ENV_JOB_NAME,
+        ENV_JOB_NAMESPACE,
+        ENV_ATTEMPT,
+        ENV_POD_NAME,
+    }
+)
+RESERVED_ENV_PREFIXES: Final = ("PET_", "TORCHELASTIC_", "FINETUNE_")
+
+# Kubernetes limits a pod hostname to one DNS label; Indexed Job hostnames are "<job>-a<attempt>-<index>".
+MAX_JOB_NAME_LENGTH: Final = 48

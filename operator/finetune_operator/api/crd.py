@@ -1,0 +1,138 @@
+"""The CustomResourceDefinition, generated from the pydantic models (never edited by hand).
+
+Kubernetes wants a structural OpenAPI v3 schema: no $ref, no anyOf-with-null for optional fields, an explicit
+type everywhere, and x-kubernetes-preserve-unknown-fields where a field is free-form (extraArgs, inline rows).
+"""
+
+from typing import Any
+
+from .constants import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from .spec import FineTuneJobSpec
+from .status import FineTuneJobStatus
+
+# JSON Schema keywords that Kubernetes' OpenAPI v3 subset rejects or that only add noise to `kubectl explain`.
+_DROPPED_KEYS = {"title", "examples", "$defs", "additionalProperties", "const", "discriminator"}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
+    {"name": "Nodes", "type": "string", "jsonPath": ".status.nodes", "description": "Nodes running / requested."},
+    {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus", "description": "GPUs per attempt."},
+    {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percent",
+     "description": "Percent of optimizer steps done."},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Latest training loss."},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Estimated time left."},
+    {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1,
+     "description": "Current attempt."},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
+     "description": "Why the job is in its phase."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def crd() -> dict[str, Any]:
+    """The whole CRD object, ready for `kubectl apply`."""
+    spec_schema = structural_schema(FineTuneJobSpec.model_json_schema(by_alias=True, mode="validation"))
+    status_schema = structural_schema(FineTuneJobStatus.model_json_schema(by_alias=True, mode="validation"))
+    status_schema["description"] = "Observed state, written by the operator and by trainer rank 0 (progress)."
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": SINGULAR,
+                      "shortNames": list(SHORT_NAMES), "categories": ["all", "ml"]},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "FineTuneJob fine-tunes a language model on one or more nodes with the "
+                            "Hugging Face Trainer; the operator runs it as gang-restarted Indexed Jobs.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def structural_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Inlines every $ref and rewrites pydantic's JSON Schema into Kubernetes' structural subset."""
+    return _convert(schema, schema.get("$defs", {}))
+
+
+def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    node = dict(node)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").split("/")[-1]]
+        node = {**target, **node}  # the referring field's description wins over the model's docstring
+    if "anyOf" in node:
+        # Optional[X]: keep X (an absent field is how Kubernetes says "unset"), then convert X itself.
+        kept = _without_null(node.pop("anyOf"), defs)
+        if node.get("default", 0) is None:
+            node.pop("default")
+        return _convert({**kept, **node}, defs)
+    out: dict[str, Any] = {}
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    for key, value in node.items():
+        if key in _DROPPED_KEYS:
+            continue
+        if key == "properties":
+            out["properties"] = {k: _convert(v, defs) for k, v in value.items()}
+        elif key == "items":
+            out["items"] = _convert(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "default" and value is None:
+            continue
+        else:
+            out[key] = value
+    _type_free_form(node, out, defs)
+    if "enum" in out and "type" not in out:
+        out["type"] = _enum_type(out["enum"])
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in node:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _type_free_form(node: dict[str, Any], out: dict[str, Any], defs: dict[str, Any]) -> None:
+    """Maps additionalProperties (dict[str, X]) and untyped values (Any) to what Kubernetes accepts."""
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and extra.get("type") in ("string", "integer", "number", "boolean"):
+        out["additionalProperties"] = _convert(extra, defs)
+    elif extra is not None and extra is not False:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "type" not in out and "properties" not in out and "enum" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+
+
+def _without_null(options: list[dict[str, Any]], defs: dict[str, Any]) -> dict[str, Any]:
+    kept = [o for o in options if o.get("type") != "null"]
+    if len(kept) != 1:
+        raise ValueError(f"cannot express a union of {len(kept)} types in a structural schema: {kept}")
+    return kept[0]
+
+
+def _enum_type(values: list[Any]) -> str:
+    if all(isinstance(v, bool) for v in values):
+        return "boolean"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "integer"
+    return "string"

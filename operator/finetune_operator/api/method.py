@@ -1,0 +1,51 @@
+"""spec.method: what is trained (all weights, LoRA/QLoRA adapters, or the top layers only)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+MethodType = Literal["full", "lora", "qlora", "freeze"]
+
+
+class LoraSpec(ApiModel):
+    r: int = Field(default=16, ge=1, le=4096, description="LoRA rank.")
+    alpha: int = Field(default=32, ge=1, le=65536, description="LoRA alpha (scaling = alpha / r).")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the LoRA path.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
+        max_length=256,
+        description='Module names (or suffixes) that get adapters; ["all-linear"] targets every linear layer but '
+        "the output head.",
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Modules trained fully and saved with the adapter (e.g. embed_tokens, lm_head when adding tokens).",
+    )
+    use_rslora: bool = Field(default=False, description="Rank-stabilised scaling alpha / sqrt(r).")
+    use_dora: bool = Field(default=False, description="Weight-decomposed LoRA (DoRA).")
+
+
+class FreezeSpec(ApiModel):
+    trainable_layers: int = Field(
+        default=2, ge=1, le=1024, description="Number of final transformer blocks left trainable."
+    )
+    extra_trainable_modules: list[str] = Field(
+        default_factory=list, max_length=64, description="Other parameter-name substrings to train, e.g. lm_head."
+    )
+
+
+class MethodSpec(ApiModel):
+    type: MethodType = Field(
+        default="lora",
+        description="full: every weight; lora: adapters on a frozen base; qlora: lora on a 4-bit base (GPU only); "
+        "freeze: only the last layers.",
+    )
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora and qlora.")
+    freeze: FreezeSpec = Field(default_factory=FreezeSpec, description="Settings for the freeze method.")
+    neftune_noise_alpha: float | None = Field(
+        default=None, gt=0, le=100, description="NEFTune embedding noise (5 is a common value); unset disables it."
+    )

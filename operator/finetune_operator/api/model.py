@@ -1,0 +1,41 @@
+"""spec.model: which base model to fine-tune and how to load it."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+AttentionImplementation = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
+Quantization = Literal["none", "8bit", "4bit"]
+
+
+class ModelSpec(ApiModel):
+    name: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Base model: a Hugging Face Hub id (e.g. meta-llama/Llama-3.2-1B) or a directory on a mounted "
+        "volume (an absolute path such as /models/llama).",
+    )
+    revision: str | None = Field(
+        default=None, min_length=1, max_length=256, description="Hub revision (branch, tag or commit) to pin."
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Tokenizer hub id or path when it differs from the model; defaults to the model's own.",
+    )
+    dtype: Dtype = Field(default="auto", description="Dtype the weights are loaded in; auto uses the checkpoint's.")
+    attn_implementation: AttentionImplementation = Field(
+        default="sdpa",
+        description="Attention kernel. Packing without cross-sample attention needs flash_attention_2/3 or "
+        "flex_attention on GPU; sdpa and eager fall back to per-sample position ids with a padding-free collator.",
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Run Python code shipped with the model repository. Off unless you trust it."
+    )
+    quantization: Quantization = Field(
+        default="none", description="Load the base weights quantized with bitsandbytes (GPU only); qlora needs 4bit."
+    )

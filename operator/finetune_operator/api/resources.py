@@ -1,0 +1,109 @@
+"""spec.resources and spec.pod: what each node (pod) requests and how it is scheduled and configured."""
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from .base import ApiModel
+from .constants import DEFAULT_GPU_RESOURCE, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
+
+# The apiserver's own quantity grammar (k8s.io/apimachinery/pkg/api/resource), so bad values fail here first.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+RESOURCE_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+def reject_reserved_env_name(name: str) -> str:
+    """Raises when `name` belongs to torchrun's rendezvous contract or to our trainer."""
+    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        raise ValueError(
+            f"{name} is set by the operator for torchrun/the trainer and may not be overridden; "
+            "use the spec field instead (e.g. distributed.rendezvousPort)"
+        )
+    return name
+
+
+class ResourcesSpec(ApiModel):
+    gpu_resource_name: str = Field(
+        default=DEFAULT_GPU_RESOURCE,
+        max_length=253,
+        pattern=RESOURCE_NAME_PATTERN,
+        description="Extended resource that counts GPUs (nvidia.com/gpu, amd.com/gpu, ...).",
+    )
+    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="CPU per pod, e.g. 16 or 500m.")
+    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="Memory per pod, e.g. 128Gi.")
+    shm_size: str = Field(
+        default="8Gi",
+        pattern=QUANTITY_PATTERN,
+        description="Size of /dev/shm (a memory-backed emptyDir); dataloader workers and NCCL need more than 64Mi.",
+    )
+
+
+class EnvVar(ApiModel):
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
+    value: str = Field(default="", max_length=32768, description="Literal value (never a secret: use secretEnv).")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        return reject_reserved_env_name(name)
+
+
+class SecretEnvVar(ApiModel):
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name, e.g. HF_TOKEN.")
+    secret_name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Secret in the job's namespace.")
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret.")
+    optional: bool = Field(default=False, description="Start even if the Secret or key is missing.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        return reject_reserved_env_name(name)
+
+
+class Toleration(ApiModel):
+    key: str | None = Field(default=None, max_length=316, description="Taint key; empty with Exists matches all.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty matches all."
+    )
+    toleration_seconds: int | None = Field(default=None, ge=0, description="NoExecute: how long to stay bound.")
+
+
+class PodSpec(ApiModel):
+    image: str | None = Field(
+        default=None, min_length=1, max_length=1024, pattern=r"^\S+$",
+        description="Trainer image; defaults to the operator's configured trainer image.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Image pull policy."
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list, max_length=16, description="Pull Secret names.")
+    service_account_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="ServiceAccount the trainer pods run as (e.g. for workload identity to object storage).",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints tolerated.")
+    affinity: dict[str, Any] | None = Field(
+        default=None, description="A core/v1 Affinity, passed through as written (validated by the apiserver)."
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="PriorityClass of the pods."
+    )
+    scheduler_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Scheduler, e.g. a gang scheduler such as volcano.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=256, description="Extra environment variables.")
+    secret_env: list[SecretEnvVar] = Field(
+        default_factory=list, max_length=64,
+        description="Variables from Secrets (secretKeyRef), e.g. HF_TOKEN; their values never enter the spec.",
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the trainer pods.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the trainer pods.")

@@ -1,0 +1,25 @@
+"""spec.runPolicy: restarts, deadlines, clean-up and suspension of the whole job."""
+
+from pydantic import Field
+
+from .base import ApiModel
+
+
+class RunPolicy(ApiModel):
+    backoff_limit: int = Field(
+        default=3, ge=0, le=1000,
+        description="Gang restarts allowed: when any node fails, the whole attempt is replaced, up to this many times.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the job once it has run this long, restarts included."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the FineTuneJob (and its children) this long after it finishes."
+    )
+    suspend: bool = Field(
+        default=False, description="Stop the running attempt (checkpoints are kept); unset to resume from the last one."
+    )
+    stall_timeout_seconds: int | None = Field(
+        default=1800, ge=60,
+        description="Restart an attempt whose progress heartbeat is older than this; unset disables the watchdog.",
+    )

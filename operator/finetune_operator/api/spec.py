@@ -1,0 +1,162 @@
+"""FineTuneJobSpec: the whole spec, and the rules that span several sections."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from .base import ApiModel
+from .data import DataSpec
+from .distributed import DistributedSpec
+from .errors import FieldError, SpecRuleErrors
+from .method import MethodSpec
+from .model import ModelSpec
+from .output import CheckpointSpec, OutputSpec
+from .resources import PodSpec, ResourcesSpec
+from .run_policy import RunPolicy
+from .training import TrainingSpec
+
+FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+class FineTuneJobSpec(ApiModel):
+    model: ModelSpec = Field(description="The base model to fine-tune.")
+    data: DataSpec = Field(description="Training (and validation) data and how it is tokenized.")
+    method: MethodSpec = Field(default_factory=MethodSpec, description="Full fine-tune, LoRA, QLoRA or freeze.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation hyper-parameters.")
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec, description="Nodes, processes and the parallelism strategy."
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-pod resource requests.")
+    pod: PodSpec = Field(default_factory=PodSpec, description="Image, scheduling and environment of trainer pods.")
+    output: OutputSpec = Field(default_factory=OutputSpec, description="Where checkpoints and the model are written.")
+    checkpoints: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and suspension.")
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step: micro-batch x accumulation x nodes x processes per node."""
+        t, d = self.training, self.distributed
+        return t.per_device_train_batch_size * t.gradient_accumulation_steps * d.world_size
+
+    @property
+    def total_gpus(self) -> int:
+        return self.distributed.num_nodes * self.distributed.gpus_per_node
+
+    @model_validator(mode="after")
+    def _cross_section_rules(self) -> "FineTuneJobSpec":
+        errors = run_rules({name: getattr(self, name) for name in SECTIONS})
+        if errors:
+            raise SpecRuleErrors(errors)
+        return self
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-section rule and the sections it reads, so it can still run when an unrelated section is invalid."""
+
+    needs: tuple[str, ...]
+    check: Callable[[Any], list[FieldError]]
+
+
+def run_rules(sections: dict[str, Any]) -> list[FieldError]:
+    """Runs every rule whose sections are all present (valid) in `sections`."""
+    view = _Sections(sections)
+    return [e for rule in RULES if all(n in sections for n in rule.needs) for e in rule.check(view)]
+
+
+def valid_sections(raw: dict[str, Any]) -> dict[str, Any]:
+    """Each section of a raw spec that validates on its own (defaults for omitted optional sections)."""
+    out: dict[str, Any] = {}
+    for name, info in FineTuneJobSpec.model_fields.items():
+        alias = info.alias or name
+        model: type[BaseModel] = info.annotation  # type: ignore[assignment]
+        if alias not in raw and info.is_required():
+            continue
+        try:
+            out[name] = model.model_validate(raw[alias]) if alias in raw else info.get_default(call_default_factory=True)
+        except ValidationError:
+            continue
+        if out[name] is None:
+            del out[name]
+    return out
+
+
+class _Sections:
+    def __init__(self, sections: dict[str, Any]):
+        self.__dict__.update(sections)
+
+
+def _method_rules(spec: Any) -> list[FieldError]:
+    errors = []
+    method, quant = spec.method.type, spec.model.quantization
+    if method == "qlora" and quant != "4bit":
+        errors.append(FieldError("method.type", method, "qlora trains adapters on a 4-bit base model",
+                                 "set model.quantization: 4bit (or use method.type: lora)"))
+    if method in ("full", "freeze") and quant != "none":
+        errors.append(FieldError("model.quantization", quant, f"method {method} cannot train quantized weights",
+                                 "use method.type: qlora/lora, or model.quantization: none"))
+    return errors
+
+
+def _quantized_sharding_rules(spec: Any) -> list[FieldError]:
+    ds = spec.distributed.deepspeed
+    if spec.model.quantization != "none" and ds is not None and ds.zero_stage == 3:
+        return [FieldError("distributed.deepspeed.zeroStage", 3,
+                           "ZeRO-3 cannot partition bitsandbytes-quantized weights",
+                           "use zeroStage 2 with quantization, or strategy fsdp for QLoRA")]
+    return []
+
+
+def _output_rules(spec: Any) -> list[FieldError]:
+    method = spec.method.type
+    if spec.output.merge_adapter and method not in ("lora", "qlora"):
+        return [FieldError("output.mergeAdapter", True, f"method {method} has no adapter to merge",
+                           "remove mergeAdapter or use method lora/qlora")]
+    return []
+
+
+def _hardware_rules(spec: Any) -> list[FieldError]:
+    errors = []
+    d, m, t = spec.distributed, spec.model, spec.training
+    if d.gpus_per_node == 0:
+        if m.quantization != "none":
+            errors.append(FieldError("model.quantization", m.quantization,
+                                     "bitsandbytes quantization needs GPUs", "request distributed.gpusPerNode >= 1"))
+        if t.precision == "fp16":
+            errors.append(FieldError("training.precision", "fp16", "fp16 mixed precision needs a GPU",
+                                     "use bf16 or fp32 on CPU"))
+        if m.attn_implementation in FLASH_ATTENTION:
+            errors.append(FieldError("model.attnImplementation", m.attn_implementation,
+                                     "flash attention kernels need a GPU", "use sdpa or eager on CPU"))
+        if t.tf32:
+            errors.append(FieldError("training.tf32", True, "TF32 is a GPU feature", "remove tf32 for CPU jobs"))
+    return errors
+
+
+def _data_rules(spec: Any) -> list[FieldError]:
+    errors = []
+    data, t = spec.data, spec.training
+    has_validation = data.validation is not None or data.validation_split_percentage > 0
+    if t.eval_strategy != "no" and not has_validation:
+        errors.append(FieldError("training.evalStrategy", t.eval_strategy, "evaluation needs validation data",
+                                 "add data.validation or data.validationSplitPercentage, or set evalStrategy: no"))
+    if data.streaming and t.max_steps is None:
+        errors.append(FieldError("training.maxSteps", None, "a streamed dataset has no length, so epochs are unknown",
+                                 "set training.maxSteps"))
+    if data.max_eval_samples is not None and not has_validation:
+        errors.append(FieldError("data.maxEvalSamples", data.max_eval_samples, "there is no validation data to cap",
+                                 "remove maxEvalSamples or add validation data"))
+    return errors
+
+
+SECTIONS = ("model", "data", "method", "training", "distributed", "resources", "pod", "output", "checkpoints",
+            "run_policy")
+RULES = (
+    Rule(("method", "model"), _method_rules),
+    Rule(("model", "distributed"), _quantized_sharding_rules),
+    Rule(("method", "output"), _output_rules),
+    Rule(("distributed", "model", "training"), _hardware_rules),
+    Rule(("data", "training"), _data_rules),
+)

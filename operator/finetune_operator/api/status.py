@@ -1,0 +1,63 @@
+"""FineTuneJob status: written by the operator (phase, conditions, attempts) and by trainer rank 0 (progress)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+TERMINAL_PHASES = ("Succeeded", "Failed")
+ConditionType = Literal["Created", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed"]
+
+
+class Condition(ApiModel):
+    type: ConditionType = Field(description="Aspect of the job this condition describes.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field(default="", max_length=1024, description="CamelCase machine-readable reason.")
+    message: str = Field(default="", max_length=32768, description="Human-readable detail.")
+    last_transition_time: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="When status last changed."
+    )
+    observed_generation: int | None = Field(default=None, ge=0, description="Spec generation it was computed from.")
+
+
+class Progress(ApiModel):
+    step: int = Field(default=0, ge=0, description="Optimizer steps completed.")
+    max_steps: int | None = Field(default=None, ge=0, description="Total optimizer steps of the run.")
+    epoch: float | None = Field(default=None, ge=0, description="Fractional epoch reached.")
+    percent: int | None = Field(default=None, ge=0, le=100, description="step / maxSteps, in percent.")
+    loss: float | None = Field(default=None, description="Latest training loss.")
+    eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
+    learning_rate: float | None = Field(default=None, description="Current learning rate.")
+    tokens_per_second: float | None = Field(default=None, ge=0, description="Training tokens/s over all processes.")
+    eta: str | None = Field(default=None, max_length=64, description="Estimated time left, e.g. 1h02m.")
+    updated_at: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="Heartbeat: when rank 0 last reported."
+    )
+
+
+class CheckpointRef(ApiModel):
+    step: int = Field(ge=0, description="Global step of the newest complete checkpoint.")
+    path: str = Field(max_length=4096, description="Its directory inside the output volume.")
+
+
+class FineTuneJobStatus(ApiModel):
+    phase: Phase | None = Field(default=None, description="Pending, Queued, Running, Restarting, Suspended, "
+                                "Succeeded or Failed.")
+    reason: str | None = Field(default=None, max_length=1024, description="Why the job is in this phase.")
+    message: str | None = Field(default=None, max_length=32768, description="Detail for humans.")
+    conditions: list[Condition] = Field(default_factory=list, description="Latest observations of the job's state.")
+    attempt: int = Field(default=0, ge=0, description="Current attempt (1 for the first run).")
+    restarts: int = Field(default=0, ge=0, description="Gang restarts so far (counted against backoffLimit).")
+    nodes: str | None = Field(default=None, max_length=32, description="Nodes running / nodes requested, e.g. 2/2.")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs requested by one attempt.")
+    global_batch_size: int | None = Field(default=None, ge=1, description="Sequences per optimizer step.")
+    progress: Progress | None = Field(default=None, description="Training progress reported by rank 0.")
+    checkpoint: CheckpointRef | None = Field(default=None, description="Newest complete checkpoint.")
+    start_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                   description="When the first attempt started.")
+    completion_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                        description="When the job succeeded or failed.")
+    observed_generation: int | None = Field(default=None, ge=0, description="Spec generation last reconciled.")

@@ -1,0 +1,125 @@
+"""spec.training: the Hugging Face TrainingArguments users set, plus extraArgs for the rest."""
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from .base import ApiModel
+from .errors import FieldError, SpecRuleErrors
+
+Scheduler = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+]
+Precision = Literal["bf16", "fp16", "fp32"]
+Strategy = Literal["no", "steps", "epoch"]
+
+# TrainingArguments that a spec field already sets; the same name in extraArgs would silently fight it.
+MANAGED_TRAINING_ARGUMENTS: dict[str, str] = {
+    "output_dir": "spec.output",
+    "resume_from_checkpoint": "spec.checkpoints.resume",
+    "deepspeed": "spec.distributed.deepspeed",
+    "fsdp": "spec.distributed.fsdp",
+    "fsdp_config": "spec.distributed.fsdp",
+    "use_cpu": "spec.distributed.gpusPerNode",
+    "local_rank": "torchrun (never set by hand)",
+    "ddp_backend": "spec.distributed (nccl on GPU, gloo on CPU)",
+    "ddp_timeout": "spec.distributed.collectiveTimeoutSeconds",
+    "save_strategy": "spec.checkpoints.saveStrategy",
+    "save_steps": "spec.checkpoints.saveSteps",
+    "save_total_limit": "spec.checkpoints.keep",
+    "neftune_noise_alpha": "spec.method.neftuneNoiseAlpha",
+    "report_to": "spec.output (TensorBoard is always written)",
+    "num_train_epochs": "spec.training.epochs",
+    "max_steps": "spec.training.maxSteps",
+    "learning_rate": "spec.training.learningRate",
+    "lr_scheduler_type": "spec.training.lrScheduler",
+    "warmup_steps": "spec.training.warmupSteps or warmupRatio",
+    "per_device_train_batch_size": "spec.training.perDeviceTrainBatchSize",
+    "per_device_eval_batch_size": "spec.training.perDeviceEvalBatchSize",
+    "gradient_accumulation_steps": "spec.training.gradientAccumulationSteps",
+    "gradient_checkpointing": "spec.training.gradientCheckpointing",
+    "activation_checkpointing": "spec.training.gradientCheckpointing",
+    "bf16": "spec.training.precision",
+    "fp16": "spec.training.precision",
+    "tf32": "spec.training.tf32",
+    "optim": "spec.training.optim",
+    "weight_decay": "spec.training.weightDecay",
+    "max_grad_norm": "spec.training.maxGradNorm",
+    "logging_steps": "spec.training.loggingSteps",
+    "eval_strategy": "spec.training.evalStrategy",
+    "eval_steps": "spec.training.evalSteps",
+    "seed": "spec.training.seed",
+}
+
+
+class TrainingSpec(ApiModel):
+    epochs: float = Field(default=1.0, gt=0, le=10_000, description="Passes over the training data (num_train_epochs).")
+    max_steps: int | None = Field(
+        default=None, ge=1, description="Stop after this many optimizer steps; overrides epochs when set."
+    )
+    learning_rate: float = Field(default=1e-4, gt=0, le=10, description="Peak learning rate.")
+    lr_scheduler: Scheduler = Field(default="cosine", description="Learning-rate schedule (lr_scheduler_type).")
+    warmup_ratio: float = Field(default=0.0, ge=0, lt=1, description="Fraction of steps spent warming up.")
+    warmup_steps: int = Field(default=0, ge=0, description="Warm-up steps; wins over warmupRatio when > 0.")
+    per_device_train_batch_size: int = Field(default=1, ge=1, le=65536, description="Micro-batch per process.")
+    per_device_eval_batch_size: int = Field(default=1, ge=1, le=65536, description="Eval micro-batch per process.")
+    gradient_accumulation_steps: int = Field(
+        default=1, ge=1, le=65536, description="Micro-batches accumulated per optimizer step."
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in backward to save memory (slower)."
+    )
+    precision: Precision = Field(
+        default="bf16", description="bf16 or fp16 mixed precision, or fp32. CPU jobs support bf16 and fp32."
+    )
+    tf32: bool | None = Field(default=None, description="Allow TF32 matmuls on Ampere+ GPUs; unset keeps torch's.")
+    optim: str = Field(
+        default="adamw_torch_fused",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[a-z0-9_]+$",
+        description="Optimizer name as TrainingArguments spells it (adamw_torch, adamw_torch_fused, adafactor, ...).",
+    )
+    weight_decay: float = Field(default=0.0, ge=0, le=10, description="AdamW weight decay.")
+    max_grad_norm: float = Field(default=1.0, ge=0, description="Gradient clipping norm (0 disables clipping).")
+    logging_steps: int = Field(default=10, ge=1, description="Log (and report progress) every this many steps.")
+    eval_strategy: Strategy = Field(
+        default="no", description="When to evaluate: no, steps (every evalSteps) or epoch; needs validation data."
+    )
+    eval_steps: int | None = Field(default=None, ge=1, description="Steps between evaluations (evalStrategy steps).")
+    seed: int = Field(default=42, ge=0, le=2**32 - 1, description="Random seed for weights init, data order, dropout.")
+    extra_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other TrainingArguments field by its Python name (e.g. adam_beta2: 0.95). Unknown names are "
+        "rejected; names the spec manages (output_dir, deepspeed, fsdp, save_*) must be set through the spec.",
+    )
+
+    @model_validator(mode="after")
+    def _training_rules(self) -> "TrainingSpec":
+        errors: list[FieldError] = []
+        if self.eval_strategy == "steps" and self.eval_steps is None:
+            errors.append(
+                FieldError("evalSteps", None, "evalStrategy steps needs evalSteps", "set evalSteps, e.g. 200")
+            )
+        for key in self.extra_args:
+            if key in MANAGED_TRAINING_ARGUMENTS:
+                errors.append(
+                    FieldError(
+                        f"extraArgs.{key}",
+                        self.extra_args[key],
+                        "this TrainingArguments field is managed by the operator",
+                        f"set it through {MANAGED_TRAINING_ARGUMENTS[key]}",
+                    )
+                )
+        if errors:
+            raise SpecRuleErrors(errors)
+        return self

@@ -1,0 +1,225 @@
+"""validate_job: a FineTuneJob object (dict) -> ValidatedJob, or InvalidSpec listing every error at once.
+
+Turns pydantic's errors into FieldErrors with the YAML path, the value, the rule and a fix; adds the checks that
+need more than the spec (metadata.name limits, TrainingArguments names from the installed transformers).
+"""
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .api.constants import API_VERSION, KIND, MAX_JOB_NAME_LENGTH
+from .api.errors import FieldError, InvalidSpec, SpecRuleErrors
+from .api.spec import FineTuneJobSpec, run_rules, valid_sections
+from .api.training import MANAGED_TRAINING_ARGUMENTS
+from .training_arguments import training_argument_names
+
+# The job name becomes a Service name (DNS-1035 label) and the prefix of pod hostnames.
+JOB_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class ValidatedJob:
+    """A FineTuneJob that passed every check, with advice that does not block it."""
+
+    name: str
+    namespace: str
+    spec: FineTuneJobSpec
+    labels: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def validate_job(obj: dict[str, Any], default_namespace: str = "default") -> ValidatedJob:
+    """Validates a whole FineTuneJob manifest; raises InvalidSpec with every error found."""
+    errors: list[FieldError] = []
+    if not isinstance(obj, dict):
+        raise InvalidSpec([FieldError("", type(obj).__name__, "a FineTuneJob must be a mapping", "check the YAML")])
+    errors += _check_type_meta(obj)
+    metadata = obj.get("metadata") or {}
+    name = metadata.get("name", "")
+    errors += _check_name(name)
+    raw_spec = obj.get("spec")
+    spec, spec_errors = parse_spec(raw_spec)
+    errors += spec_errors
+    errors += _check_extra_args(raw_spec)
+    if errors or spec is None:
+        raise InvalidSpec(errors)
+    return ValidatedJob(
+        name=name,
+        namespace=metadata.get("namespace") or default_namespace,
+        spec=spec,
+        labels=dict(metadata.get("labels") or {}),
+        warnings=advice(spec),
+    )
+
+
+def parse_spec(raw: Any) -> tuple[FineTuneJobSpec | None, list[FieldError]]:
+    """Parses `spec`; returns the model or the list of FieldErrors (paths start with `spec`)."""
+    if raw is None:
+        return None, [FieldError("spec", None, "spec is required", "add spec.model and spec.data")]
+    try:
+        return FineTuneJobSpec.model_validate(raw), []
+    except ValidationError as exc:
+        errors = pydantic_errors(exc, "spec", FineTuneJobSpec)
+    if isinstance(raw, dict):
+        # The cross-section rules did not run (pydantic stops at the first invalid section); run the ones whose
+        # sections are valid, so the user sees every error in one pass.
+        known = {(e.path, e.message) for e in errors}
+        for e in run_rules(valid_sections(raw)):
+            e = FieldError(f"spec.{e.path}", e.value, e.message, e.fix)
+            if (e.path, e.message) not in known:
+                errors.append(e)
+    return None, errors
+
+
+def pydantic_errors(exc: ValidationError, prefix: str, root: type[BaseModel]) -> list[FieldError]:
+    """Flattens a ValidationError into FieldErrors, expanding the cross-field rule errors it carries."""
+    out: list[FieldError] = []
+    for err in exc.errors(include_url=False):
+        loc = err["loc"]
+        path = _join(prefix, loc)
+        rule_error = (err.get("ctx") or {}).get("error")
+        if isinstance(rule_error, SpecRuleErrors):
+            out += [FieldError(_join(path, (e.path,)) if e.path else path, e.value, e.message, e.fix)
+                    for e in rule_error.errors]
+            continue
+        out.append(_from_pydantic(err, path, root, loc))
+    return out
+
+
+def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: tuple[Any, ...]) -> FieldError:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    value = None if kind == "missing" else err.get("input")
+    message = str(err["msg"]).removeprefix("Value error, ")
+    fix = ""
+    if kind == "missing":
+        message, fix = "required field is missing", f"add {loc[-1]}"
+    elif kind == "extra_forbidden":
+        valid = _field_names_at(root, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        message = "unknown field"
+        fix = (f"did you mean {close[0]}? " if close else "") + f"valid fields here: {', '.join(valid)}"
+    elif kind == "literal_error":
+        fix = f"use one of {ctx.get('expected')}"
+    elif kind in _RANGE_OPERATORS:
+        op, key = _RANGE_OPERATORS[kind]
+        fix = f"use a value {op} {ctx.get(key)}"
+    elif kind == "string_pattern_mismatch":
+        message = "has an invalid format"
+        fix = f"match the pattern {ctx.get('pattern')}"
+    elif kind in ("int_parsing", "int_type", "int_from_float"):
+        fix = "write a whole number without quotes"
+    elif kind in ("float_parsing", "float_type"):
+        fix = "write a number without quotes"
+    elif kind in ("bool_parsing", "bool_type"):
+        fix = "write true or false"
+    elif kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
+        fix = "change the length to fit the limit"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        message, fix = "must be a mapping", "write it as key: value pairs"
+    elif kind == "list_type":
+        message, fix = "must be a list", "write it as a YAML list (- item)"
+    return FieldError(path, value, message, fix)
+
+
+_RANGE_OPERATORS = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
+
+
+def _check_type_meta(obj: dict[str, Any]) -> list[FieldError]:
+    errors = []
+    if obj.get("apiVersion") not in (None, API_VERSION):
+        errors.append(FieldError("apiVersion", obj.get("apiVersion"), "unsupported apiVersion", f"use {API_VERSION}"))
+    if obj.get("kind") not in (None, KIND):
+        errors.append(FieldError("kind", obj.get("kind"), f"this is not a {KIND}", f"use kind: {KIND}"))
+    return errors
+
+
+def _check_name(name: Any) -> list[FieldError]:
+    if not name:
+        return [FieldError("metadata.name", None, "a name is required", "add metadata.name, e.g. llama-sft")]
+    if not isinstance(name, str) or not JOB_NAME_PATTERN.match(name):
+        return [FieldError("metadata.name", name,
+                           "must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
+                           "rename it, e.g. llama-sft-1")]
+    if len(name) > MAX_JOB_NAME_LENGTH:
+        return [FieldError("metadata.name", name,
+                           f"is {len(name)} characters; pod hostnames <name>-a<attempt>-<index> must fit in 63",
+                           f"use at most {MAX_JOB_NAME_LENGTH} characters")]
+    return []
+
+
+def _check_extra_args(raw_spec: Any) -> list[FieldError]:
+    """Checks extraArgs names on the raw spec, so they are reported even when other fields are invalid."""
+    training = raw_spec.get("training") if isinstance(raw_spec, dict) else None
+    extra = training.get("extraArgs") if isinstance(training, dict) else None
+    if not isinstance(extra, dict):
+        return []
+    known = training_argument_names()
+    settable = sorted(known - MANAGED_TRAINING_ARGUMENTS.keys())
+    errors = []
+    for key, value in extra.items():
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, settable, n=3)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        errors.append(FieldError(f"spec.training.extraArgs.{key}", value, "not a TrainingArguments field",
+                                 f"{hint}valid names: {', '.join(settable)}"))
+    return errors
+
+
+def advice(spec: FineTuneJobSpec) -> list[str]:
+    """Non-blocking warnings: choices that are legal but that users usually regret."""
+    notes = []
+    if spec.output.claim_name is None:
+        notes.append("spec.output.claimName is unset: checkpoints live in an emptyDir and are lost with the pods, so "
+                     "a gang restart starts over and the final model must be copied out before the pods go")
+    if spec.model.trust_remote_code:
+        notes.append("spec.model.trustRemoteCode is true: code from the model repository runs in the trainer pods")
+    if spec.checkpoints.save_strategy == "no" and spec.run_policy.backoff_limit > 0:
+        notes.append("spec.checkpoints.saveStrategy is no: every gang restart starts from step 0")
+    if spec.distributed.num_nodes > 1 and spec.distributed.gpus_per_node == 0:
+        notes.append("a multi-node CPU job communicates over gloo; expect it to be slow beyond a smoke test")
+    return notes
+
+
+def _join(prefix: str, loc: tuple[Any, ...]) -> str:
+    path = prefix
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part:
+            path = f"{path}.{part}" if path else str(part)
+    return path
+
+
+def _field_names_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Aliases of the model found by walking `loc` from `root`; empty when the walk leaves the models."""
+    model: Any = root
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+        if part not in fields:
+            return []
+        model = _model_of(fields[part].annotation)
+        if model is None:
+            return []
+    return sorted((f.alias or n) for n, f in model.model_fields.items())
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
