@@ -1,0 +1,22 @@
+"""RenderContext: everything rendering needs besides the spec, passed in so rendering never reads the world."""
+
+from dataclasses import dataclass, field
+
+from ..api.constants import CONFIG_MOUNT_PATH, DEFAULT_TRAINER_IMAGE, OUTPUT_MOUNT_PATH
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """Identity of the FineTuneJob and operator settings. `attempt` starts at 1 and grows with gang restarts."""
+
+    name: str
+    namespace: str
+    attempt: int = 1
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    # The FineTuneJob's own labels: a Kueue queue name on it is copied to the workload.
+    job_labels: dict[str, str] = field(default_factory=dict)
+    # Where the trainer finds its config and writes output; `finetune run` points these at local directories.
+    config_dir: str = CONFIG_MOUNT_PATH
+    output_dir: str = OUTPUT_MOUNT_PATH
+    # Set when resuming an attempt from a checkpoint the operator recorded in status.checkpoint.
+    resume_from: str | None = None

@@ -1,0 +1,47 @@
+"""The trainer container's environment: torchrun's PET_* rendezvous contract, our own variables, user entries."""
+
+import posixpath
+from typing import Any
+
+from ..api import constants as c
+from ..api.spec import FineTuneJobSpec
+from .context import RenderContext
+from .names import master_address
+
+
+def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
+    """Reserved names come first and users cannot set them (the API rejects it), so nothing is silently overridden."""
+    d = spec.distributed
+    env: list[dict[str, Any]] = [
+        {"name": c.ENV_PET_NNODES, "value": str(d.num_nodes)},
+        {"name": c.ENV_PET_NPROC_PER_NODE, "value": str(d.processes_per_node)},
+        {"name": c.ENV_PET_NODE_RANK, "valueFrom": _field_ref(f"metadata.annotations['{c.ANNOTATION_COMPLETION_INDEX}']")},
+        {"name": c.ENV_PET_MASTER_ADDR, "value": master_address(ctx)},
+        {"name": c.ENV_PET_MASTER_PORT, "value": str(d.rendezvous_port)},
+        {"name": c.ENV_CONFIG, "value": posixpath.join(ctx.config_dir, c.CONFIG_FILE)},
+        {"name": c.ENV_JOB_NAME, "value": ctx.name},
+        {"name": c.ENV_JOB_NAMESPACE, "valueFrom": _field_ref("metadata.namespace")},
+        {"name": c.ENV_POD_NAME, "valueFrom": _field_ref("metadata.name")},
+        {"name": c.ENV_ATTEMPT, "value": str(ctx.attempt)},
+        # Hub downloads and tokenized-data caches go to a writable volume (the root filesystem is read-only).
+        {"name": "HF_HOME", "value": posixpath.join(c.CACHE_MOUNT_PATH, "huggingface")},
+        {"name": "TORCH_EXTENSIONS_DIR", "value": posixpath.join(c.CACHE_MOUNT_PATH, "torch_extensions")},
+        {"name": "TRITON_CACHE_DIR", "value": posixpath.join(c.CACHE_MOUNT_PATH, "triton")},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if d.gpus_per_node == 0:
+        # DeepSpeed otherwise probes for CUDA and fails; the CPU accelerator runs ZeRO on gloo.
+        env.append({"name": "DS_ACCELERATOR", "value": "cpu"})
+    if d.nccl_debug is not None:
+        env.append({"name": "NCCL_DEBUG", "value": d.nccl_debug})
+    env += [{"name": e.name, "value": e.value} for e in spec.pod.env]
+    env += [
+        {"name": s.name,
+         "valueFrom": {"secretKeyRef": {"name": s.secret_name, "key": s.key, "optional": s.optional}}}
+        for s in spec.pod.secret_env
+    ]
+    return env
+
+
+def _field_ref(path: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": path}}

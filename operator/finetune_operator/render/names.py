@@ -1,0 +1,38 @@
+"""Names of the children and the labels that tie them to their FineTuneJob and attempt."""
+
+from ..api import constants as c
+from .context import RenderContext
+
+
+def service_name(ctx: RenderContext) -> str:
+    return ctx.name
+
+
+def config_map_name(ctx: RenderContext) -> str:
+    return f"{ctx.name}-config"
+
+
+def workload_name(ctx: RenderContext) -> str:
+    """One Indexed Job per attempt, so a gang restart is a fresh Job and old pods never collide with new ones."""
+    return f"{ctx.name}-a{ctx.attempt}"
+
+
+def master_address(ctx: RenderContext) -> str:
+    """DNS name of node 0: Indexed Job pods get hostname <job>-<index> under the headless Service's subdomain."""
+    return f"{workload_name(ctx)}-0.{service_name(ctx)}.{ctx.namespace}.svc"
+
+
+def job_labels(ctx: RenderContext, component: str) -> dict[str, str]:
+    """Labels on every child: the recommended app.kubernetes.io set plus the job selector."""
+    return {
+        c.LABEL_NAME: c.APP_NAME,
+        c.LABEL_INSTANCE: ctx.name,
+        c.LABEL_COMPONENT: component,
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        c.LABEL_PART_OF: c.APP_NAME,
+        c.LABEL_JOB: ctx.name,
+    }
+
+
+def attempt_labels(ctx: RenderContext, component: str) -> dict[str, str]:
+    return {**job_labels(ctx, component), c.LABEL_ATTEMPT: str(ctx.attempt)}

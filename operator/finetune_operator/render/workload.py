@@ -1,0 +1,162 @@
+"""The workload: one Indexed batch/v1 Job per attempt, one pod per node, torchrun in each.
+
+Indexed Jobs are what Kueue and every cluster already understand; the completion index is the node rank and gives
+each pod a stable hostname under the headless Service. backoffLimit 0: the operator owns gang restarts, so one
+failed node fails the Job and the operator replaces the whole attempt.
+"""
+
+import hashlib
+import json
+from typing import Any
+
+from ..api import constants as c
+from ..api.spec import FineTuneJobSpec
+from .context import RenderContext
+from .env import trainer_env
+from .names import attempt_labels, config_map_name, service_name, workload_name
+
+CONFIG_VOLUME = "config"
+OUTPUT_VOLUME = "output"
+CACHE_VOLUME = "cache"
+TMP_VOLUME = "tmp"
+SHM_VOLUME = "dshm"
+
+
+def trainer_command(ctx: RenderContext) -> list[str]:
+    """An argv list, never a shell string: the launcher waits for node 0's DNS name, then execs torchrun."""
+    return ["python", "-m", "finetune_trainer.launch", "--config", f"{ctx.config_dir}/{c.CONFIG_FILE}"]
+
+
+def spec_hash(spec: FineTuneJobSpec) -> str:
+    """Stable digest of the spec, so the operator can tell which spec an attempt was rendered from."""
+    body = json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True).encode()
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
+def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
+    d, run = spec.distributed, spec.run_policy
+    labels = attempt_labels(ctx, "trainer")
+    job_meta_labels = dict(labels)
+    queue = ctx.job_labels.get(c.LABEL_KUEUE_QUEUE)
+    if queue:
+        job_meta_labels[c.LABEL_KUEUE_QUEUE] = queue
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": workload_name(ctx),
+            "namespace": ctx.namespace,
+            "labels": job_meta_labels,
+            "annotations": {c.ANNOTATION_SPEC_HASH: spec_hash(spec)},
+        },
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": d.num_nodes,
+            "parallelism": d.num_nodes,
+            "backoffLimit": 0,
+            # Kueue admits a queued workload by unsuspending it, so a queued job starts suspended.
+            "suspend": run.suspend or bool(queue),
+            "podReplacementPolicy": "Failed",
+            "template": _pod_template(spec, ctx, labels),
+        },
+    }
+
+
+def _pod_template(spec: FineTuneJobSpec, ctx: RenderContext, labels: dict[str, str]) -> dict[str, Any]:
+    pod = spec.pod
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": service_name(ctx),
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": c.TRAINER_UID,
+            "runAsGroup": c.TRAINER_UID,
+            "fsGroup": c.TRAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(spec, ctx)],
+        "volumes": _volumes(spec, ctx),
+    }
+    optional = {
+        "serviceAccountName": pod.service_account_name,
+        "priorityClassName": pod.priority_class_name,
+        "schedulerName": pod.scheduler_name,
+        "affinity": pod.affinity,
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v is not None})
+    if not pod.service_account_name:
+        # Trainer pods need no API token unless the user picked a ServiceAccount for them.
+        pod_spec["automountServiceAccountToken"] = False
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in pod.tolerations]
+    if pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in pod.image_pull_secrets]
+    return {
+        "metadata": {"labels": {**pod.labels, **labels}, "annotations": dict(pod.annotations)},
+        "spec": pod_spec,
+    }
+
+
+def _container(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
+    res = spec.resources
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if spec.distributed.gpus_per_node > 0:
+        limits[res.gpu_resource_name] = str(spec.distributed.gpus_per_node)
+        requests[res.gpu_resource_name] = str(spec.distributed.gpus_per_node)
+    for name, value in (("cpu", res.cpu), ("memory", res.memory)):
+        if value is not None:
+            requests[name] = value
+            limits[name] = value
+    return {
+        "name": c.CONTAINER_NAME,
+        "image": spec.pod.image or ctx.trainer_image,
+        "imagePullPolicy": spec.pod.image_pull_policy,
+        "command": trainer_command(ctx),
+        "env": trainer_env(spec, ctx),
+        "ports": [{"name": c.RENDEZVOUS_PORT_NAME, "containerPort": spec.distributed.rendezvous_port,
+                   "protocol": "TCP"}],
+        "resources": {"limits": limits, "requests": requests},
+        "volumeMounts": [
+            {"name": CONFIG_VOLUME, "mountPath": ctx.config_dir, "readOnly": True},
+            _output_mount(spec, ctx),
+            {"name": CACHE_VOLUME, "mountPath": c.CACHE_MOUNT_PATH},
+            {"name": TMP_VOLUME, "mountPath": c.TMP_MOUNT_PATH},
+            {"name": SHM_VOLUME, "mountPath": c.SHM_MOUNT_PATH},
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePath": c.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def _output_mount(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
+    """On a claim, each job writes to its own directory so jobs can share one ReadWriteMany volume."""
+    mount = {"name": OUTPUT_VOLUME, "mountPath": ctx.output_dir}
+    if spec.output.claim_name:
+        mount["subPath"] = spec.output.sub_path or ctx.name
+    return mount
+
+
+def _volumes(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
+    out = spec.output
+    if out.claim_name:
+        output_volume: dict[str, Any] = {"name": OUTPUT_VOLUME, "persistentVolumeClaim": {"claimName": out.claim_name}}
+    else:
+        output_volume = {"name": OUTPUT_VOLUME, "emptyDir": {}}
+    return [
+        {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(ctx)}},
+        output_volume,
+        {"name": CACHE_VOLUME, "emptyDir": {}},
+        {"name": TMP_VOLUME, "emptyDir": {}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+    ]
