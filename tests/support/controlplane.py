@@ -1,0 +1,176 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC on), kube-controller-manager,
+kube-scheduler and kwok with fake GPU nodes. Binaries come from hack/build-controlplane.sh (cached by version).
+
+Every process is a child of the caller and is stopped by `stop()`; a component that fails to start raises with
+the tail of its log, so a broken environment is loud instead of a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "finetunejob-test-admin-token"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_STAGES = ("node/fast/node-initialize.yaml", "pod/general/pod-create.yaml", "pod/general/pod-ready.yaml",
+               "pod/general/pod-delete.yaml")
+
+
+def build_binaries() -> Path:
+    """Runs the project's build script (instant when cached) and returns the directory of the binaries."""
+    proc = subprocess.run(["bash", str(ROOT / "hack" / "build-controlplane.sh")], check=True, text=True,
+                          stdout=subprocess.PIPE)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ControlPlane:
+    bin_dir: Path
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ftj-controlplane-")))
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    api_port: int = 0
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.work / "kubeconfig"
+
+    def start(self) -> "ControlPlane":
+        try:
+            self._start_etcd()
+            self._start_apiserver()
+            self._write_kubeconfig()
+            self._start("kube-controller-manager", [
+                "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0",
+                "--controllers=garbage-collector-controller,job-controller,namespace-controller,"
+                "serviceaccount-controller",
+            ])
+            self._start("kube-scheduler", [
+                "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+            ])
+            stages = [a for s in KWOK_STAGES for a in ("--config", str(self.bin_dir / "kwok-stages" / s))]
+            self._start("kwok", [
+                "--kubeconfig", str(self.kubeconfig), "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                "--server-address=", *stages,
+            ])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.work / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    # --- components -------------------------------------------------------------------------------------------
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        self.procs[name] = proc
+        return proc
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        self._start("etcd", [
+            "--name=default", f"--data-dir={self.work / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}", "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ])
+        self._wait("etcd", lambda: _http_ok(f"{self.etcd_url}/health"), timeout=60)
+
+    def _start_apiserver(self) -> None:
+        self.api_port = free_port()
+        sa_key = self.work / "sa.key"
+        subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
+        tokens = self.work / "tokens.csv"
+        tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
+        self._start("kube-apiserver", [
+            f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.api_port}", f"--cert-dir={self.work / 'certs'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-account-issuer=https://127.0.0.1:{self.api_port}/",
+            f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
+            "--authorization-mode=RBAC", f"--token-auth-file={tokens}", "--allow-privileged=true",
+            "--enable-admission-plugins=PodSecurity",
+        ])
+        self._wait("kube-apiserver", lambda: _http_ok(f"{self.server}/readyz", ADMIN_TOKEN), timeout=120)
+
+    def _write_kubeconfig(self) -> None:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admin", "namespace": "default"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+
+    def _wait(self, name: str, ready, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            if ready():
+                return
+            time.sleep(0.25)
+        raise RuntimeError(f"{name} not ready after {timeout}s:\n{self.log_tail(name)}")
+
+
+def _http_ok(url: str, token: str | None = None) -> bool:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    context = ssl._create_unverified_context()  # loopback test server with a self-signed certificate
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def fake_gpu_node(name: str, gpus: int = 8) -> dict:
+    """A Node that kwok manages (annotation) with GPU capacity, so the real scheduler places GPU pods on it."""
+    capacity = {"cpu": "96", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": str(gpus),
+                "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                     "labels": {"kubernetes.io/hostname": name, "type": "kwok", "nvidia.com/gpu.present": "true"}},
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": capacity, "nodeInfo": {"kubeletVersion": "fake"}},
+    }

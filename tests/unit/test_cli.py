@@ -1,0 +1,61 @@
+"""The `finetune` CLI: exit codes, every error printed, a parseable YAML stream."""
+
+import subprocess
+import sys
+
+import yaml
+
+from finetune_operator.cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, main
+from tests.conftest import CRD_FILE, EXAMPLES, ROOT
+
+TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
+
+
+def test_validate_ok_shows_topology_and_global_batch(capsys):
+    assert main(["validate", str(ROOT / "examples" / "llama-lora-zero3-2x8.yaml")]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "2 node(s) x 8 GPU(s) = 16 process(es), deepspeed ZeRO-3" in out
+    assert "global batch size 128 = 2 per device x 4 accumulation x 16 process(es)" in out
+
+
+def test_validate_invalid_prints_every_error(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"metadata": {"name": "x"}, "spec": {
+        "model": {"name": "m"}, "data": {"format": "alpaca", "train": [{"path": "/a"}]},
+        "distributed": {"numNodes": 0, "gpusPerNode": "eight"}}}))
+    assert main(["validate", str(bad)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "2 error(s)" in err
+    assert "spec.distributed.numNodes" in err and "spec.distributed.gpusPerNode" in err
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("spec:\n  model: [unclosed\n")
+    assert main(["validate", str(bad)]) == EXIT_USAGE
+    assert f"{bad}:3:" in capsys.readouterr().err
+
+
+def test_missing_file(capsys):
+    assert main(["validate", "/nonexistent.yaml"]) == EXIT_USAGE
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_render_prints_a_yaml_stream(capsys):
+    assert main(["render", TINY, "--namespace", "team-a", "--attempt", "3"]) == EXIT_OK
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
+    assert docs[2]["metadata"]["name"] == "tiny-cpu-sft-a3"
+    assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
+
+
+def test_crd_command_prints_the_committed_crd(capsys):
+    assert main(["crd"]) == EXIT_OK
+    assert capsys.readouterr().out == CRD_FILE.read_text()
+
+
+def test_installed_console_script_runs():
+    proc = subprocess.run([sys.executable, "-m", "finetune_operator", "validate", *map(str, EXAMPLES)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(": valid") == len(EXAMPLES)

@@ -1,0 +1,240 @@
+"""render_all: pure, deterministic, and right for each topology (DDP, FSDP, ZeRO-2/3, LoRA, QLoRA, CPU)."""
+
+import json
+
+import pytest
+
+from finetune_operator.api import constants as c
+from finetune_operator.render import RenderContext, render_all
+from finetune_operator.validation import validate_job
+from tests.builders import make_job
+
+CTX = RenderContext(name="test-job", namespace="ml", attempt=2, trainer_image="registry.local/trainer:1")
+
+
+def render(overrides=None, ctx=CTX, labels=None):
+    job = validate_job(make_job(overrides))
+    ctx = RenderContext(**{**ctx.__dict__, "job_labels": labels or {}})
+    objects = render_all(job.spec, ctx)
+    return {o["kind"]: o for o in objects}
+
+
+def files(objs):
+    return {k: json.loads(v) for k, v in objs["ConfigMap"]["data"].items()}
+
+
+def container(objs):
+    return objs["Job"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(objs):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(objs)["env"]}
+
+
+def test_children_and_apply_order():
+    objs = render_all(validate_job(make_job()).spec, CTX)
+    assert [o["kind"] for o in objs] == ["ConfigMap", "Service", "Job"]
+    assert all(o["metadata"]["namespace"] == "ml" for o in objs)
+
+
+def test_render_is_deterministic():
+    spec = validate_job(make_job()).spec
+    assert render_all(spec, CTX) == render_all(spec, CTX)
+
+
+def test_multi_node_ddp_rendezvous_contract():
+    objs = render({"spec.distributed.numNodes": 4, "spec.distributed.gpusPerNode": 8})
+    job = objs["Job"]
+    assert job["metadata"]["name"] == "test-job-a2"
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["subdomain"] == objs["Service"]["metadata"]["name"] == "test-job"
+    env = env_of(objs)
+    assert env[c.ENV_PET_NNODES] == "4"
+    assert env[c.ENV_PET_NPROC_PER_NODE] == "8"
+    assert env[c.ENV_PET_MASTER_ADDR] == "test-job-a2-0.test-job.ml.svc"
+    assert env[c.ENV_PET_MASTER_PORT] == "29500"
+    assert env[c.ENV_PET_NODE_RANK] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env[c.ENV_ATTEMPT] == "2"
+    assert container(objs)["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    args = files(objs)[c.CONFIG_FILE]["trainingArguments"]
+    assert args["ddp_find_unused_parameters"] is False  # lora default freezes the base
+    assert "use_cpu" not in args and "deepspeed" not in args and "fsdp" not in args
+
+
+def test_headless_service_publishes_not_ready_addresses():
+    svc = render({"spec.distributed.rendezvousPort": 23456})["Service"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {c.LABEL_JOB: "test-job"}
+    assert svc["spec"]["ports"][0]["port"] == 23456
+
+
+def test_fsdp_config_file_and_arguments():
+    objs = render({"spec.distributed.numNodes": 2, "spec.distributed.gpusPerNode": 4,
+                   "spec.distributed.strategy": "fsdp", "spec.method.type": "full",
+                   "spec.distributed.fsdp": {"shardingStrategy": "shard_grad_op", "offloadParams": True,
+                                             "transformerLayerClasses": ["LlamaDecoderLayer"]}})
+    f = files(objs)
+    assert f[c.FSDP_FILE] == {
+        "version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "state_dict_type": "SHARDED_STATE_DICT",
+        "cpu_offload": True, "activation_checkpointing": False, "cpu_ram_efficient_loading": True,
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "reshard_after_forward": False,
+    }
+    args = f[c.CONFIG_FILE]["trainingArguments"]
+    assert args["fsdp"] is True and args["fsdp_config"] == "/etc/finetune/fsdp.json"
+    assert c.DEEPSPEED_FILE not in f
+
+
+def test_fsdp1_keeps_prefetch_and_strategy_names():
+    objs = render({"spec.distributed.strategy": "fsdp", "spec.distributed.fsdp": {
+        "version": 1, "shardingStrategy": "hybrid_shard", "forwardPrefetch": True}})
+    fsdp = files(objs)[c.FSDP_FILE]
+    assert fsdp["reshard_after_forward"] == "HYBRID_SHARD"
+    assert fsdp["backward_prefetch"] == "BACKWARD_PRE" and fsdp["forward_prefetch"] is True
+
+
+def test_zero2_preset_uses_auto_for_trainer_values():
+    objs = render({"spec.distributed.strategy": "deepspeed", "spec.distributed.deepspeed": {"zeroStage": 2}})
+    ds = files(objs)[c.DEEPSPEED_FILE]
+    assert ds["zero_optimization"]["stage"] == 2
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+        assert ds[key] == "auto"
+    assert ds["bf16"]["enabled"] == "auto"
+    assert "offload_optimizer" not in ds["zero_optimization"]
+    assert files(objs)[c.CONFIG_FILE]["trainingArguments"]["deepspeed"] == "/etc/finetune/deepspeed.json"
+
+
+def test_zero3_gathers_16bit_weights_on_save():
+    objs = render({"spec.distributed.strategy": "deepspeed", "spec.distributed.deepspeed": {"zeroStage": 3}})
+    zero = files(objs)[c.DEEPSPEED_FILE]["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def test_zero3_cpu_offload_uses_deepspeed_optimizer_and_pinned_memory():
+    objs = render({"spec.distributed.strategy": "deepspeed", "spec.distributed.deepspeed": {
+        "zeroStage": 3, "offloadOptimizer": "cpu", "offloadParams": "cpu"}})
+    ds = files(objs)[c.DEEPSPEED_FILE]
+    assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert ds["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert ds["optimizer"]["type"] == "AdamW"
+
+
+def test_deepspeed_user_overrides_merge_deeply():
+    objs = render({"spec.distributed.strategy": "deepspeed", "spec.distributed.deepspeed": {
+        "zeroStage": 3, "config": {"zero_optimization": {"sub_group_size": 5}, "steps_per_print": 10}}})
+    ds = files(objs)[c.DEEPSPEED_FILE]
+    assert ds["zero_optimization"]["sub_group_size"] == 5
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True  # preset kept
+    assert ds["steps_per_print"] == 10
+
+
+def test_lora_settings_reach_the_trainer_config():
+    objs = render({"spec.method": {"type": "lora", "lora": {"r": 64, "alpha": 16, "targetModules": ["q_proj"]}},
+                   "spec.method.neftuneNoiseAlpha": 5})
+    cfg = files(objs)[c.CONFIG_FILE]
+    assert cfg["spec"]["method"]["lora"]["r"] == 64
+    assert cfg["spec"]["method"]["lora"]["targetModules"] == ["q_proj"]
+    assert cfg["trainingArguments"]["neftune_noise_alpha"] == 5
+
+
+def test_qlora_single_gpu():
+    objs = render({"spec.method.type": "qlora", "spec.model.quantization": "4bit"})
+    cfg = files(objs)[c.CONFIG_FILE]
+    assert cfg["spec"]["model"]["quantization"] == "4bit"
+    assert container(objs)["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+def test_cpu_job_requests_no_gpu_and_sets_use_cpu():
+    objs = render({"spec.distributed.gpusPerNode": 0, "spec.distributed.cpuProcessesPerNode": 2,
+                   "spec.resources.cpu": "4", "spec.resources.memory": "8Gi", "spec.training.precision": "fp32"})
+    res = container(objs)["resources"]
+    assert res["limits"] == {"cpu": "4", "memory": "8Gi"} and res["requests"] == res["limits"]
+    env = env_of(objs)
+    assert env[c.ENV_PET_NPROC_PER_NODE] == "2"
+    assert env["DS_ACCELERATOR"] == "cpu"
+    args = files(objs)[c.CONFIG_FILE]["trainingArguments"]
+    assert args["use_cpu"] is True and args["bf16"] is False and args["fp16"] is False
+
+
+def test_command_is_an_argv_list_and_user_strings_stay_data():
+    hostile = "x'; rm -rf / #\n$(id)"
+    objs = render({"spec.pod.env": [{"name": "NOTE", "value": hostile}],
+                   "spec.data.train": [{"path": f"/data/{hostile}"}]})
+    cmd = container(objs)["command"]
+    assert cmd == ["python", "-m", "finetune_trainer.launch", "--config", "/etc/finetune/trainer.json"]
+    assert env_of(objs)["NOTE"] == hostile
+    # The trainer config is JSON produced by json.dumps: the hostile path round-trips unchanged.
+    assert files(objs)[c.CONFIG_FILE]["spec"]["data"]["train"][0]["path"] == f"/data/{hostile}"
+
+
+def test_secrets_only_by_reference():
+    objs = render({"spec.pod.secretEnv": [{"name": "HF_TOKEN", "secretName": "hf", "key": "token"}]})
+    assert env_of(objs)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token", "optional": False}}
+
+
+def test_pod_security_hardening():
+    objs = render()
+    pod = objs["Job"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    sc = container(objs)["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+
+
+def test_volumes_shm_config_and_output_claim():
+    objs = render({"spec.output.claimName": "shared", "spec.resources.shmSize": "32Gi"})
+    volumes = {v["name"]: v for v in objs["Job"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert volumes["config"]["configMap"]["name"] == "test-job-config"
+    assert volumes["output"]["persistentVolumeClaim"]["claimName"] == "shared"
+    mounts = {m["name"]: m for m in container(objs)["volumeMounts"]}
+    assert mounts["output"]["subPath"] == "test-job"
+    assert mounts["config"]["readOnly"] is True
+
+
+def test_labels_and_kueue_queue_makes_workload_suspended():
+    objs = render(labels={c.LABEL_KUEUE_QUEUE: "gpu-queue"})
+    job = objs["Job"]
+    assert job["metadata"]["labels"][c.LABEL_KUEUE_QUEUE] == "gpu-queue"
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"][c.LABEL_ATTEMPT] == "2"
+    for obj in objs.values():
+        assert obj["metadata"]["labels"][c.LABEL_MANAGED_BY] == c.MANAGED_BY
+        assert obj["metadata"]["labels"][c.LABEL_INSTANCE] == "test-job"
+
+
+def test_suspend_and_scheduling_fields():
+    objs = render({"spec.runPolicy.suspend": True, "spec.pod.nodeSelector": {"pool": "a100"},
+                   "spec.pod.priorityClassName": "high", "spec.pod.schedulerName": "volcano",
+                   "spec.pod.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]})
+    pod = objs["Job"]["spec"]["template"]["spec"]
+    assert objs["Job"]["spec"]["suspend"] is True
+    assert pod["nodeSelector"] == {"pool": "a100"} and pod["priorityClassName"] == "high"
+    assert pod["schedulerName"] == "volcano"
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+
+
+@pytest.mark.parametrize(("training", "expected"), [
+    ({"warmupRatio": 0.03}, 0.03),
+    ({"warmupSteps": 100, "warmupRatio": 0.5}, 100),
+], ids=["ratio", "steps-win"])
+def test_warmup_maps_to_transformers5_warmup_steps(training, expected):
+    objs = render({f"spec.training.{k}": v for k, v in training.items()})
+    assert files(objs)[c.CONFIG_FILE]["trainingArguments"]["warmup_steps"] == expected
+
+
+def test_extra_args_reach_training_arguments():
+    objs = render({"spec.training.extraArgs": {"adam_beta2": 0.95}})
+    assert files(objs)[c.CONFIG_FILE]["trainingArguments"]["adam_beta2"] == 0.95
+
+
+def test_spec_hash_changes_with_the_spec():
+    a = render()["Job"]["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
+    b = render({"spec.training.learningRate": 0.5})["Job"]["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
+    assert a != b and len(a) == 16

@@ -1,0 +1,61 @@
+"""extraArgs are checked against the installed transformers, and what we render is accepted by it."""
+
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from finetune_operator.api.training import MANAGED_TRAINING_ARGUMENTS
+from finetune_operator.render import RenderContext
+from finetune_operator.render.configmap import config_files
+from finetune_operator.training_arguments import training_argument_names
+from finetune_operator.validation import validate_job
+from tests.conftest import EXAMPLES
+
+transformers = pytest.importorskip("transformers")
+
+
+def real_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
+
+
+def test_ast_reader_matches_the_dataclass():
+    assert training_argument_names() == real_fields()
+
+
+def test_every_managed_name_is_a_real_field():
+    assert set(MANAGED_TRAINING_ARGUMENTS) - real_fields() == set()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_rendered_arguments_have_only_real_names(path):
+    job = validate_job(yaml.safe_load(path.read_text()))
+    args = json.loads(config_files(job.spec, RenderContext(name=job.name, namespace="d"))["trainer.json"])
+    assert set(args["trainingArguments"]) <= real_fields()
+
+
+def test_cpu_example_arguments_build_a_real_training_arguments(tmp_path):
+    """The CPU example's arguments, parsed by HfArgumentParser, give the TrainingArguments we intend."""
+    path = next(p for p in EXAMPLES if p.name == "tiny-cpu-sft.yaml")
+    job = validate_job(yaml.safe_load(path.read_text()))
+    ctx = RenderContext(name=job.name, namespace="d", output_dir=str(tmp_path / "out"), config_dir=str(tmp_path))
+    args = json.loads(config_files(job.spec, ctx)["trainer.json"])["trainingArguments"]
+    (parsed,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_dict(args)
+    assert parsed.use_cpu is True and parsed.max_steps == 20 and parsed.save_total_limit == 2
+    assert parsed.report_to == ["tensorboard"]
+
+
+def test_deepspeed_arguments_build_a_real_training_arguments(tmp_path):
+    job = validate_job(yaml.safe_load(next(p for p in EXAMPLES if "zero3" in p.name).read_text()))
+    ctx = RenderContext(name=job.name, namespace="d", output_dir=str(tmp_path / "out"), config_dir=str(tmp_path))
+    files = config_files(job.spec, ctx)
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    args = json.loads(files["trainer.json"])["trainingArguments"]
+    args["use_cpu"] = True  # no GPU here; the DeepSpeed JSON is still loaded and its "auto" values filled
+    pytest.importorskip("deepspeed")
+    (parsed,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_dict(args)
+    ds = parsed.hf_deepspeed_config.config
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 4

@@ -1,0 +1,193 @@
+"""Bad input: every case names the field path and pins the message; all errors come back at once."""
+
+import pytest
+
+from finetune_operator.api.errors import InvalidSpec
+from finetune_operator.validation import validate_job
+from tests.builders import DELETE, make_job
+
+CPU = {"spec.distributed.gpusPerNode": 0}
+
+# (case id, overrides, expected path, pinned message fragment)
+BAD_INPUTS = [
+    ("name-missing", {"metadata.name": DELETE}, "metadata.name", "a name is required"),
+    ("name-uppercase", {"metadata.name": "Llama_SFT"}, "metadata.name", "must be a DNS-1035 label"),
+    ("name-too-long", {"metadata.name": "a" * 49}, "metadata.name", "pod hostnames"),
+    ("wrong-api-version", {"apiVersion": "finetunejob.dev/v9"}, "apiVersion", "unsupported apiVersion"),
+    ("wrong-kind", {"kind": "PyTorchJob"}, "kind", "this is not a FineTuneJob"),
+    ("spec-missing", {"spec": DELETE}, "spec", "spec is required"),
+    ("model-missing", {"spec.model": DELETE}, "spec.model", "required field is missing"),
+    ("model-name-empty", {"spec.model.name": ""}, "spec.model.name", "at least 1 character"),
+    ("model-unknown-field", {"spec.model.dtpe": "bfloat16"}, "spec.model.dtpe", "unknown field"),
+    ("dtype-invalid", {"spec.model.dtype": "bf16"}, "spec.model.dtype", "Input should be 'auto'"),
+    ("quantization-invalid", {"spec.model.quantization": "2bit"}, "spec.model.quantization", "'none', '8bit'"),
+    ("format-invalid", {"spec.data.format": "alpacaa"}, "spec.data.format", "'alpaca', 'sharegpt'"),
+    ("train-empty", {"spec.data.train": []}, "spec.data.train", "at least 1 item"),
+    ("source-two-origins", {"spec.data.train": [{"path": "/a", "hub": {"name": "b"}}]}, "spec.data.train[0]",
+     "exactly one of path, hub or inline"),
+    ("source-no-origin", {"spec.data.train": [{}]}, "spec.data.train[0]", "exactly one of path, hub or inline"),
+    ("split-over-50", {"spec.data.validationSplitPercentage": 80}, "spec.data.validationSplitPercentage",
+     "less than or equal to 50"),
+    ("block-size-not-text", {"spec.data.blockSize": 512}, "spec.data.blockSize", "applies to format text only"),
+    ("packing-text", {"spec.data.format": "text", "spec.data.packing": True}, "spec.data.packing",
+     "always cut into full blocks"),
+    ("max-length-tiny", {"spec.data.maxLength": 4}, "spec.data.maxLength", "greater than or equal to 16"),
+    ("method-invalid", {"spec.method.type": "prefix"}, "spec.method.type", "'full', 'lora', 'qlora'"),
+    ("qlora-without-4bit", {"spec.method.type": "qlora"}, "spec.method.type", "qlora trains adapters on a 4-bit"),
+    ("full-quantized", {"spec.method.type": "full", "spec.model.quantization": "8bit"}, "spec.model.quantization",
+     "cannot train quantized weights"),
+    ("lora-rank-zero", {"spec.method.lora": {"r": 0}}, "spec.method.lora.r", "greater than or equal to 1"),
+    ("lr-string", {"spec.training.learningRate": "fast"}, "spec.training.learningRate", "valid number"),
+    ("lr-negative", {"spec.training.learningRate": -1}, "spec.training.learningRate", "greater than 0"),
+    ("batch-zero", {"spec.training.perDeviceTrainBatchSize": 0}, "spec.training.perDeviceTrainBatchSize",
+     "greater than or equal to 1"),
+    ("epochs-string", {"spec.training.epochs": "three"}, "spec.training.epochs", "valid number"),
+    ("eval-steps-missing", {"spec.training.evalStrategy": "steps", "spec.data.validationSplitPercentage": 5},
+     "spec.training.evalSteps", "evalStrategy steps needs evalSteps"),
+    ("eval-without-data", {"spec.training.evalStrategy": "epoch"}, "spec.training.evalStrategy",
+     "evaluation needs validation data"),
+    ("extra-arg-unknown", {"spec.training.extraArgs": {"adam_beta3": 0.9}}, "spec.training.extraArgs.adam_beta3",
+     "not a TrainingArguments field"),
+    ("extra-arg-managed", {"spec.training.extraArgs": {"output_dir": "/x"}}, "spec.training.extraArgs.output_dir",
+     "managed by the operator"),
+    ("extra-arg-duplicates-field", {"spec.training.extraArgs": {"learning_rate": 1}},
+     "spec.training.extraArgs.learning_rate", "managed by the operator"),
+    ("num-nodes-zero", {"spec.distributed.numNodes": 0}, "spec.distributed.numNodes", "greater than or equal to 1"),
+    ("num-nodes-string", {"spec.distributed.numNodes": "two"}, "spec.distributed.numNodes", "valid integer"),
+    ("gpus-negative", {"spec.distributed.gpusPerNode": -1}, "spec.distributed.gpusPerNode",
+     "greater than or equal to 0"),
+    ("fsdp-and-deepspeed", {"spec.distributed.strategy": "fsdp", "spec.distributed.fsdp": {},
+                            "spec.distributed.deepspeed": {}}, "spec.distributed.fsdp", "exclusive"),
+    ("deepspeed-block-wrong-strategy", {"spec.distributed.deepspeed": {"zeroStage": 2}}, "spec.distributed.strategy",
+     "strategy is not deepspeed"),
+    ("zero-stage-4", {"spec.distributed.strategy": "deepspeed", "spec.distributed.deepspeed": {"zeroStage": 4}},
+     "spec.distributed.deepspeed.zeroStage", "Input should be 0, 1, 2 or 3"),
+    ("param-offload-stage2", {"spec.distributed.strategy": "deepspeed",
+                              "spec.distributed.deepspeed": {"zeroStage": 2, "offloadParams": "cpu"}},
+     "spec.distributed.deepspeed.offloadParams", "needs ZeRO stage 3"),
+    ("zero3-quantized", {"spec.method.type": "qlora", "spec.model.quantization": "4bit",
+                         "spec.distributed.strategy": "deepspeed", "spec.distributed.deepspeed": {"zeroStage": 3}},
+     "spec.distributed.deepspeed.zeroStage", "ZeRO-3 cannot partition"),
+    ("cpu-offload", {**CPU, "spec.distributed.strategy": "deepspeed",
+                     "spec.distributed.deepspeed": {"zeroStage": 2, "offloadOptimizer": "cpu"}},
+     "spec.distributed.deepspeed.offloadOptimizer", "a CPU job has no GPU memory to offload"),
+    ("cpu-fsdp", {**CPU, "spec.distributed.strategy": "fsdp"}, "spec.distributed.strategy", "FSDP through the Trainer"),
+    ("cpu-quantized", {**CPU, "spec.method.type": "qlora", "spec.model.quantization": "4bit"},
+     "spec.model.quantization", "bitsandbytes quantization needs GPUs"),
+    ("cpu-fp16", {**CPU, "spec.training.precision": "fp16"}, "spec.training.precision", "fp16 mixed precision needs"),
+    ("cpu-flash-attention", {**CPU, "spec.model.attnImplementation": "flash_attention_2"},
+     "spec.model.attnImplementation", "flash attention kernels need a GPU"),
+    ("fsdp2-hybrid", {"spec.distributed.strategy": "fsdp", "spec.distributed.fsdp": {"shardingStrategy": "hybrid_shard"}},
+     "spec.distributed.fsdp.shardingStrategy", "FSDP2 supports full_shard and shard_grad_op only"),
+    ("rendezvous-port-low", {"spec.distributed.rendezvousPort": 80}, "spec.distributed.rendezvousPort",
+     "greater than or equal to 1024"),
+    ("reserved-env", {"spec.pod.env": [{"name": "PET_NNODES", "value": "3"}]}, "spec.pod.env[0].name",
+     "PET_NNODES is set by the operator"),
+    ("reserved-env-master", {"spec.pod.env": [{"name": "MASTER_ADDR", "value": "x"}]}, "spec.pod.env[0].name",
+     "MASTER_ADDR is set by the operator"),
+    ("reserved-secret-env", {"spec.pod.secretEnv": [{"name": "WORLD_SIZE", "secretName": "s", "key": "k"}]},
+     "spec.pod.secretEnv[0].name", "WORLD_SIZE is set by the operator"),
+    ("env-name-with-equals", {"spec.pod.env": [{"name": "A=B", "value": "x"}]}, "spec.pod.env[0].name",
+     "has an invalid format"),
+    ("memory-not-quantity", {"spec.resources.memory": "lots"}, "spec.resources.memory", "has an invalid format"),
+    ("shm-shell-injection", {"spec.resources.shmSize": "1Gi; rm -rf /"}, "spec.resources.shmSize",
+     "has an invalid format"),
+    ("image-with-space", {"spec.pod.image": "x:1 --privileged"}, "spec.pod.image", "has an invalid format"),
+    ("sub-path-parent", {"spec.output.claimName": "c", "spec.output.subPath": "a/../../etc"}, "spec.output.subPath",
+     "may not contain '..'"),
+    ("merge-without-adapter", {"spec.method.type": "full", "spec.output.mergeAdapter": True},
+     "spec.output.mergeAdapter", "has no adapter to merge"),
+    ("resume-relative", {"spec.checkpoints.resume": "checkpoint-10"}, "spec.checkpoints.resume",
+     "has an invalid format"),
+    ("backoff-negative", {"spec.runPolicy.backoffLimit": -1}, "spec.runPolicy.backoffLimit",
+     "greater than or equal to 0"),
+    ("streaming-without-max-steps", {"spec.data.streaming": True}, "spec.training.maxSteps",
+     "a streamed dataset has no length"),
+    ("toleration-bad-operator", {"spec.pod.tolerations": [{"key": "k", "operator": "In"}]},
+     "spec.pod.tolerations[0].operator", "'Exists' or 'Equal'"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "path", "message"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_names_path_and_rule(overrides, path, message):
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job(overrides))
+    matching = [e for e in info.value.errors if e.path == path]
+    assert matching, f"no error at {path}; got {[e.render() for e in info.value.errors]}"
+    assert any(message in e.message for e in matching), [e.render() for e in matching]
+
+
+def test_every_error_has_a_fix_or_a_self_explaining_message():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.distributed.numNodes": 0, "spec.model.dtpe": 1, "spec.data.format": "csv"}))
+    assert len(info.value.errors) == 3
+    for error in info.value.errors:
+        assert error.fix or "should be" in error.message
+
+
+def test_all_errors_at_once_across_sections():
+    """A broken section does not hide rule violations in the others."""
+    job = make_job({
+        "spec.distributed.gpusPerNode": 0,
+        "spec.distributed.strategy": "deepspeed",
+        "spec.distributed.deepspeed": {"zeroStage": 3, "offloadOptimizer": "cpu"},  # section-level error
+        "spec.method.type": "qlora",  # cross-section: needs 4bit (method x model)
+        "spec.training.evalStrategy": "steps", "spec.training.evalSteps": 5,  # cross-section: no validation data
+        "spec.training.extraArgs": {"adam_beta3": 1},  # TrainingArguments name
+        "metadata.name": "Bad_Name",
+    })
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(job)
+    paths = sorted(e.path for e in info.value.errors)
+    assert paths == [
+        "metadata.name",
+        "spec.distributed.deepspeed.offloadOptimizer",
+        "spec.method.type",
+        "spec.training.evalStrategy",
+        "spec.training.extraArgs.adam_beta3",
+    ]
+
+
+def test_rules_do_not_fire_on_sections_that_failed():
+    """An invalid model section must not produce a false qlora/4bit error from default values."""
+    job = make_job({"spec.model.quantization": "4bitt", "spec.method.type": "qlora"})
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(job)
+    assert [e.path for e in info.value.errors] == ["spec.model.quantization"]
+
+
+def test_range_errors_say_the_limit():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.distributed.numNodes": 0}))
+    assert info.value.errors[0].fix == "use a value >= 1"
+
+
+def test_unknown_field_suggests_the_closest_name_and_lists_valid_ones():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.distributed.numNode": 2}))
+    (error,) = info.value.errors
+    assert error.path == "spec.distributed.numNode"
+    assert error.fix.startswith("did you mean numNodes?")
+    assert "gpusPerNode" in error.fix
+
+
+def test_unknown_training_argument_lists_valid_names_from_transformers():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.training.extraArgs": {"adam_beta3": 0.9}}))
+    (error,) = info.value.errors
+    assert error.fix.startswith("did you mean adam_beta2")
+    assert "valid names:" in error.fix and "label_smoothing_factor" in error.fix
+    assert "output_dir" not in error.fix  # managed names are not offered
+
+
+def test_summary_lists_every_error_with_value_and_fix():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.distributed.numNodes": 0, "spec.training.learningRate": "fast"}))
+    text = info.value.summary()
+    assert text.startswith("2 error(s) in the FineTuneJob:")
+    assert "spec.distributed.numNodes" in text and "(got 0)" in text and "fix:" in text
+    assert "spec.training.learningRate" in text and "(got 'fast')" in text
+
+
+def test_bad_input_table_is_big_enough():
+    assert len(BAD_INPUTS) >= 30
