@@ -20,7 +20,7 @@ def spec_schema():
 
 
 def test_committed_crd_matches_the_generator():
-    assert CRD_FILE.read_text() == crd_yaml(), "crds/finetunejob.yaml is stale: run `finetune crd > crds/finetunejob.yaml`"
+    assert CRD_FILE.read_text() == crd_yaml(), "crds/finetunejob.yaml is stale: run ./hack/generate.sh"
 
 
 def test_schema_is_structural():
@@ -61,3 +61,8 @@ def test_schema_limits_mirror_the_models():
     assert dist["numNodes"]["minimum"] == 1 and dist["numNodes"]["type"] == "integer"
     assert dist["strategy"]["enum"] == ["ddp", "fsdp", "deepspeed"]
     assert dist["deepspeed"]["properties"]["zeroStage"]["enum"] == [0, 1, 2, 3]
+
+
+def test_chart_ships_the_same_crd():
+    chart_copy = CRD_FILE.parents[1] / "charts" / "finetunejob" / "crds" / "finetunejob.yaml"
+    assert chart_copy.read_text() == CRD_FILE.read_text(), "run ./hack/generate.sh"
