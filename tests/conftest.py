@@ -46,6 +46,23 @@ class Kubectl:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama model + locally trained tokenizer with a chat template (built once per session)."""
+    from tests.fixtures.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.pad_token = tokenizer.eos_token  # as finetune_trainer.model.load_tokenizer does
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     cp = ControlPlane(build_binaries()).start()
     try:

@@ -7,8 +7,9 @@ from finetune_trainer import launch
 
 def test_torchrun_argv_is_a_list_with_no_topology_flags():
     # Topology comes from the PET_* env the operator renders; flags here would override it.
-    assert launch.torchrun_argv("/etc/finetune/trainer.json") == [
-        "torchrun", "--module", "finetune_trainer", "--config", "/etc/finetune/trainer.json"]
+    argv = launch.torchrun_argv("/etc/finetune/trainer.json")
+    assert argv[1:] == ["-m", "torch.distributed.run", "--module", "finetune_trainer",
+                        "--config", "/etc/finetune/trainer.json"]
 
 
 def test_waits_until_the_name_resolves():
@@ -40,3 +41,27 @@ def test_main_returns_the_retryable_code_when_dns_never_resolves(monkeypatch):
 
 def test_real_resolver_on_loopback():
     assert launch.wait_for_dns("localhost", timeout=5) < 5
+
+
+@pytest.mark.parametrize(("results", "torchrun_code", "expected"), [
+    ([{"exitCode": 0, "worldSize": 2}, {"exitCode": 0}], 0, 0),
+    ([{"exitCode": 0}, {"exitCode": 65}], 1, 65),
+    ([{"exitCode": 1}, {"exitCode": 78}], 1, 78),
+    ([{"exitCode": 79}, {"exitCode": 65}], 1, 65),
+    ([{"exitCode": 1}], 1, 1),
+    ([], -9, -9),
+    ([], 1, 1),
+], ids=["all-ok", "data-error-wins-over-torchrun-1", "config-wins", "data-before-diverged", "retryable",
+        "killed-before-result", "crash-before-result"])
+def test_aggregate_keeps_the_contract(results, torchrun_code, expected):
+    code, summary = launch.aggregate(results, torchrun_code)
+    assert code == expected
+    assert "reason" in summary or summary.get("exitCode") == expected
+
+
+def test_termination_message_is_capped(tmp_path, monkeypatch):
+    target = tmp_path / "termination-log"
+    monkeypatch.setenv(launch.TERMINATION_LOG_ENV, str(target))
+    launch.write_termination_message({"exitCode": 0, "reason": "Succeeded", "data": "x" * 10000, "steps": 5})
+    text = target.read_text()
+    assert len(text) <= launch.MAX_TERMINATION_MESSAGE and '"steps": 5' in text

@@ -1,19 +1,34 @@
-"""The pod's command: wait until node 0's DNS name resolves, then exec torchrun on the trainer module.
+"""The pod's command: wait for node 0's DNS name, run torchrun on the trainer, and exit with the trainer's code.
 
-Headless-Service DNS records appear a moment after the pods do; torchrun started before that fails its rendezvous
-(pytorch-operator#333). torchrun itself reads PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and
-PET_MASTER_PORT from the environment the operator rendered, so the argv below carries no topology.
+- DNS: headless-Service records appear a moment after the pods; torchrun started before that fails its rendezvous
+  (pytorch-operator#333), so the launcher waits (bounded) first.
+- Exit code: torchrun reports any worker failure as exit 1, which would erase the contract (config error vs data
+  error vs retryable). Each worker writes its result to a directory the launcher owns; the launcher exits with the
+  most telling code and writes the summary to the container's termination message.
+- torchrun reads PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT from the env the
+  operator rendered, so the argv carries no topology.
 """
 
 import argparse
+import json
 import os
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from finetune_operator.api import exit_codes
 
 MASTER_ADDR_ENV = "PET_MASTER_ADDR"
-EXIT_DNS_TIMEOUT = 3  # retryable: the operator restarts the attempt
+RESULT_DIR_ENV = "FINETUNE_RESULT_DIR"
+TERMINATION_LOG_ENV = "FINETUNE_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
+EXIT_DNS_TIMEOUT = exit_codes.RENDEZVOUS_DNS_TIMEOUT
 
 
 class DnsTimeout(RuntimeError):
@@ -22,7 +37,7 @@ class DnsTimeout(RuntimeError):
 
 def torchrun_argv(config: str) -> list[str]:
     """torchrun --module finetune_trainer --config CONFIG (an argv list, never a shell string)."""
-    return ["torchrun", "--module", "finetune_trainer", "--config", config]
+    return [sys.executable, "-m", "torch.distributed.run", "--module", "finetune_trainer", "--config", config]
 
 
 def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = socket.gethostbyname,
@@ -40,6 +55,50 @@ def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = s
             time.sleep(interval)
 
 
+def aggregate(results: list[dict], torchrun_code: int) -> tuple[int, dict]:
+    """A permanent code from any worker wins (config > data > diverged), then any failure, then torchrun's own."""
+    for code in (exit_codes.CONFIG_ERROR, exit_codes.DATA_ERROR, exit_codes.DIVERGED):
+        for result in results:
+            if result.get("exitCode") == code:
+                return code, result
+    for result in results:
+        if result.get("exitCode", 0) != 0:
+            return int(result["exitCode"]), result
+    if torchrun_code != 0:
+        return torchrun_code, {"reason": exit_codes.reason(torchrun_code),
+                               "message": f"torchrun exited with {torchrun_code} (a worker crashed or was killed)"}
+    ranked = sorted(results, key=lambda r: r.get("worldSize") is None)
+    return exit_codes.SUCCESS, ranked[0] if ranked else {"reason": "Succeeded"}
+
+
+def write_termination_message(summary: dict) -> None:
+    path = Path(os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
+    text = json.dumps(summary, default=str)
+    if len(text) > MAX_TERMINATION_MESSAGE:
+        text = json.dumps({k: summary.get(k) for k in ("exitCode", "reason", "message", "steps", "finalLoss")},
+                          default=str)[:MAX_TERMINATION_MESSAGE]
+    try:
+        path.write_text(text)
+    except OSError:
+        pass  # not in a pod (no termination log): the summary is also on stdout
+
+
+def run_torchrun(argv: list[str], result_dir: Path) -> int:
+    """Runs torchrun as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every worker cleanly."""
+    env = {**os.environ, RESULT_DIR_ENV: str(result_dir)}
+    child = subprocess.Popen(argv, env=env)
+
+    def forward(signum, _frame):
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="finetune_trainer.launch")
     parser.add_argument("--config", required=True, help="trainer.json mounted from the ConfigMap")
@@ -50,12 +109,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             waited = wait_for_dns(master, args.dns_timeout)
         except DnsTimeout as exc:
+            write_termination_message({"exitCode": EXIT_DNS_TIMEOUT, "reason": exit_codes.reason(EXIT_DNS_TIMEOUT),
+                                        "message": str(exc)})
             print(f"finetune launch: {exc}", file=sys.stderr)
             return EXIT_DNS_TIMEOUT
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
-    command = torchrun_argv(args.config)
-    os.execvp(command[0], command)
-    return 0  # not reached: execvp replaces the process
+    with tempfile.TemporaryDirectory(prefix="finetune-results-") as tmp:
+        torchrun_code = run_torchrun(torchrun_argv(args.config), Path(tmp))
+        results = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("result-*.json"))]
+    code, summary = aggregate(results, torchrun_code)
+    write_termination_message({**summary, "exitCode": code})
+    return code
 
 
 if __name__ == "__main__":

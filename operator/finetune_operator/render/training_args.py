@@ -41,6 +41,8 @@ def training_arguments(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, A
         # The trainer hands over already-tokenized columns; the default would drop them by the model's signature.
         "remove_unused_columns": False,
         "include_num_input_tokens_seen": "non_padding",
+        # The NaN watchdog must see a NaN loss; the default filter would average it away.
+        "logging_nan_inf_filter": False,
     }
     if t.eval_steps is not None:
         args["eval_steps"] = t.eval_steps

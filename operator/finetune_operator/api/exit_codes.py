@@ -1,0 +1,32 @@
+"""The trainer's exit-code contract, shared with the operator (which decides retry vs fail from it).
+
+Codes follow sysexits.h where one fits. Anything not listed as permanent is retryable: OOMKilled (137), a
+collective/NCCL timeout, a lost node, a DNS failure at start-up.
+"""
+
+from typing import Final
+
+SUCCESS: Final = 0
+DATA_ERROR: Final = 65  # EX_DATAERR: the data cannot be read or yields no trainable example
+RENDEZVOUS_DNS_TIMEOUT: Final = 75  # EX_TEMPFAIL: node 0's name never resolved; retry the attempt
+CONFIG_ERROR: Final = 78  # EX_CONFIG: the config, model or tokenizer cannot work (e.g. QLoRA on CPU)
+DIVERGED: Final = 79  # the loss became NaN/inf; restarting from the last checkpoint would diverge again
+
+PERMANENT: Final = frozenset({DATA_ERROR, CONFIG_ERROR, DIVERGED})
+REASONS: Final = {
+    SUCCESS: "Succeeded",
+    DATA_ERROR: "DataError",
+    RENDEZVOUS_DNS_TIMEOUT: "RendezvousDNSTimeout",
+    CONFIG_ERROR: "InvalidConfig",
+    DIVERGED: "LossDiverged",
+    137: "OOMKilled",
+}
+
+
+def is_permanent(code: int) -> bool:
+    """True when retrying the same attempt cannot succeed."""
+    return code in PERMANENT
+
+
+def reason(code: int) -> str:
+    return REASONS.get(code, "Error")

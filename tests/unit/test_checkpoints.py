@@ -1,0 +1,57 @@
+"""Checkpoint integrity: markers only on verified checkpoints; resume skips partial ones."""
+
+import json
+
+import pytest
+
+from finetune_trainer import checkpoints as C
+
+
+def make_checkpoint(root, step, *, weights=b"w" * 64, state=True, marker=True):
+    d = root / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    if weights is not None:
+        (d / "model.safetensors").write_bytes(weights)
+    if state:
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if marker:
+        C.mark_complete(d)
+    return d
+
+
+def test_mark_complete_writes_a_summary(tmp_path):
+    d = make_checkpoint(tmp_path, 10)
+    summary = json.loads((d / C.COMPLETE_MARKER).read_text())
+    assert summary["step"] == 10 and summary["bytes"] == 64 and summary["files"] == 1
+    assert not list(d.glob(".*tmp"))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"weights": None}, "no weight files"),
+    ({"weights": b""}, "empty weight files"),
+    ({"state": False}, "trainer_state.json unreadable"),
+], ids=["no-weights", "empty-weights", "no-state"])
+def test_incomplete_checkpoints_are_refused(tmp_path, kwargs, message):
+    with pytest.raises(C.IncompleteCheckpoint, match=message):
+        make_checkpoint(tmp_path, 5, **kwargs)
+
+
+def test_newest_complete_skips_partial_and_unmarked(tmp_path):
+    make_checkpoint(tmp_path, 10)
+    make_checkpoint(tmp_path, 20)
+    make_checkpoint(tmp_path, 30, marker=False)  # crashed before the marker
+    broken = make_checkpoint(tmp_path, 40)
+    (broken / "model.safetensors").write_bytes(b"")  # marker present but weights lost afterwards
+    (tmp_path / "checkpoint-x").mkdir()
+    assert C.newest_complete(tmp_path) == tmp_path / "checkpoint-20"
+
+
+def test_no_checkpoint(tmp_path):
+    assert C.newest_complete(tmp_path) is None
+    assert C.newest_complete(tmp_path / "missing") is None
+
+
+def test_steps_sort_numerically_not_lexically(tmp_path):
+    make_checkpoint(tmp_path, 9)
+    make_checkpoint(tmp_path, 100)
+    assert C.newest_complete(tmp_path).name == "checkpoint-100"

@@ -1,0 +1,120 @@
+"""Trainer callbacks: progress records (JSONL + FineTuneJob status), checkpoint completion markers, NaN watchdog."""
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from . import checkpoints
+from .status_report import StatusReporter
+
+PROGRESS_FILE = "progress.jsonl"
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def format_eta(seconds: float | None) -> str | None:
+    if seconds is None or seconds < 0 or math.isinf(seconds) or math.isnan(seconds):
+        return None
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class ProgressCallback(TrainerCallback):
+    """On rank 0: appends one JSON record per log step and forwards it to the FineTuneJob status."""
+
+    def __init__(self, output_dir: Path, reporter: StatusReporter | None = None):
+        self.path = output_dir / PROGRESS_FILE
+        self.reporter = reporter
+        self.started: float | None = None
+        self.start_step = 0
+        self.last_time: float | None = None
+        self.last_tokens = 0
+        self.checkpoint: dict[str, Any] | None = None
+        self.last_record: dict[str, Any] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = self.last_time = time.monotonic()
+        self.start_step = state.global_step  # a resumed run's rate counts only steps done in this process
+        self.last_tokens = state.num_input_tokens_seen
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or self.started is None:
+            return
+        now = time.monotonic()
+        tokens = state.num_input_tokens_seen
+        if tokens > self.last_tokens and now > self.last_time:
+            tokens_per_second = (tokens - self.last_tokens) / (now - self.last_time)
+            self.last_time, self.last_tokens = now, tokens
+        else:  # the end-of-training summary log: no new tokens, keep the last measured rate
+            tokens_per_second = self.last_record.get("tokensPerSecond")
+        done = state.global_step - self.start_step
+        per_step = (now - self.started) / done if done > 0 else None
+        eta = per_step * (state.max_steps - state.global_step) if per_step is not None else None
+        record = {
+            "time": _utc_now(), "step": state.global_step, "maxSteps": state.max_steps, "epoch": state.epoch,
+            "loss": logs.get("loss", self.last_record.get("loss")), "evalLoss": logs.get("eval_loss"),
+            "learningRate": logs.get("learning_rate", self.last_record.get("learningRate")),
+            "tokensPerSecond": tokens_per_second, "tokensSeen": tokens, "eta": format_eta(eta),
+            "checkpoint": self.checkpoint,
+        }
+        self.last_record = record
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        self._report(record)
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.checkpoint is not None:
+            self._report(self.last_record, force=True)
+
+    def _report(self, record: dict[str, Any], force: bool = False) -> None:
+        if self.reporter is None:
+            return
+        percent = int(100 * record["step"] / record["maxSteps"]) if record.get("maxSteps") else None
+        progress = {"step": record["step"], "maxSteps": record["maxSteps"], "epoch": record["epoch"],
+                    "percent": percent, "loss": record["loss"], "evalLoss": record.get("evalLoss"),
+                    "learningRate": record["learningRate"], "tokensPerSecond": record["tokensPerSecond"],
+                    "eta": record["eta"], "updatedAt": record["time"]}
+        status: dict[str, Any] = {"progress": {k: v for k, v in progress.items() if v is not None}}
+        if self.checkpoint is not None:
+            status["checkpoint"] = self.checkpoint
+        self.reporter.report(status, force=force)
+
+
+class CheckpointMarkerCallback(TrainerCallback):
+    """After each save: verify the checkpoint and mark it complete (rank 0), then tell the progress callback."""
+
+    def __init__(self, output_dir: Path, progress: ProgressCallback | None = None):
+        self.output_dir = output_dir
+        self.progress = progress
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        directory = self.output_dir / f"checkpoint-{state.global_step}"
+        if not directory.is_dir():
+            return
+        checkpoints.mark_complete(directory)  # raises IncompleteCheckpoint: a save that lost weights is fatal
+        if self.progress is not None:
+            self.progress.checkpoint = {"step": state.global_step, "path": str(directory)}
+
+
+class NanWatchdog(TrainerCallback):
+    """Stops training when the loss or gradient norm is NaN/inf; main() then exits with DIVERGED."""
+
+    def __init__(self):
+        self.diverged_at: int | None = None
+        self.value: float | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for key in ("loss", "grad_norm"):
+            value = (logs or {}).get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                self.diverged_at, self.value = state.global_step, value
+                control.should_training_stop = True
+                control.should_save = False  # never checkpoint diverged weights over good ones

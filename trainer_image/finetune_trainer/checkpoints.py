@@ -1,0 +1,67 @@
+"""Checkpoint integrity: verify what was saved, mark it complete atomically, resume from the newest complete one."""
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+COMPLETE_MARKER = "FINETUNE_COMPLETE"
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+WEIGHT_PATTERNS = ("model*.safetensors", "adapter_model.safetensors", "pytorch_model*.bin", "adapter_model.bin",
+                   "global_step*/*", "pytorch_model_fsdp*", "pytorch_model_fsdp*/*")
+
+
+class IncompleteCheckpoint(Exception):
+    pass
+
+
+def weight_files(directory: Path) -> list[Path]:
+    return sorted({p for pattern in WEIGHT_PATTERNS for p in directory.glob(pattern) if p.is_file()})
+
+
+def verify(directory: Path) -> dict:
+    """Raises IncompleteCheckpoint unless weights are present and non-empty and trainer_state.json parses."""
+    files = weight_files(directory)
+    if not files:
+        raise IncompleteCheckpoint(f"{directory}: no weight files")
+    empty = [f.name for f in files if f.stat().st_size == 0]
+    if empty:
+        raise IncompleteCheckpoint(f"{directory}: empty weight files {empty}")
+    try:
+        state = json.loads((directory / "trainer_state.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise IncompleteCheckpoint(f"{directory}: trainer_state.json unreadable ({exc})") from exc
+    return {"step": int(state.get("global_step", 0)), "files": len(files),
+            "bytes": sum(f.stat().st_size for f in files)}
+
+
+def mark_complete(directory: Path) -> dict:
+    """Verifies, then writes the marker by rename, so a crash mid-write never leaves a marker that lies."""
+    summary = {**verify(directory), "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp = directory / f".{COMPLETE_MARKER}.tmp"
+    tmp.write_text(json.dumps(summary))
+    os.replace(tmp, directory / COMPLETE_MARKER)
+    return summary
+
+
+def step_of(directory: Path) -> int | None:
+    match = CHECKPOINT_PATTERN.match(directory.name)
+    return int(match.group(1)) if match else None
+
+
+def newest_complete(output_dir: Path) -> Path | None:
+    """The highest-step checkpoint that carries the marker and still verifies; partial ones are skipped."""
+    if not output_dir.is_dir():
+        return None
+    candidates = sorted((d for d in output_dir.iterdir() if d.is_dir() and step_of(d) is not None),
+                        key=step_of, reverse=True)
+    for directory in candidates:
+        if not (directory / COMPLETE_MARKER).exists():
+            continue
+        try:
+            verify(directory)
+        except IncompleteCheckpoint:
+            continue
+        return directory
+    return None

@@ -1,0 +1,53 @@
+"""The mounted trainer.json -> a typed TrainerConfig and real TrainingArguments (via HfArgumentParser)."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from finetune_operator.api.spec import FineTuneJobSpec
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    job_name: str
+    namespace: str
+    spec: FineTuneJobSpec
+    training_arguments: dict[str, Any]
+    output_dir: Path
+    resume_from: str | None
+
+
+def load_config(path: str | Path) -> TrainerConfig:
+    """Reads and re-validates the config with the operator's own models (one schema for both sides)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read trainer config {path}: {exc}") from exc
+    try:
+        spec = FineTuneJobSpec.model_validate(doc["spec"])
+        return TrainerConfig(
+            job_name=doc["job"]["name"],
+            namespace=doc["job"]["namespace"],
+            spec=spec,
+            training_arguments=dict(doc["trainingArguments"]),
+            output_dir=Path(doc["outputDir"]),
+            resume_from=doc.get("resumeFrom"),
+        )
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise ConfigError(f"invalid trainer config {path}: {exc}") from exc
+
+
+def training_arguments(cfg: TrainerConfig):
+    """transformers.TrainingArguments from the rendered kwargs; unknown keys are an error, not ignored."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    try:
+        (args,) = HfArgumentParser(TrainingArguments).parse_dict(cfg.training_arguments, allow_extra_keys=False)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"TrainingArguments rejected the config: {exc}") from exc
+    return args

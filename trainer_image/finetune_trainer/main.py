@@ -1,0 +1,168 @@
+"""The trainer: setup -> data -> model -> train -> save, each a small function; the exit code tells the operator
+what happened (finetune_operator.api.exit_codes). Started by torchrun, once per process.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api import exit_codes
+
+from . import checkpoints
+from .config import TrainerConfig, load_config, training_arguments
+from .errors import ConfigError, LossDiverged, TrainerError
+
+log = logging.getLogger("finetune_trainer")
+RESULT_DIR_ENV = "FINETUNE_RESULT_DIR"
+
+
+def setup(config_path: str):
+    """Config -> (TrainerConfig, TrainingArguments). Building the arguments also initialises torch.distributed."""
+    cfg = load_config(config_path)
+    if cfg.spec.data.streaming:
+        raise ConfigError("data.streaming is not supported by this trainer yet; remove it (data is tokenized once "
+                          "and cached, which multi-node runs need)")
+    if cfg.spec.distributed.gpus_per_node == 0 and cfg.spec.distributed.deepspeed is not None:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    args = training_arguments(cfg)
+    if args.use_cpu and args.fsdp:
+        raise ConfigError("FSDP through the Trainer needs GPUs; on CPU it silently runs as DDP")
+    cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    return cfg, args
+
+
+def prepare_data(cfg: TrainerConfig, args, tokenizer):
+    from .data import prepare
+
+    # Rank 0 tokenizes and caches; the others wait, then load the cache instead of tokenizing inside a collective.
+    with args.main_process_first(desc="tokenize", local=False):
+        return prepare(cfg.spec.data, tokenizer, cfg.output_dir / ".cache" / "tokenized", args.seed)
+
+
+def resume_checkpoint(cfg: TrainerConfig) -> str | None:
+    """auto: newest complete checkpoint in the output dir (partial ones skipped); never; or an explicit path."""
+    resume = cfg.resume_from or cfg.spec.checkpoints.resume
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = checkpoints.newest_complete(cfg.output_dir)
+        return str(found) if found else None
+    try:
+        checkpoints.verify(Path(resume))
+    except checkpoints.IncompleteCheckpoint as exc:
+        raise ConfigError(f"checkpoints.resume points at an unusable checkpoint: {exc}") from exc
+    return resume
+
+
+def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data):
+    from transformers import Trainer
+
+    from .callbacks import CheckpointMarkerCallback, NanWatchdog, ProgressCallback
+    from .collators import make_collator
+    from .status_report import StatusReporter
+
+    reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
+    progress = ProgressCallback(cfg.output_dir, reporter)
+    watchdog = NanWatchdog()
+    # The marker callback runs first so the progress record of a save already names the new checkpoint.
+    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress), progress, watchdog]
+    trainer = Trainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
+                      data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
+                      processing_class=tokenizer, callbacks=callbacks)
+    return trainer, watchdog
+
+
+def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
+    """The final model (adapter for LoRA) under final/, plus merged/ when asked; weights verified non-empty."""
+    final = cfg.output_dir / "final"
+    trainer.save_model(str(final))  # gathers ZeRO-3 / FSDP weights (16-bit gather is set in the presets)
+    paths = {"model": str(final)}
+    if trainer.args.should_save:
+        tokenizer.save_pretrained(final)
+        files = checkpoints.weight_files(final)
+        if not files or any(f.stat().st_size == 0 for f in files):
+            raise TrainerError(f"the final model in {final} has no or empty weights")
+        if cfg.spec.output.merge_adapter and cfg.spec.method.type in ("lora", "qlora"):
+            paths["merged"] = str(merge_adapter(cfg, final))
+    trainer.accelerator.wait_for_everyone()
+    return paths
+
+
+def merge_adapter(cfg: TrainerConfig, adapter_dir: Path) -> Path:
+    """Reloads base + adapter from disk on CPU and merges: works the same whatever sharding trained them."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    m = cfg.spec.model
+    base = AutoModelForCausalLM.from_pretrained(m.name, revision=m.revision, trust_remote_code=m.trust_remote_code,
+                                                dtype="auto")
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    target = cfg.output_dir / "merged"
+    merged.save_pretrained(target)
+    return target
+
+
+def run(config_path: str) -> dict[str, Any]:
+    from .model import load_model, load_tokenizer, trainable_parameters
+
+    cfg, args = setup(config_path)
+    tokenizer = load_tokenizer(cfg.spec)
+    data = prepare_data(cfg, args, tokenizer)
+    model = load_model(cfg.spec, use_cpu=args.use_cpu)
+    trainable, total = trainable_parameters(model)
+    trainer, watchdog = build_trainer(cfg, args, tokenizer, model, data)
+    resume = resume_checkpoint(cfg)
+    result = trainer.train(resume_from_checkpoint=resume)
+    if watchdog.diverged_at is not None:
+        raise LossDiverged(f"loss/grad norm became {watchdog.value} at step {watchdog.diverged_at}")
+    paths = save_final(cfg, trainer, tokenizer)
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "reason": exit_codes.reason(exit_codes.SUCCESS), "steps": trainer.state.global_step,
+        "resumedFrom": resume, "finalLoss": history[-1]["loss"] if history else None,
+        "trainLoss": result.training_loss, "trainRuntimeSeconds": result.metrics.get("train_runtime"),
+        "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
+        "totalParameters": total, "worldSize": args.world_size,
+        "distributedType": str(trainer.accelerator.distributed_type),
+        "modelWrapper": type(trainer.model_wrapped).__name__, "data": data.stats, **paths,
+    }
+
+
+def write_result(code: int, summary: dict[str, Any]) -> None:
+    """Each process leaves its result where the launcher aggregates it into the pod's termination message."""
+    directory = os.environ.get(RESULT_DIR_ENV)
+    if not directory:
+        return
+    rank = os.environ.get("LOCAL_RANK", "0")
+    Path(directory, f"result-{rank}.json").write_text(json.dumps({"exitCode": code, **summary}, default=str))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="finetune_trainer")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        summary = run(args.config)
+        code = exit_codes.SUCCESS
+    except TrainerError as exc:
+        code, summary = exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": str(exc)}
+        log.error("%s: %s", summary["reason"], exc)
+    except Exception as exc:  # noqa: BLE001 - everything unexpected is retryable by contract
+        code, summary = 1, {"reason": "Error", "message": f"{type(exc).__name__}: {exc}"}
+        log.exception("training failed")
+        write_result(code, summary)
+        raise
+    write_result(code, summary)
+    if code == exit_codes.SUCCESS and os.environ.get("RANK", "0") == "0":
+        print("FINETUNE_SUMMARY " + json.dumps(summary, default=str), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Model and tokenizer from a hub id or a path, and the fine-tuning method applied to the model."""
+
+from typing import Any
+
+from finetune_operator.api.spec import FineTuneJobSpec
+
+from .errors import ConfigError
+
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "auto"}
+
+
+def load_tokenizer(spec: FineTuneJobSpec):
+    from transformers import AutoTokenizer
+
+    m = spec.model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(m.tokenizer or m.name, revision=m.revision,
+                                                  trust_remote_code=m.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load the tokenizer of {m.tokenizer or m.name}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        # Safe only because padding is masked by the attention mask and labels, never by token id: the real EOS
+        # keeps its label, so the model still learns to stop.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def quantization_config(spec: FineTuneJobSpec, use_cpu: bool):
+    quant = spec.model.quantization
+    if quant == "none":
+        return None
+    if use_cpu:
+        raise ConfigError(f"model.quantization {quant} needs a GPU (bitsandbytes); request distributed.gpusPerNode")
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    compute = torch.bfloat16 if spec.training.precision == "bf16" else torch.float16
+    if quant == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    # quant_storage matches the compute dtype so FSDP can shard the 4-bit weights (QLoRA + FSDP).
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute, bnb_4bit_quant_storage=compute)
+
+
+def load_model(spec: FineTuneJobSpec, use_cpu: bool):
+    from transformers import AutoModelForCausalLM
+
+    m = spec.model
+    kwargs: dict[str, Any] = {"revision": m.revision, "trust_remote_code": m.trust_remote_code,
+                              "attn_implementation": m.attn_implementation, "dtype": DTYPES[m.dtype]}
+    quant = quantization_config(spec, use_cpu)
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+    try:
+        model = AutoModelForCausalLM.from_pretrained(m.name, **kwargs)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError(f"cannot load model {m.name}: {exc}") from exc
+    model.config.use_cache = False  # the KV cache is useless in training and breaks gradient checkpointing
+    return apply_method(model, spec)
+
+
+def apply_method(model, spec: FineTuneJobSpec):
+    method = spec.method
+    if method.type == "full":
+        return model
+    if method.type == "freeze":
+        return _freeze_all_but_last_layers(model, method.freeze.trainable_layers, method.freeze.extra_trainable_modules)
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if method.type == "qlora":
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=spec.training.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = method.lora
+    targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                        modules_to_save=list(lora.modules_to_save) or None, use_rslora=lora.use_rslora,
+                        use_dora=lora.use_dora, task_type="CAUSAL_LM")
+    try:
+        model = get_peft_model(model, config)
+    except ValueError as exc:
+        raise ConfigError(f"LoRA cannot be applied ({exc}); check method.lora.targetModules") from exc
+    if spec.training.gradient_checkpointing:
+        model.enable_input_require_grads()  # frozen embeddings would otherwise cut the graph under checkpointing
+    return model
+
+
+def _freeze_all_but_last_layers(model, n: int, extra: list[str]):
+    layers = _decoder_layers(model)
+    if layers is None:
+        raise ConfigError("method freeze needs a model with a list of decoder layers (model.layers)")
+    keep = {id(p) for layer in layers[-n:] for p in layer.parameters()}
+    for name, param in model.named_parameters():
+        param.requires_grad = id(param) in keep or any(e in name for e in extra)
+    return model
+
+
+def _decoder_layers(model):
+    base = getattr(model, "model", None)
+    return getattr(base, "layers", None) if base is not None else None
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())

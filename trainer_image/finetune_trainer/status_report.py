@@ -1,0 +1,64 @@
+"""Rank 0 -> FineTuneJob status: a merge patch of status.progress / status.checkpoint, rate-limited.
+
+Uses the pod's ServiceAccount token and the in-cluster CA over plain HTTPS (no client library in the trainer
+image). A failed report is logged and dropped: progress reporting must never stop training.
+"""
+
+import json
+import logging
+import os
+import ssl
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from finetune_operator.api.constants import API_VERSION, PLURAL
+
+log = logging.getLogger(__name__)
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass
+class StatusReporter:
+    server: str
+    token: str
+    namespace: str
+    name: str
+    ssl_context: ssl.SSLContext
+    min_interval: float = 10.0
+    _last: float = float("-inf")
+    failures: int = 0
+
+    @classmethod
+    def in_cluster(cls, namespace: str, name: str) -> "StatusReporter | None":
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        token_file = os.path.join(SA_DIR, "token")
+        if not host or not os.path.exists(token_file):
+            return None
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        context = ssl.create_default_context(cafile=os.path.join(SA_DIR, "ca.crt"))
+        return cls(f"https://{host}:{port}", token, namespace, name, context)
+
+    @property
+    def url(self) -> str:
+        return f"{self.server}/apis/{API_VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.name}/status"
+
+    def report(self, status: dict[str, Any], force: bool = False) -> bool:
+        """Sends the patch unless one was sent within min_interval (force: the final report). True if sent."""
+        now = time.monotonic()
+        if not force and now - self._last < self.min_interval:
+            return False
+        self._last = now
+        body = json.dumps({"status": status}).encode()
+        request = urllib.request.Request(self.url, data=body, method="PATCH", headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": "application/merge-patch+json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=self.ssl_context) as response:
+                return 200 <= response.status < 300
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            self.failures += 1
+            log.warning("progress report to %s failed (%s); training continues", self.url, exc)
+            return False
