@@ -59,3 +59,33 @@ def test_deepspeed_arguments_build_a_real_training_arguments(tmp_path):
     ds = parsed.hf_deepspeed_config.config
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 4
+
+
+def test_fsdp_config_reaches_training_arguments(tmp_path):
+    """FSDP cannot run on CPU; what can be checked here is that TrainingArguments reads our fsdp.json as intended."""
+    job = validate_job(yaml.safe_load(next(p for p in EXAMPLES if p.name == "cpt-fsdp.yaml").read_text()))
+    ctx = RenderContext(name=job.name, namespace="d", output_dir=str(tmp_path / "out"), config_dir=str(tmp_path))
+    files = config_files(job.spec, ctx)
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    args = json.loads(files["trainer.json"])["trainingArguments"]
+    args["use_cpu"] = True  # bf16 without a GPU is refused otherwise; the FSDP parsing is what is under test
+    (parsed,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_dict(args)
+    assert parsed.fsdp is True
+    assert parsed.fsdp_config["version"] == 2
+    assert parsed.fsdp_config["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
+    assert parsed.fsdp_config["activation_checkpointing"] is True
+    assert parsed.fsdp_config["state_dict_type"] == "SHARDED_STATE_DICT"
+
+
+def test_trainer_refuses_fsdp_on_cpu(tmp_path):
+    from finetune_trainer.config import load_config
+    from finetune_trainer.errors import ConfigError
+
+    job = validate_job(yaml.safe_load(next(p for p in EXAMPLES if p.name == "cpt-fsdp.yaml").read_text()))
+    doc = json.loads(config_files(job.spec, RenderContext(name=job.name, namespace="d"))["trainer.json"])
+    doc["spec"]["distributed"]["gpusPerNode"] = 0  # a hand-edited config that skipped the operator's validation
+    path = tmp_path / "trainer.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="FSDP through the Trainer needs GPUs"):
+        load_config(path)

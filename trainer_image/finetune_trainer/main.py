@@ -129,8 +129,20 @@ def run(config_path: str) -> dict[str, Any]:
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,
         "distributedType": str(trainer.accelerator.distributed_type),
-        "modelWrapper": type(trainer.model_wrapped).__name__, "data": data.stats, **paths,
+        "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), "data": data.stats, **paths,
     }
+
+
+def sharding(trainer) -> dict[str, Any]:
+    """What really ran: the ZeRO stage and, under ZeRO-3, the fraction of parameters this rank holds."""
+    engine = trainer.model_wrapped
+    if not hasattr(engine, "zero_optimization_stage"):
+        return {}
+    out: dict[str, Any] = {"zeroStage": engine.zero_optimization_stage()}
+    params = [p for p in trainer.model.parameters() if hasattr(p, "ds_numel")]
+    if params:
+        out["localParameterFraction"] = sum(p.ds_tensor.numel() for p in params) / sum(p.ds_numel for p in params)
+    return out
 
 
 def write_result(code: int, summary: dict[str, Any]) -> None:

@@ -1,0 +1,147 @@
+"""The exact command the operator renders, run as real processes: one node, or two "nodes" on 127.0.0.1.
+
+Each test asserts what actually ran (world size, accelerate's distributed type, the wrapper, ZeRO sharding), not
+just the exit code: a CPU DDP run without use_cpu trains every rank alone and still exits 0.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from finetune_operator.api import exit_codes
+from tests.builders import make_job
+from tests.support.trainer_run import run_nodes
+
+ROWS = [{"instruction": f"What is {a} plus {b}?", "output": f"{a} plus {b} is {a + b}."}
+        for a in range(1, 5) for b in range(1, 5)]
+
+
+def job(model_dir, **overrides):
+    base = {
+        "metadata.name": "e2e",
+        "spec.model": {"name": str(model_dir), "dtype": "float32"},
+        "spec.data": {"format": "alpaca", "maxLength": 64, "train": [{"inline": ROWS}]},
+        "spec.method": {"type": "full"},
+        "spec.training": {"maxSteps": 8, "learningRate": 0.003, "perDeviceTrainBatchSize": 4, "precision": "fp32",
+                          "optim": "adamw_torch", "loggingSteps": 1, "lrScheduler": "constant", "seed": 7},
+        "spec.distributed": {"numNodes": 1, "gpusPerNode": 0},
+        "spec.checkpoints": {"saveSteps": 4, "keep": 5},
+    }
+    return make_job({**base, **overrides})
+
+
+def progress(workdir):
+    return [json.loads(line) for line in (workdir / "output" / "progress.jsonl").read_text().splitlines()]
+
+
+def losses_by_step(workdir):
+    return {r["step"]: r["loss"] for r in progress(workdir) if r["loss"] is not None}
+
+
+def ok(results):
+    for r in results:
+        assert r.returncode == 0, r.log[-3000:]
+    return results
+
+
+def test_sft_loss_decreases_and_the_model_is_saved(tiny_model_dir, tmp_path):
+    (result,) = ok(run_nodes(job(tiny_model_dir, **{"spec.training.maxSteps": 30}), tmp_path))
+    losses = losses_by_step(tmp_path)
+    assert losses[30] < 0.6 * losses[1], losses
+    s = result.summary
+    assert (s["exitCode"], s["reason"], s["steps"], s["worldSize"]) == (0, "Succeeded", 30, 1)
+    assert s["data"]["train"]["kept"] == len(ROWS)
+    final = tmp_path / "output" / "final"
+    assert (final / "model.safetensors").stat().st_size > 0 and (final / "tokenizer.json").exists()
+    record = progress(tmp_path)[-1]
+    assert record["maxSteps"] == 30 and record["tokensPerSecond"] > 0 and record["checkpoint"]["step"] == 30  # the final step is checkpointed too
+
+
+def test_resume_skips_a_partial_checkpoint_and_matches_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    ok(run_nodes(job(tiny_model_dir), tmp_path))
+    uninterrupted = losses_by_step(tmp_path)
+    out = tmp_path / "output"
+    # Simulate a crash after step 6: checkpoint-8 and the final model never happened; checkpoint-6 is half-written.
+    shutil.rmtree(out / "checkpoint-8")
+    shutil.rmtree(out / "final")
+    (out / "progress.jsonl").unlink()
+    partial = out / "checkpoint-6"
+    shutil.copytree(out / "checkpoint-4", partial)
+    (partial / "FINETUNE_COMPLETE").unlink()
+    (partial / "model.safetensors").write_bytes(b"")
+    (result,) = ok(run_nodes(job(tiny_model_dir), tmp_path))
+    assert result.summary["resumedFrom"].endswith("checkpoint-4")
+    resumed = losses_by_step(tmp_path)
+    assert min(resumed) == 5  # no step before the checkpoint was redone
+    for step in range(5, 9):
+        assert resumed[step] == pytest.approx(uninterrupted[step], rel=1e-4), (step, resumed, uninterrupted)
+
+
+def test_lora_adapter_merge_and_reload_give_the_same_outputs(tiny_model_dir, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    (result,) = ok(run_nodes(job(tiny_model_dir, **{
+        "spec.method": {"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}},
+        "spec.training.learningRate": 0.01, "spec.output.mergeAdapter": True}), tmp_path))
+    assert result.summary["trainableParameters"] < result.summary["totalParameters"] / 2
+    ids = torch.tensor([[1, 20, 30, 40, 50, 60]])
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
+        base_logits = base(input_ids=ids).logits
+        adapted = PeftModel.from_pretrained(base, str(tmp_path / "output" / "final")).eval()
+        adapted_logits = adapted(input_ids=ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(result.summary["merged"], dtype="float32").eval()
+        merged_logits = merged(input_ids=ids).logits
+    torch.testing.assert_close(merged_logits, adapted_logits, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(adapted_logits, base_logits, atol=1e-4)  # the adapter learned something
+
+
+@pytest.mark.parametrize(("overrides", "code", "reason"), [
+    ({"spec.data.columns": {"instruction": "question"}}, exit_codes.DATA_ERROR, "DataError"),
+    ({"spec.model.name": "/nonexistent/model"}, exit_codes.CONFIG_ERROR, "InvalidConfig"),
+], ids=["data-error", "config-error"])
+def test_exit_code_contract(tiny_model_dir, tmp_path, overrides, code, reason):
+    (result,) = run_nodes(job(tiny_model_dir, **overrides), tmp_path)
+    assert result.returncode == code, result.log[-2000:]
+    assert result.summary["exitCode"] == code and result.summary["reason"] == reason
+    assert result.summary["message"]
+
+
+def test_nan_loss_stops_the_run_with_diverged(tiny_model_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    weights = load_file(broken / "model.safetensors")
+    weights["lm_head.weight"][0, 0] = float("inf")  # inf logits -> NaN loss at the first step
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    (result,) = run_nodes(job(broken), tmp_path / "run")
+    assert result.returncode == exit_codes.DIVERGED, result.log[-2000:]
+    assert result.summary["reason"] == "LossDiverged" and "at step" in result.summary["message"]
+    assert not list((tmp_path / "run" / "output").glob("checkpoint-*"))  # diverged weights never saved
+    assert torch.isinf(weights["lm_head.weight"]).any()
+
+
+@pytest.mark.parametrize(("distributed", "expected"), [
+    ({"strategy": "ddp"}, {"distributedType": "DistributedType.MULTI_CPU", "modelWrapper": "DistributedDataParallel"}),
+    ({"strategy": "deepspeed", "deepspeed": {"zeroStage": 2}},
+     {"distributedType": "DistributedType.DEEPSPEED", "modelWrapper": "DeepSpeedEngine", "zeroStage": 2}),
+    ({"strategy": "deepspeed", "deepspeed": {"zeroStage": 3,
+                                             "config": {"zero_optimization": {"stage3_param_persistence_threshold": 0}}}},
+     {"distributedType": "DistributedType.DEEPSPEED", "modelWrapper": "DeepSpeedEngine", "zeroStage": 3,
+      "localParameterFraction": 0.5}),
+], ids=["ddp", "zero2", "zero3"])
+def test_two_nodes(tiny_model_dir, tmp_path, distributed, expected):
+    doc = job(tiny_model_dir, **{"spec.distributed": {"numNodes": 2, "gpusPerNode": 0, **distributed},
+                                 "spec.training.maxSteps": 4, "spec.checkpoints.saveSteps": 2})
+    results = ok(run_nodes(doc, tmp_path))
+    for r in results:
+        assert r.summary["worldSize"] == 2
+        assert {k: r.summary.get(k) for k in expected} == expected
+    assert results[0].summary["steps"] == 4
+    final = tmp_path / "output" / "final" / "model.safetensors"
+    assert final.stat().st_size > 0  # ZeRO-3 gathered the 16-bit weights on save (not an empty file)
