@@ -129,8 +129,17 @@ def run(config_path: str) -> dict[str, Any]:
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,
         "distributedType": str(trainer.accelerator.distributed_type),
-        "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), "data": data.stats, **paths,
+        "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), **peak_memory(),
+        "data": data.stats, **paths,
     }
+
+
+def peak_memory() -> dict[str, float]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"peakMemoryGiB": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def sharding(trainer) -> dict[str, Any]:
