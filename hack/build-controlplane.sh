@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager and kube-scheduler from Go modules (wrapper module in
-# hack/controlplane) and installs kwok, into a per-version cache outside the work tree. Skips what is present.
+# hack/controlplane) and installs kwok and helm, into a per-version cache outside the work tree. Skips what is present.
 # Prints the cache directory on its last line. Cold: ~20-40 min on 2 cores; warm: instant.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -38,5 +38,10 @@ if [[ ! -x "$dest/kwok" || ! -d "$dest/kwok-stages" ]]; then
   rm -rf "$dest/kwok-stages.tmp" && mkdir -p "$dest/kwok-stages.tmp"
   cp -r "$src"/. "$dest/kwok-stages.tmp/" && chmod -R u+w "$dest/kwok-stages.tmp"
   mv "$dest/kwok-stages.tmp" "$dest/kwok-stages"
+fi
+if [[ ! -x "$dest/helm" ]]; then
+  echo "installing helm v${HELM_VERSION} into $dest" >&2
+  GOBIN="$dest" go install -ldflags "-X helm.sh/helm/v3/internal/version.version=v${HELM_VERSION}" \
+    "helm.sh/helm/v3/cmd/helm@v${HELM_VERSION}"
 fi
 echo "$dest"

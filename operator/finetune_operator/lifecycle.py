@@ -1,0 +1,266 @@
+"""The FineTuneJob state machine, pure: (validated spec or errors, observed children, now) -> Plan.
+
+The Plan holds the whole operator-owned status (written once per pass), the actions to take on children, the
+Events for transitions and when to look again. Trainer-owned fields (status.progress, status.checkpoint) are read,
+never written.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .api import constants as c
+from .api import exit_codes
+from .api.errors import InvalidSpec
+from .api.status import TERMINAL_PHASES
+from .observed import attempt_of, classify_failure, format_time, has_condition, parse_time, running_pods
+from .render.names import workload_name
+from .render.context import RenderContext
+from .validation import ValidatedJob
+
+OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "nodes", "gpus",
+                          "globalBatchSize", "startTime", "completionTime", "observedGeneration")
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Settings:
+    restart_backoff_seconds: float = 10.0  # doubled per restart
+    restart_backoff_max_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class Observed:
+    name: str
+    namespace: str
+    generation: int
+    labels: dict[str, str]
+    status: dict[str, Any]
+    workloads: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    status: dict[str, Any]
+    create_attempt: int | None = None
+    resume_from: str | None = None
+    delete_workloads: list[str] = field(default_factory=list)
+    suspend_workload: tuple[str, bool] | None = None
+    delete_job: bool = False
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 1.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+def backoff(settings: Settings, restarts: int) -> float:
+    return min(settings.restart_backoff_seconds * 2 ** max(restarts - 1, 0), settings.restart_backoff_max_seconds)
+
+
+def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Settings()) -> Plan:
+    st = {k: obs.status.get(k) for k in OPERATOR_STATUS_FIELDS if obs.status.get(k) is not None}
+    st["observedGeneration"] = obs.generation
+    p = Plan(status=st)
+    previous_phase = obs.status.get("phase")
+    live = [w for w in obs.workloads if not _finished(w)]
+    if isinstance(job, InvalidSpec):
+        _finish(p, obs, "Failed", "InvalidSpec", job.summary())
+        p.delete_workloads = [w["metadata"]["name"] for w in live]  # never keep GPUs busy for a broken spec
+    elif previous_phase in TERMINAL_PHASES:
+        p.delete_workloads = [w["metadata"]["name"] for w in live if previous_phase == "Failed"]
+        _ttl(p, job, obs)
+    else:
+        _advance(p, job, obs, settings)
+    _set_conditions(p.status, obs)
+    if p.status.get("phase") != previous_phase:
+        kind = "Warning" if p.status.get("phase") in ("Failed", "Restarting") else "Normal"
+        p.events.append(Event(kind, p.status.get("reason") or p.status["phase"],
+                              p.status.get("message") or f"phase {p.status['phase']}"))
+    return p
+
+
+def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
+    spec, st, now = job.spec, p.status, obs.now
+    st["gpus"], st["globalBatchSize"] = spec.total_gpus, spec.global_batch_size
+    if not st.get("attempt"):
+        st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
+                  message="attempt 1 created")
+    attempt = st["attempt"]
+    deadline = spec.run_policy.active_deadline_seconds
+    started = parse_time(st.get("startTime"))
+    if deadline and started and now >= started + timedelta(seconds=deadline):
+        _finish(p, obs, "Failed", "DeadlineExceeded", f"ran longer than activeDeadlineSeconds={deadline}")
+        p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads if not _finished(w)]
+        return
+    if deadline and started:
+        p.requeue((started + timedelta(seconds=deadline) - now).total_seconds())
+
+    current = next((w for w in obs.workloads if attempt_of(w) == attempt), None)
+    p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads
+                          if (attempt_of(w) or 0) < attempt and not _finished(w)]
+    if current is None:
+        _start_attempt(p, job, obs, settings)
+        return
+    _observe_attempt(p, job, obs, current, settings)
+
+
+def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
+    st = p.status
+    if st.get("phase") == "Restarting":
+        since = _condition_time(obs.status, "Restarting") or obs.now
+        wait = (since + timedelta(seconds=backoff(settings, st.get("restarts", 0))) - obs.now).total_seconds()
+        if wait > 0:
+            p.requeue(wait)
+            return
+    p.create_attempt = st["attempt"]
+    checkpoint = obs.status.get("checkpoint") or {}
+    p.resume_from = checkpoint.get("path") if job.spec.checkpoints.resume == "auto" else None
+    st["nodes"] = f"0/{job.spec.distributed.num_nodes}"
+    if st.get("phase") != "Restarting":
+        st["phase"] = "Pending"
+
+
+def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict, settings: Settings) -> None:
+    spec, st = job.spec, p.status
+    name = workload["metadata"]["name"]
+    nodes = spec.distributed.num_nodes
+    queued = bool(obs.labels.get(c.LABEL_KUEUE_QUEUE))
+    want_suspend = spec.run_policy.suspend
+    is_suspended = bool((workload.get("spec") or {}).get("suspend"))
+    if want_suspend and not is_suspended:
+        p.suspend_workload = (name, True)
+    elif not want_suspend and is_suspended and not queued:
+        p.suspend_workload = (name, False)  # Kueue-managed workloads are unsuspended by Kueue, never by us
+    ready = running_pods(obs.pods)
+    st["nodes"] = f"{ready}/{nodes}"
+    if has_condition(workload, "Complete"):
+        _finish(p, obs, "Succeeded", "Succeeded", f"attempt {st['attempt']} completed on {nodes} node(s)")
+    elif has_condition(workload, "Failed"):
+        code, reason, message = classify_failure(obs.pods)
+        _failed_attempt(p, job, obs, reason, message, code=code)
+        p.delete_workloads.append(name)
+    elif want_suspend:
+        st.update(phase="Suspended", reason="Suspended", message="suspended by spec.runPolicy.suspend; "
+                  "checkpoints are kept and the job resumes from the newest one")
+    elif is_suspended:
+        st.update(phase="Queued", reason="Queued", message="waiting for Kueue to admit the workload" if queued
+                  else "waiting for the workload to be unsuspended")
+    elif ready == nodes:
+        st.update(phase="Running", reason="Running", message=f"attempt {st['attempt']}: {nodes} node(s) running")
+        _stall_check(p, job, obs, settings)
+    elif st.get("phase") != "Restarting" or ready:  # a restarted gang reads Restarting until its pods run
+        st.update(phase="Pending", reason="Pending", message=f"attempt {st['attempt']}: {ready}/{nodes} node(s) running")
+
+
+def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, message: str, code: int | None) -> None:
+    st = p.status
+    limit = job.spec.run_policy.backoff_limit
+    if code is not None and exit_codes.is_permanent(code):
+        _finish(p, obs, "Failed", reason, f"{message} (exit {code}: not retried)")
+    elif st.get("restarts", 0) >= limit:
+        _finish(p, obs, "Failed", "BackoffLimitExceeded",
+                f"attempt {st['attempt']} failed ({reason}: {message}); backoffLimit {limit} reached")
+    else:
+        st["restarts"] = st.get("restarts", 0) + 1
+        st["attempt"] = st["attempt"] + 1
+        st.update(phase="Restarting", reason=reason,
+                  message=f"attempt {st['attempt'] - 1} failed ({message}); gang restart "
+                          f"{st['restarts']}/{limit} resumes from the newest checkpoint")
+        st["_restarting_since"] = format_time(obs.now)
+
+
+def _stall_check(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
+    timeout = job.spec.run_policy.stall_timeout_seconds
+    if not timeout:
+        return
+    progress_at = parse_time((obs.status.get("progress") or {}).get("updatedAt"))
+    running_since = _condition_time(obs.status, "Running") or obs.now
+    heartbeat = max(t for t in (progress_at, running_since) if t is not None)
+    silent = (obs.now - heartbeat).total_seconds()
+    if silent <= timeout:
+        p.requeue(timeout - silent + 1)
+        return
+    workload = workload_name(RenderContext(name=obs.name, namespace=obs.namespace, attempt=p.status["attempt"]))
+    _failed_attempt(p, job, obs, "Stalled", f"no progress heartbeat for {int(silent)}s (stallTimeoutSeconds="
+                    f"{timeout})", code=None)
+    p.status["_stalled"] = True
+    p.delete_workloads.append(workload)
+
+
+def _finish(p: Plan, obs: Observed, phase: str, reason: str, message: str) -> None:
+    p.status.update(phase=phase, reason=reason, message=message)
+    p.status.setdefault("completionTime", format_time(obs.now))
+
+
+def _ttl(p: Plan, job: ValidatedJob, obs: Observed) -> None:
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    finished = parse_time(obs.status.get("completionTime"))
+    if ttl is None or finished is None:
+        return
+    left = (finished + timedelta(seconds=ttl) - obs.now).total_seconds()
+    if left <= 0:
+        p.delete_job = True
+    else:
+        p.requeue(left)
+
+
+def _finished(workload: dict[str, Any]) -> bool:
+    return has_condition(workload, "Complete") or has_condition(workload, "Failed")
+
+
+def _condition_time(status: dict[str, Any], kind: str) -> datetime | None:
+    for cd in status.get("conditions") or []:
+        if cd.get("type") == kind and cd.get("status") == "True":
+            return parse_time(cd.get("lastTransitionTime"))
+    return None
+
+
+def _set_conditions(st: dict[str, Any], obs: Observed) -> None:
+    phase = st.get("phase")
+    stalled = st.pop("_stalled", False)
+    restarting_since = st.pop("_restarting_since", None)
+    wanted = {
+        "Created": bool(st.get("attempt")),
+        "Running": phase == "Running",
+        "Restarting": phase == "Restarting",
+        "Suspended": phase in ("Suspended", "Queued"),
+        "Stalled": stalled or (phase == "Restarting" and _condition_status(obs.status, "Stalled")),
+        "Succeeded": phase == "Succeeded",
+        "Failed": phase == "Failed",
+    }
+    old = {cd["type"]: cd for cd in obs.status.get("conditions") or []}
+    conditions = []
+    for kind in CONDITION_TYPES:
+        value = "True" if wanted[kind] else "False"
+        before = old.get(kind)
+        if before is None and value == "False":
+            continue
+        # A new failure while already Restarting restarts the backoff clock, though the condition stays True.
+        renewed = kind == "Restarting" and restarting_since is not None
+        if before is None or before.get("status") != value or renewed:
+            since = format_time(obs.now)
+        else:
+            since = before.get("lastTransitionTime")
+        conditions.append({
+            "type": kind, "status": value,
+            "reason": (st.get("reason") or phase or kind) if value == "True" else (before or {}).get("reason", kind),
+            "message": (st.get("message") or "") if value == "True" else "",
+            "lastTransitionTime": since,
+            "observedGeneration": obs.generation,
+        })
+    st["conditions"] = conditions
+
+
+def _condition_status(status: dict[str, Any], kind: str) -> bool:
+    return any(cd.get("type") == kind and cd.get("status") == "True" for cd in status.get("conditions") or [])

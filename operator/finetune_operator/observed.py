@@ -1,0 +1,66 @@
+"""Reading the observed children (batch Jobs and pods as plain dicts): conditions, readiness, exit codes."""
+
+import json
+from datetime import datetime
+from typing import Any
+
+from .api import constants as c
+from .api import exit_codes
+
+
+def parse_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def format_time(value: datetime) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def has_condition(obj: dict[str, Any], kind: str) -> bool:
+    return any(cd.get("type") == kind and cd.get("status") == "True"
+               for cd in (obj.get("status") or {}).get("conditions") or [])
+
+
+def attempt_of(obj: dict[str, Any]) -> int | None:
+    value = ((obj.get("metadata") or {}).get("labels") or {}).get(c.LABEL_ATTEMPT)
+    return int(value) if value and value.isdigit() else None
+
+
+def running_pods(pods: list[dict[str, Any]]) -> int:
+    return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running"
+               and not (p.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == c.CONTAINER_NAME:
+            return (cs.get("state") or {}).get("terminated")
+    return None
+
+
+def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
+    """(exit code, reason, message) that best explains a failed attempt; permanent causes win over retryable ones.
+
+    The trainer's termination message (JSON) carries the reason and message when it got that far."""
+    failures = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        term = _terminated(pod)
+        if term is not None and term.get("exitCode", 0) != 0:
+            code = int(term["exitCode"])
+            reason, message = exit_codes.reason(code), term.get("message") or ""
+            if term.get("reason") == "OOMKilled":
+                reason = "OOMKilled"
+            try:
+                detail = json.loads(message)
+                reason, message = detail.get("reason", reason), detail.get("message", message)
+            except (json.JSONDecodeError, AttributeError, TypeError):
+                pass
+            failures.append((code, reason, f"{pod['metadata']['name']}: {message or reason}"))
+        elif status.get("phase") == "Failed":
+            failures.append((None, status.get("reason") or "PodFailed",
+                             f"{pod['metadata']['name']}: {status.get('message') or status.get('reason') or 'failed'}"))
+    if not failures:
+        return None, "PodFailed", "a node of the attempt failed and its pod is gone"
+    failures.sort(key=lambda f: (not exit_codes.is_permanent(f[0] or 0), f[0] is None))
+    return failures[0]

@@ -1,0 +1,196 @@
+"""The FineTuneJob state machine, pure: every phase, gang restart, backoff, suspend/Kueue, deadline, stall, TTL."""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from finetune_operator.api import constants as c
+from finetune_operator.api.errors import FieldError, InvalidSpec
+from finetune_operator.lifecycle import Observed, Settings, plan
+from finetune_operator.validation import validate_job
+from tests.builders import make_job
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+SETTINGS = Settings(restart_backoff_seconds=10, restart_backoff_max_seconds=300)
+
+
+def ts(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job(**overrides):
+    return validate_job(make_job({"spec.distributed.numNodes": 2, "spec.distributed.gpusPerNode": 8, **overrides}))
+
+
+def workload(attempt, *, complete=False, failed=False, suspend=False):
+    conditions = [{"type": "Complete", "status": "True"}] if complete else []
+    conditions += [{"type": "Failed", "status": "True"}] if failed else []
+    return {"metadata": {"name": f"test-job-a{attempt}", "labels": {c.LABEL_ATTEMPT: str(attempt)}},
+            "spec": {"suspend": suspend}, "status": {"conditions": conditions}}
+
+
+def pod(i, phase="Running", exit_code=None, reason=None, message=None):
+    status = {"phase": phase}
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": c.CONTAINER_NAME, "state": {"terminated": {
+            "exitCode": exit_code, "reason": reason or "Error", "message": message}}}]
+    return {"metadata": {"name": f"test-job-a1-{i}-x"}, "status": status}
+
+
+def observe(status=None, workloads=(), pods=(), labels=None, now=T0):
+    return Observed(name="test-job", namespace="ns", generation=3, labels=labels or {}, status=status or {},
+                    workloads=list(workloads), pods=list(pods), now=now)
+
+
+def running_status(attempt=1, restarts=0, since=T0, **extra):
+    return {"phase": "Running", "attempt": attempt, "restarts": restarts, "startTime": ts(since),
+            "conditions": [{"type": "Running", "status": "True", "lastTransitionTime": ts(since)}], **extra}
+
+
+def conditions(p):
+    return {cd["type"]: cd["status"] for cd in p.status["conditions"]}
+
+
+def test_new_job_creates_attempt_one():
+    p = plan(job(), observe())
+    assert p.create_attempt == 1 and p.status["attempt"] == 1 and p.status["restarts"] == 0
+    assert (p.status["phase"], p.status["nodes"], p.status["gpus"]) == ("Pending", "0/2", 16)
+    assert p.status["startTime"] == ts(T0) and p.status["observedGeneration"] == 3
+    assert conditions(p) == {"Created": "True"}
+    assert p.events[0].type == "Normal"
+
+
+def test_running_when_every_node_runs():
+    p = plan(job(), observe({"phase": "Pending", "attempt": 1, "startTime": ts(T0)}, [workload(1)],
+                            [pod(0), pod(1)]))
+    assert (p.status["phase"], p.status["nodes"]) == ("Running", "2/2")
+    assert p.create_attempt is None and not p.delete_workloads
+    assert conditions(p)["Running"] == "True"
+
+
+def test_pending_while_part_of_the_gang_waits():
+    p = plan(job(), observe({"phase": "Pending", "attempt": 1}, [workload(1)], [pod(0), pod(1, "Pending")]))
+    assert (p.status["phase"], p.status["nodes"]) == ("Pending", "1/2")
+
+
+def test_succeeded_with_completion_time_and_event():
+    p = plan(job(), observe(running_status(), [workload(1, complete=True)], []))
+    assert p.status["phase"] == "Succeeded" and p.status["completionTime"] == ts(T0)
+    assert conditions(p) == {"Created": "True", "Running": "False", "Succeeded": "True"}
+    assert [e.reason for e in p.events] == ["Succeeded"]
+
+
+def test_retryable_failure_restarts_the_whole_gang_after_backoff():
+    failed = [pod(0, "Failed", 137, "OOMKilled"), pod(1)]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
+    assert p.status["phase"] == "Restarting" and p.status["reason"] == "OOMKilled"
+    assert (p.status["attempt"], p.status["restarts"]) == (2, 1)
+    assert p.delete_workloads == ["test-job-a1"] and p.create_attempt is None
+    assert p.events[-1].type == "Warning"
+    # 5 s later: still backing off (10 s for the first restart); at 10 s attempt 2 starts, resuming.
+    later = observe({**p.status, "checkpoint": {"step": 40, "path": "/output/checkpoint-40"}}, [], [],
+                    now=T0 + timedelta(seconds=5))
+    waiting = plan(job(), later, SETTINGS)
+    assert waiting.create_attempt is None and 4 <= waiting.requeue_after <= 5
+    ready = plan(job(), observe(later.status, [], [], now=T0 + timedelta(seconds=10)), SETTINGS)
+    assert ready.create_attempt == 2 and ready.resume_from == "/output/checkpoint-40"
+    assert ready.status["phase"] == "Restarting"
+
+
+@pytest.mark.parametrize(("code", "reason"), [(65, "DataError"), (78, "InvalidConfig"), (79, "LossDiverged")],
+                         ids=["data", "config", "diverged"])
+def test_permanent_exit_codes_fail_at_once(code, reason):
+    message = json.dumps({"reason": reason, "message": "the details"})
+    failed = [pod(0, "Failed", 1), pod(1, "Failed", code, message=message)]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed))
+    assert p.status["phase"] == "Failed" and p.status["reason"] == reason
+    assert "the details" in p.status["message"] and "not retried" in p.status["message"]
+    assert p.status["restarts"] == 0
+
+
+def test_backoff_limit_exceeded():
+    failed = [pod(0, "Failed", 1)]
+    status = running_status(attempt=4, restarts=3)
+    p = plan(job(**{"spec.runPolicy.backoffLimit": 3}), observe(status, [workload(4, failed=True)], failed))
+    assert p.status["phase"] == "Failed" and p.status["reason"] == "BackoffLimitExceeded"
+    assert "backoffLimit 3 reached" in p.status["message"]
+
+
+def test_backoff_doubles_and_is_capped():
+    from finetune_operator.lifecycle import backoff
+
+    assert [backoff(SETTINGS, n) for n in (1, 2, 3, 10)] == [10, 20, 40, 300]
+
+
+def test_suspend_stops_the_attempt_and_resume_continues_it():
+    p = plan(job(**{"spec.runPolicy.suspend": True}), observe(running_status(), [workload(1)], [pod(0), pod(1)]))
+    assert p.suspend_workload == ("test-job-a1", True) and p.status["phase"] == "Suspended"
+    assert conditions(p)["Suspended"] == "True" and not p.delete_workloads
+    resumed = plan(job(), observe(p.status, [workload(1, suspend=True)], []))
+    assert resumed.suspend_workload == ("test-job-a1", False)
+
+
+def test_kueue_queued_job_is_never_unsuspended_by_the_operator():
+    labels = {c.LABEL_KUEUE_QUEUE: "gpu"}
+    p = plan(job(), observe({"phase": "Pending", "attempt": 1}, [workload(1, suspend=True)], [], labels=labels))
+    assert p.status["phase"] == "Queued" and p.suspend_workload is None
+    assert "Kueue" in p.status["message"]
+
+
+def test_active_deadline_fails_and_frees_the_gpus():
+    status = running_status(since=T0 - timedelta(hours=2))
+    p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 3600}), observe(status, [workload(1)], [pod(0), pod(1)]))
+    assert p.status["phase"] == "Failed" and p.status["reason"] == "DeadlineExceeded"
+    assert p.delete_workloads == ["test-job-a1"]
+
+
+def test_stalled_heartbeat_restarts_the_attempt():
+    status = running_status(since=T0 - timedelta(hours=1),
+                            progress={"step": 10, "updatedAt": ts(T0 - timedelta(minutes=40))})
+    p = plan(job(**{"spec.runPolicy.stallTimeoutSeconds": 1800}), observe(status, [workload(1)], [pod(0), pod(1)]))
+    assert p.status["phase"] == "Restarting" and p.status["reason"] == "Stalled"
+    assert conditions(p)["Stalled"] == "True" and p.delete_workloads == ["test-job-a1"]
+    assert p.status["restarts"] == 1
+
+
+def test_fresh_heartbeat_schedules_the_next_look():
+    status = running_status(since=T0 - timedelta(hours=1), progress={"updatedAt": ts(T0 - timedelta(minutes=5))})
+    p = plan(job(**{"spec.runPolicy.stallTimeoutSeconds": 1800}), observe(status, [workload(1)], [pod(0), pod(1)]))
+    assert p.status["phase"] == "Running" and 1500 <= p.requeue_after <= 1501
+
+
+def test_invalid_spec_fails_permanently_and_stops_running_work():
+    errors = InvalidSpec([FieldError("spec.distributed.numNodes", 0, "too small", "use >= 1")])
+    p = plan(errors, observe(running_status(), [workload(1)], [pod(0)]))
+    assert p.status["phase"] == "Failed" and p.status["reason"] == "InvalidSpec"
+    assert "spec.distributed.numNodes" in p.status["message"]
+    assert p.delete_workloads == ["test-job-a1"] and p.create_attempt is None
+
+
+@pytest.mark.parametrize(("age", "deleted"), [(100, False), (3600, True)], ids=["before-ttl", "after-ttl"])
+def test_ttl_after_finished(age, deleted):
+    status = {"phase": "Succeeded", "attempt": 1, "completionTime": ts(T0 - timedelta(seconds=age))}
+    p = plan(job(**{"spec.runPolicy.ttlSecondsAfterFinished": 600}), observe(status, [workload(1, complete=True)]))
+    assert p.delete_job is deleted
+    if not deleted:
+        assert p.requeue_after == 500
+
+
+def test_old_attempts_are_torn_down():
+    p = plan(job(), observe({"phase": "Restarting", "attempt": 2, "restarts": 1}, [workload(1), workload(2)], []))
+    assert p.delete_workloads == ["test-job-a1"]
+
+
+def test_operator_never_writes_trainer_fields():
+    status = running_status(progress={"step": 5}, checkpoint={"step": 5, "path": "/o/c"})
+    p = plan(job(), observe(status, [workload(1)], [pod(0), pod(1)]))
+    assert "progress" not in p.status and "checkpoint" not in p.status
+
+
+def test_steady_state_is_a_fixed_point():
+    """A second pass over the same observation yields the same status: no write, no event."""
+    first = plan(job(), observe({"phase": "Pending", "attempt": 1, "startTime": ts(T0)}, [workload(1)],
+                                [pod(0), pod(1)]))
+    second = plan(job(), observe(first.status, [workload(1)], [pod(0), pod(1)], now=T0 + timedelta(seconds=30)))
+    assert second.status == first.status and second.events == []
