@@ -8,7 +8,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/versions.env"
 cache="${FINETUNE_CACHE:-$HOME/.cache/finetunejob}"
 # The go.sum hash is part of the key so a changed wrapper module rebuilds instead of reusing stale binaries.
-key="$(sha256sum "$here/controlplane/go.sum" "$here/controlplane/go.mod" | sha256sum | cut -c1-12)"
+key="$(cat "$here/controlplane/go.sum" "$here/controlplane/go.mod" | sha256sum | cut -c1-12)"
 dest="$cache/k8s-v${K8S_VERSION}-${key}"
 bins=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
