@@ -13,7 +13,8 @@ from .api import constants as c
 from .api import exit_codes
 from .api.errors import InvalidSpec
 from .api.status import TERMINAL_PHASES
-from .observed import attempt_of, classify_failure, format_time, has_condition, parse_time, running_pods
+from .observed import (attempt_of, classify_failure, format_time, job_failed, job_succeeded, parse_time,
+                       running_pods)
 from .render.names import workload_name
 from .render.context import RenderContext
 from .validation import ValidatedJob
@@ -144,9 +145,9 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict, 
         p.suspend_workload = (name, False)  # Kueue-managed workloads are unsuspended by Kueue, never by us
     ready = running_pods(obs.pods)
     st["nodes"] = f"{ready}/{nodes}"
-    if has_condition(workload, "Complete"):
+    if job_succeeded(workload):
         _finish(p, obs, "Succeeded", "Succeeded", f"attempt {st['attempt']} completed on {nodes} node(s)")
-    elif has_condition(workload, "Failed"):
+    elif job_failed(workload):
         code, reason, message = classify_failure(obs.pods)
         _failed_attempt(p, job, obs, reason, message, code=code)
         p.delete_workloads.append(name)
@@ -216,7 +217,7 @@ def _ttl(p: Plan, job: ValidatedJob, obs: Observed) -> None:
 
 
 def _finished(workload: dict[str, Any]) -> bool:
-    return has_condition(workload, "Complete") or has_condition(workload, "Failed")
+    return job_succeeded(workload) or job_failed(workload)
 
 
 def _condition_time(status: dict[str, Any], kind: str) -> datetime | None:

@@ -21,6 +21,15 @@ def has_condition(obj: dict[str, Any], kind: str) -> bool:
                for cd in (obj.get("status") or {}).get("conditions") or [])
 
 
+def job_failed(job: dict[str, Any]) -> bool:
+    """FailureTarget (Kubernetes >= 1.31) comes as soon as the Job is doomed; Failed only after every pod ended."""
+    return has_condition(job, "FailureTarget") or has_condition(job, "Failed")
+
+
+def job_succeeded(job: dict[str, Any]) -> bool:
+    return has_condition(job, "SuccessCriteriaMet") or has_condition(job, "Complete")
+
+
 def attempt_of(obj: dict[str, Any]) -> int | None:
     value = ((obj.get("metadata") or {}).get("labels") or {}).get(c.LABEL_ATTEMPT)
     return int(value) if value and value.isdigit() else None

@@ -44,8 +44,8 @@ def test_missing_file(capsys):
 def test_render_prints_a_yaml_stream(capsys):
     assert main(["render", TINY, "--namespace", "team-a", "--attempt", "3"]) == EXIT_OK
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
-    assert docs[2]["metadata"]["name"] == "tiny-cpu-sft-a3"
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"]
+    assert docs[-1]["metadata"]["name"] == "tiny-cpu-sft-a3"
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
 
 

@@ -24,8 +24,9 @@ def job(**overrides):
 
 
 def workload(attempt, *, complete=False, failed=False, suspend=False):
-    conditions = [{"type": "Complete", "status": "True"}] if complete else []
-    conditions += [{"type": "Failed", "status": "True"}] if failed else []
+    # What Kubernetes >= 1.31 sets first; Complete/Failed follow once every pod has ended.
+    conditions = [{"type": "SuccessCriteriaMet", "status": "True"}] if complete else []
+    conditions += [{"type": "FailureTarget", "status": "True"}] if failed else []
     return {"metadata": {"name": f"test-job-a{attempt}", "labels": {c.LABEL_ATTEMPT: str(attempt)}},
             "spec": {"suspend": suspend}, "status": {"conditions": conditions}}
 

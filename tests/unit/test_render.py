@@ -33,7 +33,7 @@ def env_of(objs):
 
 def test_children_and_apply_order():
     objs = render_all(validate_job(make_job()).spec, CTX)
-    assert [o["kind"] for o in objs] == ["ConfigMap", "Service", "Job"]
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"]
     assert all(o["metadata"]["namespace"] == "ml" for o in objs)
 
 
@@ -181,10 +181,25 @@ def test_pod_security_hardening():
     pod = objs["Job"]["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "test-job-trainer"
     sc = container(objs)["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["readOnlyRootFilesystem"] is True
+
+
+def test_trainer_identity_can_patch_only_its_own_status():
+    objs = render()
+    assert objs["Role"]["rules"] == [{"apiGroups": ["finetunejob.dev"], "resources": ["finetunejobs/status"],
+                                      "resourceNames": ["test-job"], "verbs": ["get", "patch"]}]
+    assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "test-job-trainer",
+                                                "namespace": "ml"}]
+
+
+def test_user_service_account_gets_the_status_role_instead():
+    objs = render({"spec.pod.serviceAccountName": "workload-identity"})
+    assert "ServiceAccount" not in objs
+    assert objs["RoleBinding"]["subjects"][0]["name"] == "workload-identity"
+    assert objs["Job"]["spec"]["template"]["spec"]["serviceAccountName"] == "workload-identity"
 
 
 def test_volumes_shm_config_and_output_claim():

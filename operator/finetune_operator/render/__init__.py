@@ -8,6 +8,7 @@ from typing import Any
 from ..api.spec import FineTuneJobSpec
 from .configmap import render_config_map
 from .context import RenderContext
+from .rbac import render_rbac
 from .service import render_service
 from .workload import render_workload
 
@@ -15,5 +16,6 @@ __all__ = ["RenderContext", "render_all"]
 
 
 def render_all(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
-    """Children in apply order: the ConfigMap and Service exist before pods that mount and resolve them."""
-    return [render_config_map(spec, ctx), render_service(spec, ctx), render_workload(spec, ctx)]
+    """Children in apply order: identity, config and Service exist before the pods that use them."""
+    return [*render_rbac(spec, ctx), render_config_map(spec, ctx), render_service(spec, ctx),
+            render_workload(spec, ctx)]

@@ -13,7 +13,7 @@ from ..api import constants as c
 from ..api.spec import FineTuneJobSpec
 from .context import RenderContext
 from .env import trainer_env
-from .names import attempt_labels, config_map_name, service_name, workload_name
+from .names import attempt_labels, config_map_name, service_name, trainer_service_account, workload_name
 
 CONFIG_VOLUME = "config"
 OUTPUT_VOLUME = "output"
@@ -79,15 +79,13 @@ def _pod_template(spec: FineTuneJobSpec, ctx: RenderContext, labels: dict[str, s
         "volumes": _volumes(spec, ctx),
     }
     optional = {
-        "serviceAccountName": pod.service_account_name,
+        # The per-job identity (render/rbac.py) lets rank 0 patch this job's status and nothing else.
+        "serviceAccountName": pod.service_account_name or trainer_service_account(ctx),
         "priorityClassName": pod.priority_class_name,
         "schedulerName": pod.scheduler_name,
         "affinity": pod.affinity,
     }
     pod_spec.update({k: v for k, v in optional.items() if v is not None})
-    if not pod.service_account_name:
-        # Trainer pods need no API token unless the user picked a ServiceAccount for them.
-        pod_spec["automountServiceAccountToken"] = False
     if pod.node_selector:
         pod_spec["nodeSelector"] = dict(pod.node_selector)
     if pod.tolerations:

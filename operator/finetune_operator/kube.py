@@ -1,0 +1,82 @@
+"""The only module that talks to the Kubernetes API: reads of the FineTuneJob and its children, server-side apply
+with owner references, deletes, the suspend flag and the status patch."""
+
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from .api import constants as c
+
+FIELD_MANAGER = "finetunejob-operator"
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient):
+        self.dyn = DynamicClient(api_client)
+        self.ftj = self.dyn.resources.get(api_version=c.API_VERSION, kind=c.KIND)
+        self.jobs = self.dyn.resources.get(api_version="batch/v1", kind="Job")
+        self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
+
+    @classmethod
+    def from_environment(cls) -> "Kube":
+        """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config."""
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(client.ApiClient())
+
+    def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(self.ftj, namespace, name)
+
+    def list_workloads(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return self.jobs.get(namespace=namespace, label_selector=f"{c.LABEL_JOB}={name}").to_dict()["items"]
+
+    def list_pods(self, namespace: str, name: str, attempt: int) -> list[dict[str, Any]]:
+        selector = f"{c.LABEL_JOB}={name},{c.LABEL_ATTEMPT}={attempt}"
+        return self.pods.get(namespace=namespace, label_selector=selector).to_dict()["items"]
+
+    def apply(self, obj: dict[str, Any], owner: dict[str, Any]) -> None:
+        """Server-side apply with the owner reference set: idempotent, so a retried or repeated pass converges."""
+        meta = owner["metadata"]
+        obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [{
+            "apiVersion": c.API_VERSION, "kind": c.KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}]}}
+        resource = self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        resource.server_side_apply(body=obj, name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"],
+                                   field_manager=FIELD_MANAGER, force_conflicts=True)
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        """Background propagation: the garbage collector removes the attempt's pods."""
+        try:
+            self.jobs.delete(name=name, namespace=namespace, body={"propagationPolicy": "Background"})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def set_suspend(self, namespace: str, name: str, suspend: bool) -> None:
+        self.jobs.patch(name=name, namespace=namespace, body={"spec": {"suspend": suspend}},
+                        content_type="application/merge-patch+json")
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """A merge patch of the operator's own fields only, so the trainer's progress is never overwritten."""
+        self.ftj.status.patch(name=name, namespace=namespace, body={"status": status},
+                              content_type="application/merge-patch+json")
+
+    def delete_finetunejob(self, namespace: str, name: str) -> None:
+        try:
+            self.ftj.delete(name=name, namespace=namespace, body={"propagationPolicy": "Background"})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    @staticmethod
+    def _get(resource, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return resource.get(name=name, namespace=namespace).to_dict()
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise

@@ -1,0 +1,199 @@
+"""The operator on a real control plane: what `kubectl get finetunejobs` shows through every phase.
+
+Pods are scheduled by the real scheduler onto kwok GPU nodes; their outcomes are driven by patching pod status
+the way a kubelet reports them (exit codes, OOMKilled)."""
+
+import json
+import time
+
+import pytest
+
+from finetune_operator.api import constants as c
+from tests.builders import make_job
+from tests.support.operator_process import OperatorProcess
+
+
+@pytest.fixture(scope="module")
+def operator(kubectl, control_plane):
+    op = OperatorProcess(control_plane.kubeconfig, control_plane.work / "operator.log", restart_backoff=1).start()
+    yield op
+    op.stop()
+
+
+def wait_for(predicate, timeout=45.0, what="condition", op=None):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"{what} not reached in {timeout}s (last: {last})\n{op.log_tail() if op else ''}")
+
+
+def status(kubectl, ns, name):
+    obj = kubectl.run("get", "ftj", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(obj.stdout).get("status", {}) if obj.returncode == 0 else None
+
+
+def wait_phase(kubectl, ns, name, phase, op, timeout=45.0, **fields):
+    def reached():
+        st = status(kubectl, ns, name) or {}
+        return st if st.get("phase") == phase and all(st.get(k) == v for k, v in fields.items()) else None
+    return wait_for(reached, timeout, f"{name} phase {phase} {fields}", op)
+
+
+def attempt_pods(kubectl, ns, name, attempt):
+    items = kubectl.json("get", "pods", "-n", ns, "-l", f"{c.LABEL_JOB}={name},{c.LABEL_ATTEMPT}={attempt}")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def terminate(kubectl, ns, pod, code, reason="Error", message=""):
+    """What a kubelet reports when the trainer container exits."""
+    state = {"terminated": {"exitCode": code, "reason": reason, "message": message}}
+    body = {"status": {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
+        "name": c.CONTAINER_NAME, "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
+        "state": state}]}}
+    kubectl.run("patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(body))
+
+
+def submit(kubectl, ns, name, **overrides):
+    """A 2-node gang; CPU-only unless a test asks for GPUs, so tests never wait on each other's GPUs."""
+    doc = make_job({"metadata.name": name, "metadata.namespace": ns, "spec.distributed.numNodes": 2,
+                    "spec.distributed.gpusPerNode": 0, "spec.training.precision": "fp32", **overrides})
+    kubectl.run("apply", "-f", "-", input=json.dumps(doc))
+
+
+def running(kubectl, ns, name, op, attempt=1):
+    wait_phase(kubectl, ns, name, "Running", op, attempt=attempt, nodes="2/2")
+    return attempt_pods(kubectl, ns, name, attempt)
+
+
+def test_pending_running_succeeded_with_children_owned(kubectl, operator, namespace):
+    submit(kubectl, namespace, "happy", **{"spec.distributed.gpusPerNode": 4, "spec.training.precision": "bf16"})
+    pods = running(kubectl, namespace, "happy", operator)
+    ftj = kubectl.json("get", "ftj", "happy", "-n", namespace)
+    for kind in ("job", "configmap", "service", "serviceaccount", "role", "rolebinding"):
+        items = kubectl.json("get", kind, "-n", namespace, "-l", f"{c.LABEL_JOB}=happy")["items"]
+        assert len(items) == 1, kind
+        (ref,) = items[0]["metadata"]["ownerReferences"]
+        assert ref["uid"] == ftj["metadata"]["uid"] and ref["controller"] is True
+    row = kubectl.run("get", "finetunejobs", "happy", "-n", namespace, "--no-headers").stdout.split()
+    assert row[1:4] == ["Running", "2/2", "8"]
+    for pod in pods:
+        terminate(kubectl, namespace, pod["metadata"]["name"], 0, reason="Completed")
+    st = wait_phase(kubectl, namespace, "happy", "Succeeded", operator)
+    assert st["completionTime"] and st["restarts"] == 0
+    events = kubectl.run("get", "events", "-n", namespace, "--field-selector",
+                         "involvedObject.kind=FineTuneJob,involvedObject.name=happy").stdout
+    for reason in ("Created", "Running", "Succeeded"):
+        assert reason in events
+
+
+def test_gang_restart_resumes_attempt_two_from_the_checkpoint(kubectl, operator, namespace):
+    submit(kubectl, namespace, "flaky", **{"spec.runPolicy.backoffLimit": 2})
+    pods = running(kubectl, namespace, "flaky", operator)
+    # Rank 0 of the trainer reports its newest complete checkpoint.
+    kubectl.run("patch", "ftj", "flaky", "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"checkpoint": {"step": 40, "path": "/output/checkpoint-40"}}}))
+    terminate(kubectl, namespace, pods[0]["metadata"]["name"], 137, reason="OOMKilled")
+    st = wait_for(lambda: (s := status(kubectl, namespace, "flaky")) and s.get("attempt") == 2 and s,
+                  what="attempt 2", op=operator)
+    assert st["restarts"] == 1 and st["reason"] == "OOMKilled"
+    running(kubectl, namespace, "flaky", operator, attempt=2)
+    config = json.loads(kubectl.json("get", "configmap", "flaky-config", "-n", namespace)["data"]["trainer.json"])
+    assert config["resumeFrom"] == "/output/checkpoint-40"
+    jobs = [j["metadata"]["name"] for j in kubectl.json("get", "jobs", "-n", namespace)["items"]]
+    assert "flaky-a2" in jobs
+    wait_for(lambda: "flaky-a1" not in [j["metadata"]["name"] for j in
+                                        kubectl.json("get", "jobs", "-n", namespace)["items"]], what="a1 gone")
+    assert status(kubectl, namespace, "flaky")["checkpoint"]["step"] == 40  # the trainer's field survived
+
+
+def test_permanent_exit_code_fails_without_restart(kubectl, operator, namespace):
+    submit(kubectl, namespace, "baddata")
+    pods = running(kubectl, namespace, "baddata", operator)
+    message = json.dumps({"reason": "DataError", "message": "row has no 'instruction' column"})
+    terminate(kubectl, namespace, pods[1]["metadata"]["name"], 65, message=message)
+    st = wait_phase(kubectl, namespace, "baddata", "Failed", operator, reason="DataError")
+    assert "no 'instruction' column" in st["message"] and st["attempt"] == 1
+
+
+def test_backoff_limit_exceeded(kubectl, operator, namespace):
+    submit(kubectl, namespace, "doomed", **{"spec.runPolicy.backoffLimit": 1})
+    for attempt in (1, 2):
+        pods = running(kubectl, namespace, "doomed", operator, attempt=attempt)
+        terminate(kubectl, namespace, pods[0]["metadata"]["name"], 1)
+    st = wait_phase(kubectl, namespace, "doomed", "Failed", operator, reason="BackoffLimitExceeded")
+    assert st["restarts"] == 1 and "backoffLimit 1 reached" in st["message"]
+
+
+def test_invalid_spec_is_failed_with_an_event_listing_the_errors(kubectl, operator, namespace):
+    # Passes the CRD schema, fails the operator's rules (qlora needs 4bit; evaluation without data).
+    submit(kubectl, namespace, "broken", **{"spec.method.type": "qlora", "spec.training.evalStrategy": "epoch"})
+    st = wait_phase(kubectl, namespace, "broken", "Failed", operator, reason="InvalidSpec")
+    assert "spec.method.type" in st["message"] and "spec.training.evalStrategy" in st["message"]
+    (event,) = kubectl.json("get", "events", "-n", namespace, "--field-selector", "reason=InvalidSpec")["items"]
+    assert event["type"] == "Warning" and "spec.method.type" in event["message"]
+    assert kubectl.json("get", "jobs", "-n", namespace)["items"] == []
+
+
+def test_suspend_stops_pods_and_resume_continues_the_same_attempt(kubectl, operator, namespace):
+    submit(kubectl, namespace, "pausable")
+    running(kubectl, namespace, "pausable", operator)
+    kubectl.run("patch", "ftj", "pausable", "-n", namespace, "--type=merge", "-p",
+                '{"spec": {"runPolicy": {"suspend": true}}}')
+    wait_phase(kubectl, namespace, "pausable", "Suspended", operator)
+    assert kubectl.json("get", "job", "pausable-a1", "-n", namespace)["spec"]["suspend"] is True
+    wait_for(lambda: attempt_pods(kubectl, namespace, "pausable", 1) == [], what="pods gone", op=operator)
+    kubectl.run("patch", "ftj", "pausable", "-n", namespace, "--type=merge", "-p",
+                '{"spec": {"runPolicy": {"suspend": false}}}')
+    st = wait_phase(kubectl, namespace, "pausable", "Running", operator, attempt=1)
+    assert st["restarts"] == 0
+
+
+def test_kueue_labelled_job_waits_for_admission(kubectl, operator, namespace):
+    submit(kubectl, namespace, "queued", **{"metadata.labels": {c.LABEL_KUEUE_QUEUE: "gpu-queue"}})
+    wait_phase(kubectl, namespace, "queued", "Queued", operator)
+    job = kubectl.json("get", "job", "queued-a1", "-n", namespace)
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"][c.LABEL_KUEUE_QUEUE] == "gpu-queue"
+    time.sleep(2)
+    assert kubectl.json("get", "job", "queued-a1", "-n", namespace)["spec"]["suspend"] is True  # not unsuspended
+    kubectl.run("patch", "job", "queued-a1", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    running(kubectl, namespace, "queued", operator)  # Kueue's admission is respected, not fought
+
+
+def test_deleting_the_finetunejob_removes_every_child(kubectl, operator, namespace):
+    submit(kubectl, namespace, "doomed-by-gc")
+    running(kubectl, namespace, "doomed-by-gc", operator)
+    kubectl.run("delete", "ftj", "doomed-by-gc", "-n", namespace, "--wait=false")
+
+    def all_gone():
+        selector = f"{c.LABEL_JOB}=doomed-by-gc"
+        return all(not kubectl.json("get", kind, "-n", namespace, "-l", selector)["items"]
+                   for kind in ("job", "configmap", "service", "serviceaccount", "role", "rolebinding", "pods"))
+    wait_for(all_gone, timeout=60, what="garbage collection of every child", op=operator)
+
+
+def test_ttl_deletes_the_finished_job(kubectl, operator, namespace):
+    submit(kubectl, namespace, "shortlived", **{"spec.runPolicy.ttlSecondsAfterFinished": 2})
+    for pod in running(kubectl, namespace, "shortlived", operator):
+        terminate(kubectl, namespace, pod["metadata"]["name"], 0, reason="Completed")
+    wait_phase(kubectl, namespace, "shortlived", "Succeeded", operator)
+    wait_for(lambda: status(kubectl, namespace, "shortlived") is None, timeout=30, what="TTL deletion", op=operator)
+
+
+def test_operator_killed_mid_burst_converges_without_duplicates(kubectl, control_plane, operator, namespace):
+    names = [f"burst-{i}" for i in range(6)]
+    for name in names:
+        submit(kubectl, namespace, name)
+    time.sleep(0.5)
+    operator.kill()
+    operator.start()
+    for name in names:
+        wait_phase(kubectl, namespace, name, "Running", operator, timeout=60, attempt=1)
+    jobs = [j["metadata"]["name"] for j in kubectl.json("get", "jobs", "-n", namespace)["items"]]
+    assert sorted(jobs) == sorted(f"{n}-a1" for n in names)
+    for kind in ("configmap", "service", "serviceaccount"):
+        items = kubectl.json("get", kind, "-n", namespace, "-l", f"{c.LABEL_NAME}={c.APP_NAME}")["items"]
+        assert len(items) == len(names), kind

@@ -1,0 +1,44 @@
+"""The operator as a real process (kopf run), against the test control plane."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.controlplane import ROOT
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0):
+        self.kubeconfig, self.log_path, self.restart_backoff = kubeconfig, log_path, restart_backoff
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "OperatorProcess":
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+               "FINETUNE_RESTART_BACKOFF_SECONDS": str(self.restart_backoff),
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
+             "-m", "finetune_operator.handlers"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up, as a crashed or evicted operator."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
