@@ -11,4 +11,6 @@ COPY trainer_image/ trainer_image/
 RUN pip install --no-deps . && rm -rf /src
 
 USER 65532:65532
-ENTRYPOINT ["kopf", "run", "--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz", "-m", "finetune_operator.handlers"]
+# The chart passes --all-namespaces or --namespace=... and the liveness endpoint as args.
+ENTRYPOINT ["kopf", "run", "--standalone", "-m", "finetune_operator.handlers"]
+CMD ["--all-namespaces"]

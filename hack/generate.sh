@@ -6,3 +6,4 @@ cd "$(dirname "$0")/.."
 finetune="${FINETUNE:-.venv/bin/finetune}"
 "$finetune" crd > crds/finetunejob.yaml
 cp crds/finetunejob.yaml charts/finetunejob/crds/finetunejob.yaml
+"$(dirname "$finetune")/python" -m finetune_operator.chart_values charts/finetunejob

@@ -13,7 +13,9 @@ from collections import defaultdict
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
+from . import metrics
 from .api import constants as c
 from .kube import Kube
 from .lifecycle import Settings
@@ -21,6 +23,8 @@ from .reconcile import reconcile
 
 ENV_TRAINER_IMAGE = "FINETUNE_TRAINER_IMAGE"
 ENV_RESTART_BACKOFF = "FINETUNE_RESTART_BACKOFF_SECONDS"
+ENV_METRICS_PORT = "FINETUNE_METRICS_PORT"
+API_RETRY_SECONDS = 5.0
 log = logging.getLogger("finetune_operator")
 
 
@@ -29,18 +33,34 @@ class Operator:
         self.kube, self.settings, self.trainer_image = kube, settings, trainer_image
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self.phases = metrics.PhaseTracker()
 
     async def reconcile(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         async with self.locks[key]:
-            result = await asyncio.to_thread(reconcile, self.kube, namespace, name, self.settings,
-                                             self.trainer_image, post_event)
+            try:
+                with metrics.RECONCILE_SECONDS.time():
+                    result = await asyncio.to_thread(reconcile, self.kube, namespace, name, self.settings,
+                                                     self.trainer_image, post_event)
+            except ApiException as exc:
+                # A conflict, a timeout or an apiserver restart: count it and look again shortly.
+                metrics.API_ERRORS.labels(str(exc.status)).inc()
+                log.warning("reconcile of %s/%s failed (%s %s); retrying", namespace, name, exc.status, exc.reason)
+                self._schedule(key, API_RETRY_SECONDS)
+                return
+        self.phases.set(key, result.status.get("phase") if result is not None else None)
+        if result is not None and result.status.get("phase") == "Restarting" and result.events:
+            metrics.RESTARTS.labels(result.status.get("reason") or "Unknown").inc()
+        if result is not None and result.requeue_after is not None:
+            self._schedule(key, result.requeue_after)
+        elif key in self.timers:
+            self.timers.pop(key).cancel()
+
+    def _schedule(self, key: tuple[str, str], delay: float) -> None:
         if key in self.timers:
             self.timers.pop(key).cancel()
-        if result is not None and result.requeue_after is not None:
-            loop = asyncio.get_running_loop()
-            self.timers[key] = loop.call_later(result.requeue_after,
-                                               lambda: asyncio.ensure_future(self.reconcile(namespace, name)))
+        loop = asyncio.get_running_loop()
+        self.timers[key] = loop.call_later(delay, lambda: asyncio.ensure_future(self.reconcile(*key)))
 
 
 def post_event(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
@@ -60,6 +80,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     backoff = float(os.environ.get(ENV_RESTART_BACKOFF, Settings.restart_backoff_seconds))
     operator = Operator(Kube.from_environment(), Settings(restart_backoff_seconds=backoff),
                         os.environ.get(ENV_TRAINER_IMAGE, c.DEFAULT_TRAINER_IMAGE))
+    port = int(os.environ.get(ENV_METRICS_PORT, "0"))
+    if port:
+        metrics.serve(port)
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)

@@ -70,7 +70,9 @@ def test_two_node_gpu_job_is_scheduled_indexed_and_running(kubectl, namespace):
 
 def test_trainer_pods_are_admitted_under_restricted_pod_security(kubectl, namespace):
     kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    job = next(o for o in children(make_job({"metadata.name": "secure"}), namespace) if o["kind"] == "Job")
+    objects = children(make_job({"metadata.name": "secure"}), namespace)
+    apply(kubectl, [o for o in objects if o["kind"] == "ServiceAccount"])  # the pod runs as the job's identity
+    job = next(o for o in objects if o["kind"] == "Job")
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "secure-probe", "namespace": namespace, **job["spec"]["template"]["metadata"]},
            "spec": job["spec"]["template"]["spec"]}

@@ -66,3 +66,13 @@ def test_schema_limits_mirror_the_models():
 def test_chart_ships_the_same_crd():
     chart_copy = CRD_FILE.parents[1] / "charts" / "finetunejob" / "crds" / "finetunejob.yaml"
     assert chart_copy.read_text() == CRD_FILE.read_text(), "run ./hack/generate.sh"
+
+
+def test_chart_values_and_schema_are_generated():
+    import json as _json
+
+    from finetune_operator.chart_values import values_schema, values_yaml
+
+    chart = CRD_FILE.parents[1] / "charts" / "finetunejob"
+    assert (chart / "values.yaml").read_text() == values_yaml(), "run ./hack/generate.sh"
+    assert _json.loads((chart / "values.schema.json").read_text()) == values_schema(), "run ./hack/generate.sh"

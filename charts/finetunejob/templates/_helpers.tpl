@@ -1,0 +1,40 @@
+{{- define "finetunejob.name" -}}{{ .Release.Name }}-operator{{- end -}}
+
+{{- define "finetunejob.labels" -}}
+app.kubernetes.io/name: finetunejob
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{- define "finetunejob.selector" -}}
+app.kubernetes.io/name: finetunejob
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* What the operator needs, and nothing more: no Secrets, no pods/exec, no wildcards. */}}
+{{- define "finetunejob.rules" -}}
+- apiGroups: ["finetunejob.dev"]
+  resources: ["finetunejobs"]
+  verbs: ["get", "list", "watch", "delete"]
+- apiGroups: ["finetunejob.dev"]
+  resources: ["finetunejobs/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["configmaps", "services", "serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}

@@ -1,0 +1,140 @@
+"""The Helm chart: lint, template, install into the real apiserver, and least privilege checked by the apiserver
+itself (SubjectAccessReview through `kubectl auth can-i`), with the operator running under the chart's identity."""
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from finetune_operator.api import constants as c
+from tests.builders import make_job
+from tests.conftest import ROOT
+from tests.support.operator_process import OperatorProcess
+
+CHART = ROOT / "charts" / "finetunejob"
+RELEASE, SYSTEM_NS = "ftj", "finetunejob-system"
+OPERATOR_SA = f"system:serviceaccount:{SYSTEM_NS}:{RELEASE}-operator"
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane, kubectl):
+    binary = control_plane.bin_dir / "helm"
+
+    def run(*args, check=True):
+        proc = subprocess.run([str(binary), *args], env=kubectl.env, capture_output=True, text=True, timeout=120)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+    return run
+
+
+@pytest.fixture(scope="module")
+def installed(helm, kubectl):
+    helm("install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--create-namespace", "--wait=false")
+    yield
+    helm("uninstall", RELEASE, "--namespace", SYSTEM_NS, check=False)
+
+
+def test_lint_and_template(helm):
+    assert "0 chart(s) failed" in helm("lint", str(CHART)).stdout
+    docs = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0").stdout)
+            if d]
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    per_ns = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0",
+                  "--set", "watchNamespaces={team-a,team-b}").stdout
+    roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+
+
+def test_values_schema_rejects_bad_values(helm):
+    proc = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "restartBackoffSeconds=-1",
+                check=False)
+    assert proc.returncode != 0 and "restartBackoffSeconds" in proc.stderr
+
+
+def test_rules_have_no_wildcards_secrets_or_exec(helm):
+    docs = yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0").stdout)
+    (role,) = [d for d in docs if d and d["kind"] == "ClusterRole"]
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert "secrets" not in rule["resources"] and "pods/exec" not in rule["resources"]
+
+
+def test_install_creates_every_object(installed, kubectl):
+    for kind, name in (("deployment", f"{RELEASE}-operator"), ("serviceaccount", f"{RELEASE}-operator"),
+                       ("service", f"{RELEASE}-operator-metrics")):
+        kubectl.run("get", kind, name, "-n", SYSTEM_NS)
+    kubectl.run("get", "clusterrole", f"{RELEASE}-operator")
+    kubectl.run("get", "clusterrolebinding", f"{RELEASE}-operator")
+    deployment = kubectl.json("get", "deployment", f"{RELEASE}-operator", "-n", SYSTEM_NS)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def can(kubectl, who, *args, namespace="default"):
+    proc = kubectl.run("auth", "can-i", *args, f"--as={who}", "-n", namespace, check=False)
+    return proc.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize(("args", "allowed"), [
+    (("get", "secrets"), False),
+    (("list", "secrets"), False),
+    (("create", "pods", "--subresource=exec"), False),
+    (("create", "pods"), False),
+    (("delete", "nodes"), False),
+    (("patch", "finetunejobs.finetunejob.dev", "--subresource=status"), True),
+    (("create", "jobs.batch"), True),
+    (("watch", "pods"), True),
+], ids=["get-secrets", "list-secrets", "exec", "create-pods", "delete-nodes", "patch-status", "create-jobs",
+        "watch-pods"])
+def test_operator_permissions_through_the_apiserver(installed, kubectl, args, allowed):
+    assert can(kubectl, OPERATOR_SA, *args) is allowed
+
+
+def test_operator_runs_under_the_charts_least_privilege_identity(installed, kubectl, control_plane, namespace):
+    token = kubectl.run("create", "token", f"{RELEASE}-operator", "-n", SYSTEM_NS, "--duration=1h").stdout.strip()
+    config = yaml.safe_load(control_plane.kubeconfig.read_text())
+    config["users"] = [{"name": "admin", "user": {"token": token}}]
+    restricted = control_plane.work / "operator-sa.kubeconfig"
+    restricted.write_text(yaml.safe_dump(config))
+    op = OperatorProcess(restricted, control_plane.work / "operator-sa.log").start()
+    try:
+        doc = make_job({"metadata.name": "least", "metadata.namespace": namespace,
+                        "spec.distributed.gpusPerNode": 0, "spec.training.precision": "fp32"})
+        kubectl.run("apply", "-f", "-", input=json.dumps(doc))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = kubectl.json("get", "ftj", "least", "-n", namespace).get("status", {})
+            if st.get("phase") == "Running":
+                break
+            time.sleep(0.5)
+        assert st.get("phase") == "Running", op.log_tail()
+        assert "Forbidden" not in op.log_tail(400) and "forbidden" not in op.log_tail(400)
+    finally:
+        op.stop()
+
+
+def test_trainer_identity_patches_only_its_own_status(installed, kubectl, namespace):
+    for name in ("mine", "other"):
+        doc = make_job({"metadata.name": name, "metadata.namespace": namespace})
+        kubectl.run("apply", "-f", "-", input=json.dumps(doc))
+    from finetune_operator.render import RenderContext
+    from finetune_operator.render.rbac import render_rbac
+    from finetune_operator.validation import validate_job
+
+    job = validate_job(make_job({"metadata.name": "mine"}))
+    stream = "\n---\n".join(json.dumps(o) for o in render_rbac(job.spec, RenderContext(name="mine",
+                                                                                       namespace=namespace)))
+    kubectl.run("apply", "-f", "-", input=stream)
+    trainer = f"system:serviceaccount:{namespace}:mine-trainer"
+    assert can(kubectl, trainer, "patch", "finetunejobs.finetunejob.dev/mine", "--subresource=status",
+               namespace=namespace)
+    assert not can(kubectl, trainer, "patch", "finetunejobs.finetunejob.dev/other", "--subresource=status",
+                   namespace=namespace)
+    assert not can(kubectl, trainer, "patch", "finetunejobs.finetunejob.dev/mine", namespace=namespace)  # the spec
+    assert not can(kubectl, trainer, "get", "secrets", namespace=namespace)
+    assert not can(kubectl, trainer, "list", "pods", namespace=namespace)
