@@ -50,11 +50,7 @@ class Kube:
 
     def delete_workload(self, namespace: str, name: str) -> None:
         """Background propagation: the garbage collector removes the attempt's pods."""
-        try:
-            self.jobs.delete(name=name, namespace=namespace, body={"propagationPolicy": "Background"})
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        self._delete(self.jobs, namespace, name)
 
     def set_suspend(self, namespace: str, name: str, suspend: bool) -> None:
         self.jobs.patch(name=name, namespace=namespace, body={"spec": {"suspend": suspend}},
@@ -66,8 +62,13 @@ class Kube:
                               content_type="application/merge-patch+json")
 
     def delete_finetunejob(self, namespace: str, name: str) -> None:
+        self._delete(self.ftj, namespace, name)
+
+    @staticmethod
+    def _delete(resource, namespace: str, name: str) -> None:
+        """Already gone is fine: deletes are repeated whenever a pass is."""
         try:
-            self.ftj.delete(name=name, namespace=namespace, body={"propagationPolicy": "Background"})
+            resource.delete(name=name, namespace=namespace, body={"propagationPolicy": "Background"})
         except ApiException as exc:
             if exc.status != 404:
                 raise

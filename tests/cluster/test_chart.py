@@ -103,19 +103,38 @@ def test_operator_runs_under_the_charts_least_privilege_identity(installed, kube
     restricted.write_text(yaml.safe_dump(config))
     op = OperatorProcess(restricted, control_plane.work / "operator-sa.log").start()
     try:
-        doc = make_job({"metadata.name": "least", "metadata.namespace": namespace,
-                        "spec.distributed.gpusPerNode": 0, "spec.training.precision": "fp32"})
-        kubectl.run("apply", "-f", "-", input=json.dumps(doc))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            st = kubectl.json("get", "ftj", "least", "-n", namespace).get("status", {})
-            if st.get("phase") == "Running":
-                break
-            time.sleep(0.5)
-        assert st.get("phase") == "Running", op.log_tail()
-        assert "Forbidden" not in op.log_tail(400) and "forbidden" not in op.log_tail(400)
+        # What a user does after `helm install`: apply an example and watch `kubectl get finetunejobs`.
+        kubectl.run("apply", "-n", namespace, "-f", str(ROOT / "examples" / "tiny-cpu-sft.yaml"))
+        phases = watch_phases(kubectl, namespace, "tiny-cpu-sft", until="Running")
+        assert phases[-1] == "Running", op.log_tail()
+        (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", f"{c.LABEL_JOB}=tiny-cpu-sft")["items"]
+        body = {"status": {"phase": "Succeeded", "containerStatuses": [{
+            "name": c.CONTAINER_NAME, "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
+        kubectl.run("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--subresource=status",
+                    "--type=merge", "-p", json.dumps(body))
+        phases += watch_phases(kubectl, namespace, "tiny-cpu-sft", until="Succeeded")
+        assert phases[-1] == "Succeeded", op.log_tail()
+        assert "Running" in phases
+        row = kubectl.run("get", "finetunejobs", "-n", namespace, "--no-headers").stdout.split()
+        assert row[:3] == ["tiny-cpu-sft", "Succeeded", "0/1"]  # nodes running / requested, after the run
+        assert "orbidden" not in op.log_tail(400)
     finally:
         op.stop()
+
+
+def watch_phases(kubectl, namespace, name, until, timeout=60.0):
+    """The phases `kubectl get ftj` shows, in order, until `until` (or the timeout)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        phase = kubectl.json("get", "ftj", name, "-n", namespace).get("status", {}).get("phase")
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+        if phase == until:
+            break
+        time.sleep(0.3)
+    return seen
 
 
 def test_trainer_identity_patches_only_its_own_status(installed, kubectl, namespace):

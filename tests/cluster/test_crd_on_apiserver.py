@@ -82,3 +82,16 @@ def test_kubectl_wait_on_phase_works(kubectl, namespace):
     started = time.monotonic()
     kubectl.run("wait", "ftj/waiter", "-n", namespace, "--for=jsonpath={.status.phase}=Succeeded", "--timeout=20s")
     assert time.monotonic() - started < 20
+
+
+def test_model_and_method_are_immutable_but_training_is_not(kubectl, namespace):
+    job = make_job({"metadata.name": "frozen", "metadata.namespace": namespace})
+    kubectl.run("apply", "-f", "-", input=json.dumps(job))
+    refused = kubectl.run("patch", "ftj", "frozen", "-n", namespace, "--type=merge", "-p",
+                          '{"spec": {"model": {"name": "/models/other"}}}', check=False)
+    assert refused.returncode != 0 and "spec.model is immutable" in refused.stderr
+    refused = kubectl.run("patch", "ftj", "frozen", "-n", namespace, "--type=merge", "-p",
+                          '{"spec": {"method": {"type": "full"}}}', check=False)
+    assert refused.returncode != 0 and "spec.method is immutable" in refused.stderr
+    kubectl.run("patch", "ftj", "frozen", "-n", namespace, "--type=merge", "-p",
+                '{"spec": {"training": {"learningRate": 0.5}}}')

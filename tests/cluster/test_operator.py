@@ -5,17 +5,20 @@ the way a kubelet reports them (exit codes, OOMKilled)."""
 
 import json
 import time
+import urllib.request
 
 import pytest
 
 from finetune_operator.api import constants as c
 from tests.builders import make_job
+from tests.support.controlplane import free_port
 from tests.support.operator_process import OperatorProcess
 
 
 @pytest.fixture(scope="module")
 def operator(kubectl, control_plane):
-    op = OperatorProcess(control_plane.kubeconfig, control_plane.work / "operator.log", restart_backoff=1).start()
+    op = OperatorProcess(control_plane.kubeconfig, control_plane.work / "operator.log", restart_backoff=1,
+                         metrics_port=free_port()).start()
     yield op
     op.stop()
 
@@ -197,3 +200,25 @@ def test_operator_killed_mid_burst_converges_without_duplicates(kubectl, control
     for kind in ("configmap", "service", "serviceaccount"):
         items = kubectl.json("get", kind, "-n", namespace, "-l", f"{c.LABEL_NAME}={c.APP_NAME}")["items"]
         assert len(items) == len(names), kind
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods(kubectl, operator, namespace):
+    submit(kubectl, namespace, "slow", **{"spec.runPolicy.activeDeadlineSeconds": 5})
+    wait_for(lambda: kubectl.json("get", "jobs", "-n", namespace)["items"], what="attempt 1 created", op=operator)
+    st = wait_phase(kubectl, namespace, "slow", "Failed", operator, reason="DeadlineExceeded")
+    assert "activeDeadlineSeconds=5" in st["message"]
+    wait_for(lambda: not kubectl.json("get", "jobs", "-n", namespace)["items"], what="attempt torn down", op=operator)
+
+
+def test_metrics_endpoint(kubectl, operator, namespace):
+    submit(kubectl, namespace, "measured", **{"spec.runPolicy.backoffLimit": 2})
+    pods = running(kubectl, namespace, "measured", operator)
+    terminate(kubectl, namespace, pods[0]["metadata"]["name"], 137, reason="OOMKilled")
+    running(kubectl, namespace, "measured", operator, attempt=2)
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert samples.get('finetunejob_jobs{phase="Running"}', 0) >= 1, sorted(samples)
+    assert samples["finetunejob_reconcile_duration_seconds_count"] > 0
+    assert samples.get('finetunejob_gang_restarts_total{reason="OOMKilled"}', 0) >= 1, sorted(samples)

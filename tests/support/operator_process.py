@@ -11,13 +11,15 @@ from tests.support.controlplane import ROOT
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0):
+    def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0, metrics_port: int = 0):
         self.kubeconfig, self.log_path, self.restart_backoff = kubeconfig, log_path, restart_backoff
+        self.metrics_port = metrics_port
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "OperatorProcess":
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "FINETUNE_RESTART_BACKOFF_SECONDS": str(self.restart_backoff),
+               "FINETUNE_METRICS_PORT": str(self.metrics_port),
                "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

@@ -20,10 +20,23 @@ from .training import TrainingSpec
 FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
+def _immutable(section: str) -> dict:
+    """A CEL transition rule: the apiserver itself refuses the update (checkpoints depend on this section)."""
+    return {"x-kubernetes-validations": [{
+        "rule": "self == oldSelf",
+        "message": f"spec.{section} is immutable: checkpoints of a running job depend on it; create a new "
+                   "FineTuneJob (training, distributed, resources and pod changes apply from the next attempt; "
+                   "runPolicy applies at once)"}]}
+
+
 class FineTuneJobSpec(ApiModel):
-    model: ModelSpec = Field(description="The base model to fine-tune.")
+    model: ModelSpec = Field(description="The base model to fine-tune. Immutable.",
+                             json_schema_extra=_immutable("model"))
     data: DataSpec = Field(description="Training (and validation) data and how it is tokenized.")
-    method: MethodSpec = Field(default_factory=MethodSpec, description="Full fine-tune, LoRA, QLoRA or freeze.")
+    # The CRD default {} makes the apiserver store the (defaulted) method even when it is omitted, so the
+    # immutability rule has an old value to compare with.
+    method: MethodSpec = Field(default_factory=MethodSpec, description="Full fine-tune, LoRA, QLoRA or freeze. "
+                               "Immutable.", json_schema_extra={**_immutable("method"), "default": {}})
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation hyper-parameters.")
     distributed: DistributedSpec = Field(
         default_factory=DistributedSpec, description="Nodes, processes and the parallelism strategy."
