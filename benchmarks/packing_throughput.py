@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "trainer_image")]
 
 from tests.builders import make_job  # noqa: E402
-from tests.fixtures.tiny_model import build_tiny_model  # noqa: E402
+from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
 from tests.support.trainer_run import run_nodes  # noqa: E402
 
 WORDS = "the quick brown fox jumps over the lazy dog and the sky is blue on a clear day".split()

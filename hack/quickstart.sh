@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The README's first command. Sets up the Python environment, validates the tiny CPU example and renders every
-# Kubernetes object the operator would create for it. (`finetune run`, the local fine-tune, replaces the render
-# step once it lands.)
+# The README's first command: sets up the Python environment, builds a tiny Llama-architecture model locally
+# (no download), and fine-tunes it from examples/tiny-cpu-sft.yaml with `finetune run`: the same validation,
+# rendering and trainer a cluster runs, as local processes. Run it again after Ctrl-C and it resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$(bash hack/setup-python.sh | tail -n 1)"
-example="${1:-examples/tiny-cpu-sft.yaml}"
-"$venv/bin/finetune" validate "$example"
-"$venv/bin/finetune" render "$example"
+model="$PWD/runs/models/tiny-llama"
+if [[ ! -f "$model/config.json" ]]; then
+  "$venv/bin/python" -m finetune_trainer.tiny_model "$model" >/dev/null
+fi
+"$venv/bin/finetune" run examples/tiny-cpu-sft.yaml --set "spec.model.name=$model" "$@"

@@ -48,7 +48,7 @@ class Kubectl:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama model + locally trained tokenizer with a chat template (built once per session)."""
-    from tests.fixtures.tiny_model import build_tiny_model
+    from finetune_trainer.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -4,8 +4,11 @@ Exit codes: 0 ok, 1 the spec is invalid, 2 the file cannot be read or is not YAM
 """
 
 import argparse
+import copy
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -40,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--attempt", type=int, default=1, help="attempt number to render (gang restarts)")
     r.add_argument("--image", default=DEFAULT_TRAINER_IMAGE, help="default trainer image")
     r.set_defaults(func=_render)
+    run = sub.add_parser("run", help="run a FineTuneJob on this machine (processes instead of pods)")
+    run.add_argument("file", metavar="FILE")
+    run.add_argument("--output", type=Path, help="run directory (default: runs/<job name>)")
+    run.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
+                     help="override a field, e.g. --set spec.model.name=/models/llama (VALUE is YAML)")
+    run.add_argument("--port", type=int, help="rendezvous port on 127.0.0.1 (default: a free one)")
+    run.set_defaults(func=_run)
     c = sub.add_parser("crd", help="print the FineTuneJob CustomResourceDefinition")
     c.set_defaults(func=_crd)
     return parser
@@ -92,6 +102,38 @@ def _render(args: argparse.Namespace) -> int:
         objects += render_all(job.spec, ctx)
     sys.stdout.write(dump_documents(objects))
     return status
+
+
+def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """--set a.b.c=VALUE, VALUE parsed as YAML (so numbers and booleans keep their type)."""
+    doc = copy.deepcopy(doc)
+    for item in overrides:
+        path, sep, value = item.partition("=")
+        if not sep or not path:
+            raise ManifestError(f"--set {item!r}: expected PATH=VALUE, e.g. spec.training.maxSteps=100")
+        node = doc
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ManifestError(f"--set {item!r}: {part} is not a mapping")
+        node[leaf] = yaml.safe_load(value)
+    return doc
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import local_run
+
+    docs = load_documents(args.file)
+    if len(docs) != 1:
+        raise ManifestError(f"{args.file}: finetune run takes one FineTuneJob, found {len(docs)} documents")
+    try:
+        job = validate_job(apply_overrides(docs[0], args.overrides), default_namespace="local")
+    except InvalidSpec as exc:
+        print(exc.summary(), file=sys.stderr)
+        return EXIT_INVALID
+    print(describe(job))
+    return local_run.run(job, args.output or Path("runs") / job.name, port=args.port)
 
 
 def _crd(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ def test_cpu_example_arguments_build_a_real_training_arguments(tmp_path):
     ctx = RenderContext(name=job.name, namespace="d", output_dir=str(tmp_path / "out"), config_dir=str(tmp_path))
     args = json.loads(config_files(job.spec, ctx)["trainer.json"])["trainingArguments"]
     (parsed,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_dict(args)
-    assert parsed.use_cpu is True and parsed.max_steps == 20 and parsed.save_total_limit == 2
+    assert parsed.use_cpu is True and parsed.max_steps == 30 and parsed.save_total_limit == 2
     assert parsed.report_to == ["tensorboard"]
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,14 @@ class ProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or self.started is None:
             return
+        if "train_runtime" in logs:  # the end-of-training summary: the last step already has its record
+            return
         now = time.monotonic()
         tokens = state.num_input_tokens_seen
         if tokens > self.last_tokens and now > self.last_time:
             tokens_per_second = (tokens - self.last_tokens) / (now - self.last_time)
             self.last_time, self.last_tokens = now, tokens
-        else:  # the end-of-training summary log: no new tokens, keep the last measured rate
+        else:  # an evaluation log between steps: no new tokens, keep the last measured rate
             tokens_per_second = self.last_record.get("tokensPerSecond")
         done = state.global_step - self.start_step
         per_step = (now - self.started) / done if done > 0 else None
@@ -118,3 +121,23 @@ class NanWatchdog(TrainerCallback):
                 self.diverged_at, self.value = state.global_step, value
                 control.should_training_stop = True
                 control.should_save = False  # never checkpoint diverged weights over good ones
+
+
+class GracefulStop(TrainerCallback):
+    """SIGTERM/SIGINT (pod deletion, preemption, Ctrl-C in `finetune run`): finish the current step, save a
+    checkpoint, stop. main() then exits with INTERRUPTED, and the next run resumes from that checkpoint."""
+
+    def __init__(self):
+        self.requested: int | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._request)
+
+    def _request(self, signum, _frame):
+        self.requested = signum
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested is not None:
+            control.should_save = args.save_strategy != "no"
+            control.should_training_stop = True

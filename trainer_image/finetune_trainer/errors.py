@@ -21,3 +21,7 @@ class DataError(TrainerError):
 
 class LossDiverged(TrainerError):
     exit_code = exit_codes.DIVERGED
+
+
+class Interrupted(TrainerError):
+    exit_code = exit_codes.INTERRUPTED

@@ -15,7 +15,7 @@ from finetune_operator.api import exit_codes
 
 from . import checkpoints
 from .config import TrainerConfig, load_config, training_arguments
-from .errors import ConfigError, LossDiverged, TrainerError
+from .errors import ConfigError, Interrupted, LossDiverged, TrainerError
 
 log = logging.getLogger("finetune_trainer")
 RESULT_DIR_ENV = "FINETUNE_RESULT_DIR"
@@ -62,7 +62,7 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
 def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data):
     from transformers import Trainer
 
-    from .callbacks import CheckpointMarkerCallback, NanWatchdog, ProgressCallback
+    from .callbacks import CheckpointMarkerCallback, GracefulStop, NanWatchdog, ProgressCallback
     from .collators import make_collator
     from .status_report import StatusReporter
 
@@ -70,11 +70,12 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data):
     progress = ProgressCallback(cfg.output_dir, reporter)
     watchdog = NanWatchdog()
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
-    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress), progress, watchdog]
+    stop = GracefulStop()
+    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress), progress, watchdog, stop]
     trainer = Trainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
                       data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
                       processing_class=tokenizer, callbacks=callbacks)
-    return trainer, watchdog
+    return trainer, watchdog, stop
 
 
 def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
@@ -115,11 +116,14 @@ def run(config_path: str) -> dict[str, Any]:
     data = prepare_data(cfg, args, tokenizer)
     model = load_model(cfg.spec, use_cpu=args.use_cpu)
     trainable, total = trainable_parameters(model)
-    trainer, watchdog = build_trainer(cfg, args, tokenizer, model, data)
+    trainer, watchdog, stop = build_trainer(cfg, args, tokenizer, model, data)
     resume = resume_checkpoint(cfg)
     result = trainer.train(resume_from_checkpoint=resume)
     if watchdog.diverged_at is not None:
         raise LossDiverged(f"loss/grad norm became {watchdog.value} at step {watchdog.diverged_at}")
+    if stop.requested is not None:
+        raise Interrupted(f"stopped by signal {stop.requested} at step {trainer.state.global_step}; a checkpoint "
+                          "was saved and the next run resumes from it")
     paths = save_final(cfg, trainer, tokenizer)
     history = [h for h in trainer.state.log_history if "loss" in h]
     return {

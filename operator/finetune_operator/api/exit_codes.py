@@ -11,6 +11,7 @@ DATA_ERROR: Final = 65  # EX_DATAERR: the data cannot be read or yields no train
 RENDEZVOUS_DNS_TIMEOUT: Final = 75  # EX_TEMPFAIL: node 0's name never resolved; retry the attempt
 CONFIG_ERROR: Final = 78  # EX_CONFIG: the config, model or tokenizer cannot work (e.g. QLoRA on CPU)
 DIVERGED: Final = 79  # the loss became NaN/inf; restarting from the last checkpoint would diverge again
+INTERRUPTED: Final = 143  # 128 + SIGTERM: stopped on request after saving a checkpoint; resumable
 
 PERMANENT: Final = frozenset({DATA_ERROR, CONFIG_ERROR, DIVERGED})
 REASONS: Final = {
@@ -19,6 +20,7 @@ REASONS: Final = {
     RENDEZVOUS_DNS_TIMEOUT: "RendezvousDNSTimeout",
     CONFIG_ERROR: "InvalidConfig",
     DIVERGED: "LossDiverged",
+    INTERRUPTED: "Interrupted",
     137: "OOMKilled",
 }
 

@@ -1,0 +1,72 @@
+"""`finetune run`: the README's main command, as a user runs it (a subprocess, Ctrl-C included)."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from finetune_operator.api import exit_codes
+from tests.conftest import ROOT
+
+TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
+
+
+def finetune(*args, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "finetune_operator", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def test_runs_the_tiny_example_to_a_saved_model(tiny_model_dir, tmp_path):
+    proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--output", str(tmp_path))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "Succeeded: 30 steps, final loss" in out
+    assert "30/30" in out and "tok/s" in out  # the progress line
+    assert (tmp_path / "output" / "final" / "adapter_model.safetensors").stat().st_size > 0
+
+
+def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir, tmp_path):
+    args = ["run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set", "spec.checkpoints.saveSteps=100000",
+            "--output", str(tmp_path)]
+    proc = finetune(*args, "--set", "spec.training.maxSteps=100000")
+    progress = tmp_path / "output" / "progress.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (progress.exists() and len(progress.read_text().splitlines()) >= 20):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == exit_codes.INTERRUPTED, out
+    assert "run the same command again to resume" in out
+    (checkpoint,) = (tmp_path / "output").glob("checkpoint-*")
+    stopped_at = int(checkpoint.name.split("-")[1])
+    assert stopped_at >= 20 and (checkpoint / "FINETUNE_COMPLETE").exists()
+    before = len(progress.read_text().splitlines())
+
+    again = finetune(*args, "--set", f"spec.training.maxSteps={stopped_at + 5}")
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out
+    assert f"Succeeded: {stopped_at + 5} steps" in out and f"resumed:    from {checkpoint}" in out
+    steps = [json.loads(line)["step"] for line in progress.read_text().splitlines()[before:]]
+    assert min(steps) == stopped_at + 1  # nothing before the checkpoint was trained again
+
+
+def test_two_nodes_on_one_machine(tiny_model_dir, tmp_path):
+    proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set",
+                    "spec.distributed.numNodes=2", "--set", "spec.training.maxSteps=6", "--output", str(tmp_path))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "2 node(s) x 1 process(es) on this machine" in out
+    result = json.loads((tmp_path / "logs" / "node-1.result.json").read_text())
+    assert result["worldSize"] == 2 and result["modelWrapper"] == "DistributedDataParallel"
+
+
+def test_invalid_spec_and_bad_override(tmp_path):
+    proc = finetune("run", TINY, "--set", "spec.distributed.numNodes=0", "--output", str(tmp_path))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "spec.distributed.numNodes" in out
+    proc = finetune("run", TINY, "--set", "no-equals-sign", "--output", str(tmp_path))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "expected PATH=VALUE" in out
+    assert not Path(tmp_path / "output").exists()  # nothing was started
