@@ -47,7 +47,7 @@ class ProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or self.started is None:
             return
-        if "train_runtime" in logs:  # the end-of-training summary: the last step already has its record
+        if "train_loss" in logs:  # the end-of-training summary: the last step already has its record
             return
         now = time.monotonic()
         tokens = state.num_input_tokens_seen
