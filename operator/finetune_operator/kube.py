@@ -34,9 +34,9 @@ class Kube:
     def list_workloads(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self.jobs.get(namespace=namespace, label_selector=f"{c.LABEL_JOB}={name}").to_dict()["items"]
 
-    def list_pods(self, namespace: str, name: str, attempt: int) -> list[dict[str, Any]]:
-        selector = f"{c.LABEL_JOB}={name},{c.LABEL_ATTEMPT}={attempt}"
-        return self.pods.get(namespace=namespace, label_selector=selector).to_dict()["items"]
+    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Every attempt's pods: the current one's tell the phase, older ones must be gone before a restart."""
+        return self.pods.get(namespace=namespace, label_selector=f"{c.LABEL_JOB}={name}").to_dict()["items"]
 
     def apply(self, obj: dict[str, Any], owner: dict[str, Any]) -> None:
         """Server-side apply with the owner reference set: idempotent, so a retried or repeated pass converges."""

@@ -38,8 +38,11 @@ class Observed:
     labels: dict[str, str]
     status: dict[str, Any]
     workloads: list[dict[str, Any]]
-    pods: list[dict[str, Any]]
+    pods: list[dict[str, Any]]  # of the current attempt
     now: datetime
+    # Pods of earlier attempts still present (even terminating): a new gang must not start beside them, or two
+    # attempts would write checkpoints into the same directory at once.
+    old_pods: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,10 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
         if wait > 0:
             p.requeue(wait)
             return
+    if obs.old_pods:
+        st["message"] = f"waiting for {obs.old_pods} pod(s) of the previous attempt to stop"
+        p.requeue(2)
+        return
     p.create_attempt = st["attempt"]
     checkpoint = obs.status.get("checkpoint") or {}
     p.resume_from = checkpoint.get("path") if job.spec.checkpoints.resume == "auto" else None

@@ -7,6 +7,7 @@ from typing import Any, Callable
 from .api.errors import InvalidSpec
 from .kube import Kube
 from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, Settings, plan
+from .observed import attempt_of
 from .render import RenderContext, render_all
 from .validation import validate_job
 
@@ -24,13 +25,14 @@ def reconcile(kube: Kube, namespace: str, name: str, settings: Settings, trainer
     except InvalidSpec as exc:
         job = exc
     status = obj.get("status") or {}
-    attempt = status.get("attempt")
+    attempt = status.get("attempt") or 0
+    pods = kube.list_pods(namespace, name)
+    current = [p for p in pods if attempt_of(p) == attempt]
     observed = Observed(
         name=name, namespace=namespace, generation=obj["metadata"].get("generation", 0),
         labels=obj["metadata"].get("labels") or {}, status=status,
-        workloads=kube.list_workloads(namespace, name),
-        pods=kube.list_pods(namespace, name, attempt) if attempt else [],
-        now=datetime.now(timezone.utc),
+        workloads=kube.list_workloads(namespace, name), pods=current, now=datetime.now(timezone.utc),
+        old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt),
     )
     result = plan(job, observed, settings)
     # Status first: if the operator dies after it, the next pass already knows the attempt it moved to.

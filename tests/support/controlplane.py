@@ -63,7 +63,7 @@ class ControlPlane:
             self._start("kube-controller-manager", [
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0",
                 "--controllers=garbage-collector-controller,job-controller,namespace-controller,"
-                "serviceaccount-controller",
+                "serviceaccount-controller,persistentvolume-binder-controller",
             ])
             self._start("kube-scheduler", [
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--bind-address=127.0.0.1",

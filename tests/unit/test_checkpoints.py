@@ -55,3 +55,34 @@ def test_steps_sort_numerically_not_lexically(tmp_path):
     make_checkpoint(tmp_path, 9)
     make_checkpoint(tmp_path, 100)
     assert C.newest_complete(tmp_path).name == "checkpoint-100"
+
+
+def trainer_config(tmp_path, resume="auto", hint=None):
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_trainer.config import TrainerConfig
+
+    spec = FineTuneJobSpec.model_validate({"model": {"name": "/m"}, "data": {"format": "text", "train": [
+        {"path": "/d"}]}, "checkpoints": {"resume": resume}})
+    return TrainerConfig("j", "ns", spec, {}, tmp_path, hint)
+
+
+def test_newest_complete_checkpoint_beats_the_operators_hint(tmp_path):
+    from finetune_trainer.main import resume_checkpoint
+
+    make_checkpoint(tmp_path, 10)
+    make_checkpoint(tmp_path, 20)
+    assert resume_checkpoint(trainer_config(tmp_path, hint=str(tmp_path / "checkpoint-10"))).endswith("checkpoint-20")
+
+
+def test_a_stale_hint_is_ignored_not_fatal(tmp_path):
+    from finetune_trainer.main import resume_checkpoint
+
+    assert resume_checkpoint(trainer_config(tmp_path / "empty", hint=str(tmp_path / "checkpoint-70"))) is None
+
+
+def test_an_explicit_user_path_must_verify(tmp_path):
+    from finetune_trainer.errors import ConfigError
+    from finetune_trainer.main import resume_checkpoint
+
+    with pytest.raises(ConfigError, match="unusable checkpoint"):
+        resume_checkpoint(trainer_config(tmp_path, resume=str(tmp_path / "checkpoint-5")))

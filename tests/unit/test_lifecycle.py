@@ -39,9 +39,9 @@ def pod(i, phase="Running", exit_code=None, reason=None, message=None):
     return {"metadata": {"name": f"test-job-a1-{i}-x"}, "status": status}
 
 
-def observe(status=None, workloads=(), pods=(), labels=None, now=T0):
+def observe(status=None, workloads=(), pods=(), labels=None, now=T0, old_pods=0):
     return Observed(name="test-job", namespace="ns", generation=3, labels=labels or {}, status=status or {},
-                    workloads=list(workloads), pods=list(pods), now=now)
+                    workloads=list(workloads), pods=list(pods), now=now, old_pods=old_pods)
 
 
 def running_status(attempt=1, restarts=0, since=T0, **extra):
@@ -97,6 +97,15 @@ def test_retryable_failure_restarts_the_whole_gang_after_backoff():
     ready = plan(job(), observe(later.status, [], [], now=T0 + timedelta(seconds=10)), SETTINGS)
     assert ready.create_attempt == 2 and ready.resume_from == "/output/checkpoint-40"
     assert ready.status["phase"] == "Restarting"
+
+
+def test_restart_waits_until_the_old_gang_is_gone():
+    status = {"phase": "Restarting", "attempt": 2, "restarts": 1,
+              "conditions": [{"type": "Restarting", "status": "True", "lastTransitionTime": ts(T0)}]}
+    later = T0 + timedelta(seconds=60)
+    waiting = plan(job(), observe(status, [], [], now=later, old_pods=1), SETTINGS)
+    assert waiting.create_attempt is None and "previous attempt to stop" in waiting.status["message"]
+    assert plan(job(), observe(status, [], [], now=later, old_pods=0), SETTINGS).create_attempt == 2
 
 
 @pytest.mark.parametrize(("code", "reason"), [(65, "DataError"), (78, "InvalidConfig"), (79, "LossDiverged")],

@@ -45,13 +45,22 @@ def prepare_data(cfg: TrainerConfig, args, tokenizer):
 
 
 def resume_checkpoint(cfg: TrainerConfig) -> str | None:
-    """auto: newest complete checkpoint in the output dir (partial ones skipped); never; or an explicit path."""
-    resume = cfg.resume_from or cfg.spec.checkpoints.resume
+    """auto: the newest complete checkpoint in the output dir (partial ones skipped), else the operator's hint
+    (status.checkpoint) if it still verifies; never: start fresh; a path the user gave: that one or an error."""
+    resume = cfg.spec.checkpoints.resume
     if resume == "never":
         return None
     if resume == "auto":
         found = checkpoints.newest_complete(cfg.output_dir)
-        return str(found) if found else None
+        if found is not None:
+            return str(found)
+        if cfg.resume_from:
+            try:
+                checkpoints.verify(Path(cfg.resume_from))
+                return cfg.resume_from
+            except checkpoints.IncompleteCheckpoint as exc:
+                log.warning("ignoring the operator's resume hint: %s", exc)
+        return None
     try:
         checkpoints.verify(Path(resume))
     except checkpoints.IncompleteCheckpoint as exc:

@@ -18,6 +18,7 @@ from finetune_operator.api.constants import API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_DIR_ENV = "FINETUNE_SERVICEACCOUNT_DIR"  # where the token is mounted, if not the standard path
 
 
 @dataclass
@@ -34,12 +35,13 @@ class StatusReporter:
     @classmethod
     def in_cluster(cls, namespace: str, name: str) -> "StatusReporter | None":
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        token_file = os.path.join(SA_DIR, "token")
+        sa_dir = os.environ.get(SA_DIR_ENV, SA_DIR)
+        token_file = os.path.join(sa_dir, "token")
         if not host or not os.path.exists(token_file):
             return None
         with open(token_file, encoding="utf-8") as f:
             token = f.read().strip()
-        context = ssl.create_default_context(cafile=os.path.join(SA_DIR, "ca.crt"))
+        context = ssl.create_default_context(cafile=os.path.join(sa_dir, "ca.crt"))
         return cls(f"https://{host}:{port}", token, namespace, name, context)
 
     @property

@@ -1,0 +1,158 @@
+"""A test-only kubelet: runs each scheduled trainer pod's container as a local process and reports its exit.
+
+What a kubelet would do, and nothing the operator could rely on beyond that: the container's argv and env as
+rendered (downward-API values filled from the pod), ConfigMap files materialised, volume mount paths mapped to
+local directories (the output claim is one directory shared by all pods, like a ReadWriteMany volume), the
+ServiceAccount token written where the trainer reads it, and node 0's DNS name mapped to 127.0.0.1. When a pod
+is deleted its process gets SIGTERM; when a process exits, the pod status gets the exit code and the termination
+message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api import constants as c
+from tests.support.controlplane import ROOT
+
+
+class PodRunner:
+    def __init__(self, kubectl, control_plane, namespace: str, workdir: Path):
+        self.kubectl, self.cp, self.namespace, self.workdir = kubectl, control_plane, namespace, workdir
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.reported: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.errors: list[str] = []
+
+    def __enter__(self) -> "PodRunner":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.kill()
+
+    def kill(self, pod_name: str) -> None:
+        """SIGKILL one node's trainer, as a node loss or OOM kill would."""
+        os.killpg(self.processes[pod_name].pid, signal.SIGKILL)
+
+    # --- the loop --------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - surfaced by the test through .errors
+                self.errors.append(repr(exc))
+            time.sleep(0.3)
+
+    def _tick(self) -> None:
+        pods = self.kubectl.json("get", "pods", "-n", self.namespace, "-l", c.LABEL_JOB)["items"]
+        alive = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        for name, proc in self.processes.items():
+            if name not in alive and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)  # the pod is going away: stop its container
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if name not in alive:
+                continue
+            if name not in self.processes and pod["status"].get("phase") == "Running":
+                self.processes[name] = self._start(pod)
+            proc = self.processes.get(name)
+            if proc is not None and proc.poll() is not None and name not in self.reported:
+                self._report(pod, proc.returncode)
+                self.reported.add(name)
+
+    # --- one container ---------------------------------------------------------------------------------------
+    def _start(self, pod: dict[str, Any]) -> subprocess.Popen:
+        name = pod["metadata"]["name"]
+        root = self.workdir / "pods" / name
+        container = next(ct for ct in pod["spec"]["containers"] if ct["name"] == c.CONTAINER_NAME)
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        mounts: dict[str, str] = {}
+        for mount in container["volumeMounts"]:
+            volume = volumes[mount["name"]]
+            if "persistentVolumeClaim" in volume:
+                local = self.workdir / "pvc" / volume["persistentVolumeClaim"]["claimName"] / mount.get("subPath", "")
+            else:
+                local = root / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = str(local)
+        # Only once every mount is known: the config files name paths in the other volumes (/output, ...).
+        for mount in container["volumeMounts"]:
+            volume = volumes[mount["name"]]
+            if "configMap" in volume:
+                data = self.kubectl.json("get", "configmap", volume["configMap"]["name"], "-n", self.namespace)
+                for key, content in data["data"].items():
+                    document = remap(json.loads(content), mounts)
+                    Path(mounts[mount["mountPath"]], key).write_text(json.dumps(document))
+        env = {"PATH": os.environ["PATH"], "HOME": str(root), "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")]),
+               "FINETUNE_TERMINATION_LOG": str(root / "termination-log"), "HF_HUB_OFFLINE": "1",
+               "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.cp.api_port),
+               "FINETUNE_SERVICEACCOUNT_DIR": str(self._service_account(pod, root))}
+        for item in container["env"]:
+            env[item["name"]] = remap(item["value"], mounts) if "value" in item else self._value_from(pod, item)
+        env["PET_MASTER_ADDR"] = "127.0.0.1"  # the headless-Service name of node 0, resolved as DNS would
+        env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "finetunejob" / "torch_extensions")
+        argv = [sys.executable if arg == "python" else remap(arg, mounts) for arg in container["command"]]
+        log = open(root / "log", "ab")  # noqa: SIM115 - owned by the process
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _service_account(self, pod: dict[str, Any], root: Path) -> Path:
+        sa_dir = root / "serviceaccount"
+        sa_dir.mkdir(parents=True, exist_ok=True)
+        token = self.kubectl.run("create", "token", pod["spec"]["serviceAccountName"], "-n", self.namespace,
+                                 "--duration=1h").stdout.strip()
+        (sa_dir / "token").write_text(token)
+        shutil.copy(self.cp.work / "certs" / "apiserver.crt", sa_dir / "ca.crt")
+        return sa_dir
+
+    def _value_from(self, pod: dict[str, Any], item: dict[str, Any]) -> str:
+        path = item["valueFrom"]["fieldRef"]["fieldPath"]
+        if path == "metadata.name":
+            return pod["metadata"]["name"]
+        if path == "metadata.namespace":
+            return pod["metadata"]["namespace"]
+        for field in ("annotations", "labels"):  # e.g. JOB_COMPLETION_INDEX, added by the Job controller
+            prefix = f"metadata.{field}['"
+            if path.startswith(prefix):
+                return pod["metadata"][field][path.removeprefix(prefix).removesuffix("']")]
+        raise KeyError(f"unsupported fieldRef {path}")
+
+    def _report(self, pod: dict[str, Any], returncode: int) -> None:
+        code = 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N, as kubelets say
+        message_file = self.workdir / "pods" / pod["metadata"]["name"] / "termination-log"
+        message = message_file.read_text()[:4096] if message_file.exists() else ""
+        body = {"status": {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
+            "name": c.CONTAINER_NAME, "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                     "message": message}}}]}}
+        self.kubectl.run("patch", "pod", pod["metadata"]["name"], "-n", self.namespace, "--subresource=status",
+                         "--type=merge", "-p", json.dumps(body), check=False)
+
+
+def remap(value: Any, mounts: dict[str, str]) -> Any:
+    """Pod paths -> local paths, inside strings, lists and mappings (the trainer config is JSON)."""
+    if isinstance(value, str):
+        for mount, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
+            if value == mount or value.startswith(mount + "/"):
+                return local + value[len(mount):]
+        return value
+    if isinstance(value, list):
+        return [remap(v, mounts) for v in value]
+    if isinstance(value, dict):
+        return {k: remap(v, mounts) for k, v in value.items()}
+    return value
