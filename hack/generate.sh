@@ -7,3 +7,4 @@ finetune="${FINETUNE:-.venv/bin/finetune}"
 "$finetune" crd > crds/finetunejob.yaml
 cp crds/finetunejob.yaml charts/finetunejob/crds/finetunejob.yaml
 "$(dirname "$finetune")/python" -m finetune_operator.chart_values charts/finetunejob
+"$(dirname "$finetune")/python" -c "from finetune_operator.api.reference import spec_reference; print(spec_reference(), end=\"\")" > docs/spec-reference.md

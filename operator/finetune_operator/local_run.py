@@ -131,6 +131,33 @@ def render_progress(r: dict[str, Any], width: int = 24) -> str:
     return "  ".join(parts)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc): torchrun puts its workers in sessions of their own, so neither
+    killing the launcher nor its process group reaches them."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signals a process and everything below it, leaves first (what a container's end does to its processes)."""
+    for target in [*reversed(descendants(pid)), pid]:
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+
+
 def stop(nodes: list[Node], out: TextIO) -> None:
     print("\nstopping: every node saves a checkpoint at the end of its step (Ctrl-C again to kill)", file=out,
           flush=True)
@@ -148,7 +175,7 @@ def wait(nodes: list[Node], progress: ProgressLine, out: TextIO) -> None:
         except KeyboardInterrupt:
             if interrupted:
                 for node in nodes:
-                    node.process.kill()
+                    kill_tree(node.process.pid)
             else:
                 interrupted = True
                 stop(nodes, out)
@@ -184,6 +211,10 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
 
 
 def run(job: ValidatedJob, workdir: Path, out: TextIO = sys.stdout, port: int | None = None) -> int:
+    # Explicit handlers: a process started in the background inherits SIGINT as ignored, and `kill` sends SIGTERM;
+    # both must still stop the nodes gracefully.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     nodes = start_nodes(job, workdir, port)
     d = job.spec.distributed
     print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "

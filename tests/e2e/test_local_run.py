@@ -7,15 +7,31 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from finetune_operator.api import exit_codes
+from finetune_operator.local_run import kill_tree
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
 
 
+RUNNING: list[subprocess.Popen] = []
+
+
 def finetune(*args, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "finetune_operator", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "finetune_operator", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kwargs)
+    RUNNING.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Whatever a failing test left running (the CLI and every node under it) is killed."""
+    yield
+    while RUNNING:
+        kill_tree(RUNNING.pop().pid)
 
 
 def test_runs_the_tiny_example_to_a_saved_model(tiny_model_dir, tmp_path):

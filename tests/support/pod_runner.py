@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
+from finetune_operator.local_run import kill_tree
 from tests.support.controlplane import ROOT
+
+GRACE_SECONDS = 10.0  # kubelet: SIGTERM, then SIGKILL of the whole container after the grace period
 
 
 class PodRunner:
@@ -30,6 +33,7 @@ class PodRunner:
         self.kubectl, self.cp, self.namespace, self.workdir = kubectl, control_plane, namespace, workdir
         self.processes: dict[str, subprocess.Popen] = {}
         self.reported: set[str] = set()
+        self.terminating: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.errors: list[str] = []
@@ -42,12 +46,11 @@ class PodRunner:
         self._stop.set()
         self._thread.join(timeout=30)
         for proc in self.processes.values():
-            if proc.poll() is None:
-                proc.kill()
+            kill_tree(proc.pid)
 
     def kill(self, pod_name: str) -> None:
-        """SIGKILL one node's trainer, as a node loss or OOM kill would."""
-        os.killpg(self.processes[pod_name].pid, signal.SIGKILL)
+        """SIGKILL one node's container (every process in it), as a node loss or an OOM kill would."""
+        kill_tree(self.processes[pod_name].pid)
 
     # --- the loop --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -61,9 +64,15 @@ class PodRunner:
     def _tick(self) -> None:
         pods = self.kubectl.json("get", "pods", "-n", self.namespace, "-l", c.LABEL_JOB)["items"]
         alive = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        now = time.monotonic()
         for name, proc in self.processes.items():
-            if name not in alive and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)  # the pod is going away: stop its container
+            if name in alive or proc.poll() is not None:
+                continue
+            if name not in self.terminating:  # the pod is going away: SIGTERM to PID 1 (the launcher) first
+                self.terminating[name] = now
+                proc.send_signal(signal.SIGTERM)
+            elif now - self.terminating[name] > GRACE_SECONDS:
+                kill_tree(proc.pid)
         for pod in pods:
             name = pod["metadata"]["name"]
             if name not in alive:

@@ -76,3 +76,11 @@ def test_chart_values_and_schema_are_generated():
     chart = CRD_FILE.parents[1] / "charts" / "finetunejob"
     assert (chart / "values.yaml").read_text() == values_yaml(), "run ./hack/generate.sh"
     assert _json.loads((chart / "values.schema.json").read_text()) == values_schema(), "run ./hack/generate.sh"
+
+
+def test_spec_reference_is_generated():
+    from finetune_operator.api.reference import spec_reference
+
+    reference = CRD_FILE.parents[1] / "docs" / "spec-reference.md"
+    assert reference.read_text() == spec_reference(), "run ./hack/generate.sh"
+    assert "`spec.distributed.deepspeed.zeroStage`" in reference.read_text()

@@ -30,8 +30,9 @@ class ModelSpec(ApiModel):
     dtype: Dtype = Field(default="auto", description="Dtype the weights are loaded in; auto uses the checkpoint's.")
     attn_implementation: AttentionImplementation = Field(
         default="sdpa",
-        description="Attention kernel. Packing without cross-sample attention needs flash_attention_2/3 or "
-        "flex_attention on GPU; sdpa and eager fall back to per-sample position ids with a padding-free collator.",
+        description="Attention kernel; flash_attention_2/3 need a GPU and the flash-attn package. Packing is exact "
+        "with each of them: batches are flattened with per-sample position ids, so samples never attend across "
+        "boundaries.",
     )
     trust_remote_code: bool = Field(
         default=False, description="Run Python code shipped with the model repository. Off unless you trust it."
