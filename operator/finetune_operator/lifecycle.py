@@ -13,10 +13,8 @@ from .api import constants as c
 from .api import exit_codes
 from .api.errors import InvalidSpec
 from .api.status import TERMINAL_PHASES
-from .observed import (attempt_of, classify_failure, format_time, job_failed, job_succeeded, parse_time,
-                       running_pods)
-from .render.names import workload_name
-from .render.context import RenderContext
+from .observed import (attempt_of, classify_failure, format_time, has_condition, job_failed, job_succeeded,
+                       parse_time, running_pods)
 from .validation import ValidatedJob
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "nodes", "gpus",
@@ -116,7 +114,7 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
     if current is None:
         _start_attempt(p, job, obs, settings)
         return
-    _observe_attempt(p, job, obs, current, settings)
+    _observe_attempt(p, job, obs, current)
 
 
 def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
@@ -139,7 +137,7 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
         st["phase"] = "Pending"
 
 
-def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict, settings: Settings) -> None:
+def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) -> None:
     spec, st = job.spec, p.status
     name = workload["metadata"]["name"]
     nodes = spec.distributed.num_nodes
@@ -166,7 +164,7 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict, 
                   else "waiting for the workload to be unsuspended")
     elif ready == nodes:
         st.update(phase="Running", reason="Running", message=f"attempt {st['attempt']}: {nodes} node(s) running")
-        _stall_check(p, job, obs, settings)
+        _stall_check(p, job, obs, name)
     elif st.get("phase") != "Restarting" or ready:  # a restarted gang reads Restarting until its pods run
         st.update(phase="Pending", reason="Pending", message=f"attempt {st['attempt']}: {ready}/{nodes} node(s) running")
 
@@ -188,7 +186,7 @@ def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, mess
         st["_restarting_since"] = format_time(obs.now)
 
 
-def _stall_check(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
+def _stall_check(p: Plan, job: ValidatedJob, obs: Observed, workload: str) -> None:
     timeout = job.spec.run_policy.stall_timeout_seconds
     if not timeout:
         return
@@ -199,7 +197,6 @@ def _stall_check(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) 
     if silent <= timeout:
         p.requeue(timeout - silent + 1)
         return
-    workload = workload_name(RenderContext(name=obs.name, namespace=obs.namespace, attempt=p.status["attempt"]))
     _failed_attempt(p, job, obs, "Stalled", f"no progress heartbeat for {int(silent)}s (stallTimeoutSeconds="
                     f"{timeout})", code=None)
     p.status["_stalled"] = True
@@ -243,7 +240,7 @@ def _set_conditions(st: dict[str, Any], obs: Observed) -> None:
         "Running": phase == "Running",
         "Restarting": phase == "Restarting",
         "Suspended": phase in ("Suspended", "Queued"),
-        "Stalled": stalled or (phase == "Restarting" and _condition_status(obs.status, "Stalled")),
+        "Stalled": stalled or (phase == "Restarting" and has_condition({"status": obs.status}, "Stalled")),
         "Succeeded": phase == "Succeeded",
         "Failed": phase == "Failed",
     }
@@ -268,7 +265,3 @@ def _set_conditions(st: dict[str, Any], obs: Observed) -> None:
             "observedGeneration": obs.generation,
         })
     st["conditions"] = conditions
-
-
-def _condition_status(status: dict[str, Any], kind: str) -> bool:
-    return any(cd.get("type") == kind and cd.get("status") == "True" for cd in status.get("conditions") or [])
