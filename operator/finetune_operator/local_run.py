@@ -69,7 +69,9 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
     return env
 
 
-def start_nodes(job: ValidatedJob, workdir: Path, port: int | None = None) -> list[Node]:
+def start_nodes(job: ValidatedJob, workdir: Path, port: int | None = None,
+                extra_env: dict[str, str] | None = None) -> list[Node]:
+    """One launcher per node; `extra_env` is laid over each node's environment (tests pin threads, offline hub)."""
     config, ctx = prepare(job, workdir)
     port = port or free_port()
     nodes = []
@@ -81,7 +83,8 @@ def start_nodes(job: ValidatedJob, workdir: Path, port: int | None = None) -> li
             # A session of its own: the terminal's Ctrl-C reaches only `finetune run`, which stops nodes gracefully.
             process = subprocess.Popen(
                 [sys.executable, "-m", "finetune_trainer.launch", "--config", str(config), "--dns-timeout", "30"],
-                env=node_environment(job, ctx, workdir, rank, port), stdout=log, stderr=subprocess.STDOUT,
+                env={**node_environment(job, ctx, workdir, rank, port), **(extra_env or {})}, stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True)
         nodes.append(Node(rank, process, result_file, log_file))
     return nodes
