@@ -12,6 +12,7 @@ from finetune_operator.api import constants as c
 from tests.builders import make_job
 from tests.conftest import ROOT
 from tests.support.operator_process import OperatorProcess
+from tests.support.pod_status import terminated
 
 CHART = ROOT / "charts" / "finetunejob"
 RELEASE, SYSTEM_NS = "ftj", "finetunejob-system"
@@ -108,11 +109,8 @@ def test_operator_runs_under_the_charts_least_privilege_identity(installed, kube
         phases = watch_phases(kubectl, namespace, "tiny-cpu-sft", until="Running")
         assert phases[-1] == "Running", op.log_tail()
         (pod,) = kubectl.json("get", "pods", "-n", namespace, "-l", f"{c.LABEL_JOB}=tiny-cpu-sft")["items"]
-        body = {"status": {"phase": "Succeeded", "containerStatuses": [{
-            "name": c.CONTAINER_NAME, "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
-            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
         kubectl.run("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--subresource=status",
-                    "--type=merge", "-p", json.dumps(body))
+                    "--type=merge", "-p", json.dumps(terminated(0)))
         phases += watch_phases(kubectl, namespace, "tiny-cpu-sft", until="Succeeded")
         assert phases[-1] == "Succeeded", op.log_tail()
         assert "Running" in phases

@@ -13,6 +13,7 @@ from finetune_operator.api import constants as c
 from tests.builders import make_job
 from tests.support.controlplane import free_port
 from tests.support.operator_process import OperatorProcess
+from tests.support.pod_status import terminated
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +54,8 @@ def attempt_pods(kubectl, ns, name, attempt):
 
 def terminate(kubectl, ns, pod, code, reason="Error", message=""):
     """What a kubelet reports when the trainer container exits."""
-    state = {"terminated": {"exitCode": code, "reason": reason, "message": message}}
-    body = {"status": {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
-        "name": c.CONTAINER_NAME, "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
-        "state": state}]}}
-    kubectl.run("patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(body))
+    kubectl.run("patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p",
+                json.dumps(terminated(code, reason, message)))
 
 
 def submit(kubectl, ns, name, **overrides):

@@ -24,6 +24,7 @@ from typing import Any
 from finetune_operator.api import constants as c
 from finetune_operator.local_run import kill_tree
 from tests.support.controlplane import ROOT
+from tests.support.pod_status import terminated
 
 GRACE_SECONDS = 10.0  # kubelet: SIGTERM, then SIGKILL of the whole container after the grace period
 
@@ -145,12 +146,8 @@ class PodRunner:
         code = 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N, as kubelets say
         message_file = self.workdir / "pods" / pod["metadata"]["name"] / "termination-log"
         message = message_file.read_text()[:4096] if message_file.exists() else ""
-        body = {"status": {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
-            "name": c.CONTAINER_NAME, "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
-            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                     "message": message}}}]}}
         self.kubectl.run("patch", "pod", pod["metadata"]["name"], "-n", self.namespace, "--subresource=status",
-                         "--type=merge", "-p", json.dumps(body), check=False)
+                         "--type=merge", "-p", json.dumps(terminated(code, message=message)), check=False)
 
 
 def remap(value: Any, mounts: dict[str, str]) -> Any:
