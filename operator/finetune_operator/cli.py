@@ -16,7 +16,7 @@ from .api.constants import DEFAULT_TRAINER_IMAGE
 from .api.crd import crd
 from .api.errors import InvalidSpec
 from .manifests import ManifestError, dump_documents, load_documents
-from .render import RenderContext, render_all
+from .render import RenderContext, render_all, render_trainer_identity
 from .validation import ValidatedJob, validate_job
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -99,6 +99,9 @@ def _render(args: argparse.Namespace) -> int:
             continue
         ctx = RenderContext(name=job.name, namespace=job.namespace, attempt=args.attempt,
                             trainer_image=args.image, job_labels=job.labels)
+        for obj in render_trainer_identity(job.namespace, job.spec.pod.service_account_name):
+            if obj not in objects:  # shared by every job of the namespace: once in the stream
+                objects.append(obj)
         objects += render_all(job.spec, ctx)
     sys.stdout.write(dump_documents(objects))
     return status

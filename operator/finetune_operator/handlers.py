@@ -1,15 +1,18 @@
-"""kopf wiring, nothing more: every event about a FineTuneJob, its Jobs or its pods runs one reconcile pass.
+"""kopf wiring, nothing more: watch caches (kopf indexes) and one coalesced reconcile pass per job on any event.
 
-Level-triggered: a pass reads the current state and converges, so missed, repeated or reordered events are
-harmless. Passes for one job are serialised; the plan's requeue_after schedules the next look (backoff, deadlines,
-stall watchdog, TTL). No kopf handler state is persisted, so the operator writes nothing but our own status.
+Level-triggered: a pass reads the current state (from the caches) and converges, so missed, repeated or reordered
+events are harmless. kopf fills every index from its initial list before any handler runs, so the first pass after
+a restart already sees every Job and pod. Events for one job that arrive during its pass fold into one more pass,
+not one each. The plan's requeue_after schedules the next look (backoff, deadlines, stall watchdog, TTL). No kopf
+handler state is persisted, so the operator writes nothing but our own status and children.
 Run: kopf run --standalone --all-namespaces -m finetune_operator.handlers
 """
 
 import asyncio
+import contextvars
 import logging
 import os
-from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -17,6 +20,8 @@ from kubernetes.client.exceptions import ApiException
 
 from . import metrics
 from .api import constants as c
+from .cache import Snapshot, slim_finetunejob, slim_pod, slim_workload
+from .expectations import Expectations
 from .kube import Kube
 from .lifecycle import Settings
 from .reconcile import reconcile
@@ -24,43 +29,83 @@ from .reconcile import reconcile
 ENV_TRAINER_IMAGE = "FINETUNE_TRAINER_IMAGE"
 ENV_RESTART_BACKOFF = "FINETUNE_RESTART_BACKOFF_SECONDS"
 ENV_METRICS_PORT = "FINETUNE_METRICS_PORT"
+ENV_WORKERS = "FINETUNE_WORKERS"
 API_RETRY_SECONDS = 5.0
 log = logging.getLogger("finetune_operator")
+Key = tuple[str, str]
 
 
 class Operator:
-    def __init__(self, kube: Kube, settings: Settings, trainer_image: str):
+    def __init__(self, kube: Kube, settings: Settings, trainer_image: str, workers: int):
         self.kube, self.settings, self.trainer_image = kube, settings, trainer_image
-        self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
-        self.timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
+        self.expectations = Expectations()
+        self.indexes: dict[str, Any] = {}
+        self.running: set[Key] = set()
+        self.dirty: set[Key] = set()
+        self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.phases = metrics.PhaseTracker()
 
-    async def reconcile(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        async with self.locks[key]:
-            try:
-                with metrics.RECONCILE_SECONDS.time():
-                    result = await asyncio.to_thread(reconcile, self.kube, namespace, name, self.settings,
-                                                     self.trainer_image, post_event)
-            except ApiException as exc:
-                # A conflict, a timeout or an apiserver restart: count it and look again shortly.
-                metrics.API_ERRORS.labels(str(exc.status)).inc()
-                log.warning("reconcile of %s/%s failed (%s %s); retrying", namespace, name, exc.status, exc.reason)
-                self._schedule(key, API_RETRY_SECONDS)
-                return
+    async def reconcile(self, key: Key, indexes: dict[str, Any] | None = None) -> None:
+        """Runs passes for `key` until no event arrived during the last one; concurrent callers just mark it."""
+        if indexes:
+            self.indexes = indexes
+        if key in self.running:
+            self.dirty.add(key)
+            return
+        self.running.add(key)
+        try:
+            while True:
+                self.dirty.discard(key)
+                await self._pass(key)
+                if key not in self.dirty:
+                    break
+        finally:
+            self.running.discard(key)
+
+    async def _pass(self, key: Key) -> None:
+        view = self._snapshot(key)
+        loop = asyncio.get_running_loop()
+        try:
+            with metrics.RECONCILE_SECONDS.time():
+                # kopf's Event queue lives in context variables: the worker thread needs a copy of them.
+                result = await loop.run_in_executor(self.executor, contextvars.copy_context().run, reconcile,
+                                                    self.kube, view, self.settings, self.trainer_image, post_event,
+                                                    self.expectations)
+        except ApiException as exc:
+            # A timeout, an apiserver restart, a conflict that kept coming: count it and look again shortly.
+            metrics.API_ERRORS.labels(str(exc.status)).inc()
+            log.warning("reconcile of %s/%s failed (%s %s); retrying", *key, exc.status, exc.reason)
+            self._schedule(key, API_RETRY_SECONDS)
+            return
         self.phases.set(key, result.status.get("phase") if result is not None else None)
-        if result is not None and result.status.get("phase") == "Restarting" and result.events:
+        if result is not None and result.restarted:
             metrics.RESTARTS.labels(result.status.get("reason") or "Unknown").inc()
         if result is not None and result.requeue_after is not None:
             self._schedule(key, result.requeue_after)
         elif key in self.timers:
             self.timers.pop(key).cancel()
 
-    def _schedule(self, key: tuple[str, str], delay: float) -> None:
+    def _snapshot(self, key: Key) -> Snapshot:
+        """Copied on the event loop: the indexes change under a worker thread otherwise."""
+        def items(index: str) -> list[dict[str, Any]]:
+            store = self.indexes.get(index, {}).get(key)
+            return list(store) if store is not None else []
+
+        found = items("finetunejob_index")
+        return Snapshot(namespace=key[0], name=key[1], finetunejob=found[0] if found else None,
+                        workloads=items("workload_index"), pods=items("pod_index"))
+
+    def _schedule(self, key: Key, delay: float) -> None:
         if key in self.timers:
             self.timers.pop(key).cancel()
         loop = asyncio.get_running_loop()
-        self.timers[key] = loop.call_later(delay, lambda: asyncio.ensure_future(self.reconcile(*key)))
+        self.timers[key] = loop.call_later(delay, lambda: asyncio.ensure_future(self.reconcile(key)))
+
+    def forget(self, key: Key) -> None:
+        if key in self.timers:
+            self.timers.pop(key).cancel()
+        self.phases.set(key, None)
 
 
 def post_event(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
@@ -78,26 +123,52 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=c.GROUP)
     backoff = float(os.environ.get(ENV_RESTART_BACKOFF, Settings.restart_backoff_seconds))
-    operator = Operator(Kube.from_environment(), Settings(restart_backoff_seconds=backoff),
-                        os.environ.get(ENV_TRAINER_IMAGE, c.DEFAULT_TRAINER_IMAGE))
+    workers = int(os.environ.get(ENV_WORKERS, "16"))
+    operator = Operator(Kube.from_environment(connections=workers), Settings(restart_backoff_seconds=backoff),
+                        os.environ.get(ENV_TRAINER_IMAGE, c.DEFAULT_TRAINER_IMAGE), workers)
     port = int(os.environ.get(ENV_METRICS_PORT, "0"))
     if port:
         metrics.serve(port)
 
 
+# --- watch caches: kopf keeps one entry per object and drops it when the object is deleted ----------------------
+@kopf.index(c.GROUP, c.VERSION, c.PLURAL)
+def finetunejob_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {(namespace, name): slim_finetunejob(body)}
+
+
+@kopf.index("batch", "v1", "jobs", labels={c.LABEL_JOB: kopf.PRESENT})
+def workload_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {(namespace, labels[c.LABEL_JOB]): slim_workload(body)}
+
+
+@kopf.index("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
+def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {(namespace, labels[c.LABEL_JOB]): slim_pod(body)}
+
+
+# --- any change to a job or its children: one pass for that job -------------------------------------------------
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-async def finetunejob_changed(type: str, name: str, namespace: str, **_: Any) -> None:
-    if type != "DELETED" and operator is not None:
-        await operator.reconcile(namespace, name)
+async def finetunejob_changed(type: str, name: str, namespace: str, **kwargs: Any) -> None:
+    if operator is None:
+        return
+    if type == "DELETED":
+        operator.forget((namespace, name))
+    else:
+        await operator.reconcile((namespace, name), _indexes(kwargs))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={c.LABEL_JOB: kopf.PRESENT})
-async def workload_changed(labels: dict[str, str], namespace: str, **_: Any) -> None:
+async def workload_changed(labels: kopf.Labels, namespace: str, **kwargs: Any) -> None:
     if operator is not None:
-        await operator.reconcile(namespace, labels[c.LABEL_JOB])
+        await operator.reconcile((namespace, labels[c.LABEL_JOB]), _indexes(kwargs))
 
 
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
-async def pod_changed(labels: dict[str, str], namespace: str, **_: Any) -> None:
+async def pod_changed(labels: kopf.Labels, namespace: str, **kwargs: Any) -> None:
     if operator is not None:
-        await operator.reconcile(namespace, labels[c.LABEL_JOB])
+        await operator.reconcile((namespace, labels[c.LABEL_JOB]), _indexes(kwargs))
+
+
+def _indexes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {name: kwargs[name] for name in ("finetunejob_index", "workload_index", "pod_index")}

@@ -1,5 +1,6 @@
-"""The only module that talks to the Kubernetes API: reads of the FineTuneJob and its children, server-side apply
-with owner references, deletes, the suspend flag and the status patch."""
+"""The only module that talks to the Kubernetes API: server-side apply with owner references, deletes, the suspend
+flag, the conditional status patch and the fresh read of a FineTuneJob after a conflict. Everything else is read
+from the watch caches (handlers.py)."""
 
 from typing import Any
 
@@ -20,30 +21,28 @@ class Kube:
         self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
 
     @classmethod
-    def from_environment(cls) -> "Kube":
-        """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config."""
+    def from_environment(cls, connections: int = 16) -> "Kube":
+        """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config; one pooled connection per worker
+        thread (the client's default pool of 4 would serialise concurrent passes)."""
+        configuration = client.Configuration()
         try:
-            config.load_incluster_config()
+            config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config()
-        return cls(client.ApiClient())
+            config.load_kube_config(client_configuration=configuration)
+        configuration.connection_pool_maxsize = connections
+        return cls(client.ApiClient(configuration))
 
     def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self.ftj, namespace, name)
 
-    def list_workloads(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        return self.jobs.get(namespace=namespace, label_selector=f"{c.LABEL_JOB}={name}").to_dict()["items"]
-
-    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        """Every attempt's pods: the current one's tell the phase, older ones must be gone before a restart."""
-        return self.pods.get(namespace=namespace, label_selector=f"{c.LABEL_JOB}={name}").to_dict()["items"]
-
-    def apply(self, obj: dict[str, Any], owner: dict[str, Any]) -> None:
-        """Server-side apply with the owner reference set: idempotent, so a retried or repeated pass converges."""
-        meta = owner["metadata"]
-        obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [{
-            "apiVersion": c.API_VERSION, "kind": c.KIND, "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}]}}
+    def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None) -> None:
+        """Server-side apply, with the owner reference set for a job's children (not for namespace
+        infrastructure): idempotent, so a retried or repeated pass converges."""
+        if owner is not None:
+            meta = owner["metadata"]
+            obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [{
+                "apiVersion": c.API_VERSION, "kind": c.KIND, "name": meta["name"], "uid": meta["uid"],
+                "controller": True, "blockOwnerDeletion": True}]}}
         resource = self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         resource.server_side_apply(body=obj, name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"],
                                    field_manager=FIELD_MANAGER, force_conflicts=True)
@@ -56,9 +55,12 @@ class Kube:
         self.jobs.patch(name=name, namespace=namespace, body={"spec": {"suspend": suspend}},
                         content_type="application/merge-patch+json")
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """A merge patch of the operator's own fields only, so the trainer's progress is never overwritten."""
-        self.ftj.status.patch(name=name, namespace=namespace, body={"status": status},
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str) -> None:
+        """A merge patch of the operator's own fields only, so the trainer's progress is never overwritten.
+
+        resourceVersion makes it conditional: 409 Conflict if the object changed since the plan read it."""
+        self.ftj.status.patch(name=name, namespace=namespace,
+                              body={"metadata": {"resourceVersion": resource_version}, "status": status},
                               content_type="application/merge-patch+json")
 
     def delete_finetunejob(self, namespace: str, name: str) -> None:

@@ -60,6 +60,7 @@ class Plan:
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+    restarted: bool = False  # this pass started a gang restart (for the restarts metric)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)
@@ -180,6 +181,7 @@ def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, mess
     else:
         st["restarts"] = st.get("restarts", 0) + 1
         st["attempt"] = st["attempt"] + 1
+        p.restarted = True
         st.update(phase="Restarting", reason=reason,
                   message=f"attempt {st['attempt'] - 1} failed ({message}); gang restart "
                           f"{st['restarts']}/{limit} resumes from the newest checkpoint")

@@ -16,14 +16,18 @@ class PhaseTracker:
 
     def __init__(self) -> None:
         self.phases: dict[tuple[str, str], str] = {}
+        for name in PHASES:
+            JOBS.labels(name).set(0)
 
     def set(self, key: tuple[str, str], phase: str | None) -> None:
-        if phase is None:
-            self.phases.pop(key, None)
-        else:
+        before = self.phases.pop(key, None) if phase is None else self.phases.get(key)
+        if before == phase:
+            return
+        if phase is not None:
             self.phases[key] = phase
-        for name in PHASES:
-            JOBS.labels(name).set(sum(1 for p in self.phases.values() if p == name))
+            JOBS.labels(phase).inc()
+        if before is not None:
+            JOBS.labels(before).dec()
 
 
 def serve(port: int) -> None:

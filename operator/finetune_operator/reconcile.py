@@ -1,54 +1,100 @@
-"""One reconcile pass: read -> validate -> plan -> write status once -> act on children -> post Events."""
+"""One reconcile pass: cached view -> validate -> plan -> write status once -> act on children -> post Events.
+
+Reads come from the watch caches (cache.Snapshot), never from the API, so a pass with nothing to do costs no
+request. The status write carries the resourceVersion the plan was made from: if the cache was stale (our own
+last write, or the trainer's progress, not yet seen) the apiserver answers 409 and the pass plans again from a
+fresh read, so a restart is never counted twice and no update is lost.
+"""
 
 import logging
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from kubernetes.client.exceptions import ApiException
+
 from .api.errors import InvalidSpec
+from .cache import Snapshot
+from .expectations import Expectations
 from .kube import Kube
 from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, Settings, plan
 from .observed import attempt_of
-from .render import RenderContext, render_all
+from .render import RenderContext, render_all, render_trainer_identity
 from .validation import validate_job
 
 log = logging.getLogger(__name__)
 EventSink = Callable[[dict[str, Any], str, str, str], None]
+CONFLICT_RETRIES = 3
+# The trainer identity is shared by a namespace's jobs and not watched: re-applied at most this often, so a
+# namespace deleted and created again gets it back within minutes instead of never.
+IDENTITY_TTL_SECONDS = 300.0
 
 
-def reconcile(kube: Kube, namespace: str, name: str, settings: Settings, trainer_image: str,
-              post_event: EventSink) -> Plan | None:
-    obj = kube.get_finetunejob(namespace, name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
-        return None
+def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str, post_event: EventSink,
+              expectations: Expectations) -> Plan | None:
+    obj = view.finetunejob
+    for _ in range(CONFLICT_RETRIES):
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return None
+        job, result = _plan(obj, view, settings)
+        status = obj.get("status") or {}
+        if result.status == {k: status.get(k) for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}:
+            break
+        try:
+            # Status first: if the operator dies after it, the next pass already knows the attempt it moved to.
+            kube.patch_status(view.namespace, view.name, result.status, obj["metadata"]["resourceVersion"])
+            break
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            obj = kube.get_finetunejob(view.namespace, view.name)
+    else:
+        raise ApiException(status=409, reason=f"status of {view.namespace}/{view.name} kept changing")
+    _act(kube, obj, job, result, view, trainer_image, expectations)
+    for event in result.events:
+        post_event(obj, event.type, event.reason, event.message)
+    return result
+
+
+def _plan(obj: dict[str, Any], view: Snapshot, settings: Settings) -> tuple[Any, Plan]:
     try:
         job: Any = validate_job(obj)
     except InvalidSpec as exc:
         job = exc
     status = obj.get("status") or {}
     attempt = status.get("attempt") or 0
-    pods = kube.list_pods(namespace, name)
-    current = [p for p in pods if attempt_of(p) == attempt]
     observed = Observed(
-        name=name, namespace=namespace, generation=obj["metadata"].get("generation", 0),
-        labels=obj["metadata"].get("labels") or {}, status=status,
-        workloads=kube.list_workloads(namespace, name), pods=current, now=datetime.now(timezone.utc),
-        old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt),
+        name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
+        labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
+        pods=[p for p in view.pods if attempt_of(p) == attempt], now=datetime.now(timezone.utc),
+        old_pods=sum(1 for p in view.pods if (attempt_of(p) or 0) < attempt),
     )
-    result = plan(job, observed, settings)
-    # Status first: if the operator dies after it, the next pass already knows the attempt it moved to.
-    if result.status != {k: status.get(k) for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}:
-        kube.patch_status(namespace, name, result.status)
+    return job, plan(job, observed, settings)
+
+
+def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot, trainer_image: str,
+         expectations: Expectations) -> None:
+    """Each action is skipped while the same write is still on its way back through the watch."""
+    ns, name = view.namespace, view.name
+
+    def once(key: tuple, action: Callable[[], Any], ttl: float | None = None) -> None:
+        if expectations.pending(key):
+            if ttl is None:
+                result.requeue(expectations.ttl)
+            return
+        action()
+        expectations.record(key, ttl)
+
     for workload in result.delete_workloads:
-        kube.delete_workload(namespace, workload)
+        once(("delete", ns, workload), lambda w=workload: kube.delete_workload(ns, w))
     if result.suspend_workload is not None:
-        kube.set_suspend(namespace, *result.suspend_workload)
+        once(("suspend", ns, *result.suspend_workload), lambda: kube.set_suspend(ns, *result.suspend_workload))
     if result.create_attempt is not None and not isinstance(job, InvalidSpec):
-        ctx = RenderContext(name=name, namespace=namespace, attempt=result.create_attempt,
-                            trainer_image=trainer_image, job_labels=observed.labels, resume_from=result.resume_from)
-        for child in render_all(job.spec, ctx):
-            kube.apply(child, obj)
-    for event in result.events:
-        post_event(obj, event.type, event.reason, event.message)
+        account = job.spec.pod.service_account_name
+        once(("identity", ns, account), lambda: [kube.apply(o) for o in render_trainer_identity(ns, account)],
+             ttl=IDENTITY_TTL_SECONDS)
+        ctx = RenderContext(name=name, namespace=ns, attempt=result.create_attempt, trainer_image=trainer_image,
+                            job_labels=obj["metadata"].get("labels") or {}, resume_from=result.resume_from)
+        once(("attempt", ns, name, obj["metadata"]["uid"], result.create_attempt),
+             lambda: [kube.apply(child, owner=obj) for child in render_all(job.spec, ctx)])
     if result.delete_job:
-        kube.delete_finetunejob(namespace, name)
-    return result
+        once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))

@@ -74,11 +74,16 @@ def test_pending_running_succeeded_with_children_owned(kubectl, operator, namesp
     submit(kubectl, namespace, "happy", **{"spec.distributed.gpusPerNode": 4, "spec.training.precision": "bf16"})
     pods = running(kubectl, namespace, "happy", operator)
     ftj = kubectl.json("get", "ftj", "happy", "-n", namespace)
-    for kind in ("job", "configmap", "service", "serviceaccount", "role", "rolebinding"):
+    for kind in ("job", "configmap", "service"):
         items = kubectl.json("get", kind, "-n", namespace, "-l", f"{c.LABEL_JOB}=happy")["items"]
         assert len(items) == 1, kind
         (ref,) = items[0]["metadata"]["ownerReferences"]
         assert ref["uid"] == ftj["metadata"]["uid"] and ref["controller"] is True
+    # The namespace's trainer identity: shared by its jobs, so owned by none of them.
+    for kind in ("serviceaccount", "role", "rolebinding"):
+        identity = kubectl.json("get", kind, "finetunejob-trainer", "-n", namespace)
+        assert "ownerReferences" not in identity["metadata"], kind
+    assert pods[0]["spec"]["serviceAccountName"] == "finetunejob-trainer"
     row = kubectl.run("get", "finetunejobs", "happy", "-n", namespace, "--no-headers").stdout.split()
     assert row[1:4] == ["Running", "2/2", "8"]
     for pod in pods:
@@ -172,7 +177,7 @@ def test_deleting_the_finetunejob_removes_every_child(kubectl, operator, namespa
     def all_gone():
         selector = f"{c.LABEL_JOB}=doomed-by-gc"
         return all(not kubectl.json("get", kind, "-n", namespace, "-l", selector)["items"]
-                   for kind in ("job", "configmap", "service", "serviceaccount", "role", "rolebinding", "pods"))
+                   for kind in ("job", "configmap", "service", "pods"))
     wait_for(all_gone, timeout=60, what="garbage collection of every child", op=operator)
 
 
@@ -195,9 +200,11 @@ def test_operator_killed_mid_burst_converges_without_duplicates(kubectl, control
         wait_phase(kubectl, namespace, name, "Running", operator, timeout=60, attempt=1)
     jobs = [j["metadata"]["name"] for j in kubectl.json("get", "jobs", "-n", namespace)["items"]]
     assert sorted(jobs) == sorted(f"{n}-a1" for n in names)
-    for kind in ("configmap", "service", "serviceaccount"):
+    for kind in ("configmap", "service"):
         items = kubectl.json("get", kind, "-n", namespace, "-l", f"{c.LABEL_NAME}={c.APP_NAME}")["items"]
         assert len(items) == len(names), kind
+    assert len(kubectl.json("get", "serviceaccount", "-n", namespace, "-l", f"{c.LABEL_NAME}={c.APP_NAME}")
+               ["items"]) == 1  # the namespace's trainer identity, once
 
 
 def test_active_deadline_fails_the_job_and_stops_its_pods(kubectl, operator, namespace):

@@ -18,7 +18,7 @@ def test_example_validates_and_renders(path):
     (doc,) = list(yaml.safe_load_all(path.read_text()))
     job = validate_job(doc)
     objects = render_all(job.spec, RenderContext(name=job.name, namespace=job.namespace, job_labels=job.labels))
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"]
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "Job"]
 
 
 def test_zero3_example_really_is_two_nodes_of_eight_gpus_with_lora():

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from finetune_operator.api import constants as c
-from finetune_operator.render import RenderContext, render_all
+from finetune_operator.render import RenderContext, render_all, render_trainer_identity
+from finetune_operator.render.rbac import trainer_binding_name
 from finetune_operator.validation import validate_job
 from tests.builders import make_job
 
@@ -33,7 +34,7 @@ def env_of(objs):
 
 def test_children_and_apply_order():
     objs = render_all(validate_job(make_job()).spec, CTX)
-    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"]
+    assert [o["kind"] for o in objs] == ["ConfigMap", "Service", "Job"]
     assert all(o["metadata"]["namespace"] == "ml" for o in objs)
 
 
@@ -181,25 +182,34 @@ def test_pod_security_hardening():
     pod = objs["Job"]["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert pod["serviceAccountName"] == "test-job-trainer"
+    assert pod["serviceAccountName"] == "finetunejob-trainer"
     sc = container(objs)["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["readOnlyRootFilesystem"] is True
 
 
-def test_trainer_identity_can_patch_only_its_own_status():
-    objs = render()
+def test_trainer_identity_may_only_patch_status():
+    objs = {o["kind"]: o for o in render_trainer_identity("ml", None)}
+    assert list(objs) == ["ServiceAccount", "Role", "RoleBinding"]
     assert objs["Role"]["rules"] == [{"apiGroups": ["finetunejob.dev"], "resources": ["finetunejobs/status"],
-                                      "resourceNames": ["test-job"], "verbs": ["get", "patch"]}]
-    assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "test-job-trainer",
+                                      "verbs": ["get", "patch"]}]
+    assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "finetunejob-trainer",
                                                 "namespace": "ml"}]
+    assert render_trainer_identity("ml", None) == render_trainer_identity("ml", None)  # shared, so identical
 
 
 def test_user_service_account_gets_the_status_role_instead():
-    objs = render({"spec.pod.serviceAccountName": "workload-identity"})
+    objs = {o["kind"]: o for o in render_trainer_identity("ml", "workload-identity")}
     assert "ServiceAccount" not in objs
+    assert objs["RoleBinding"]["metadata"]["name"] == "finetunejob-trainer-workload-identity"
     assert objs["RoleBinding"]["subjects"][0]["name"] == "workload-identity"
-    assert objs["Job"]["spec"]["template"]["spec"]["serviceAccountName"] == "workload-identity"
+    job = render({"spec.pod.serviceAccountName": "workload-identity"})["Job"]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "workload-identity"
+
+
+def test_binding_name_of_a_long_service_account_stays_valid():
+    name = trainer_binding_name("s" * 253)
+    assert len(name) <= 253 and name != trainer_binding_name("s" * 252)
 
 
 def test_volumes_shm_config_and_output_claim():

@@ -8,14 +8,15 @@ from typing import Any
 from ..api.spec import FineTuneJobSpec
 from .configmap import render_config_map
 from .context import RenderContext
-from .rbac import render_rbac
+from .rbac import render_trainer_identity
 from .service import render_service
 from .workload import render_workload
 
-__all__ = ["RenderContext", "render_all"]
+__all__ = ["RenderContext", "render_all", "render_trainer_identity"]
 
 
 def render_all(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
-    """Children in apply order: identity, config and Service exist before the pods that use them."""
-    return [*render_rbac(spec, ctx), render_config_map(spec, ctx), render_service(spec, ctx),
-            render_workload(spec, ctx)]
+    """The attempt's children in apply order: config and Service exist before the pods that use them.
+
+    The trainer identity they run as is namespace infrastructure: render_trainer_identity."""
+    return [render_config_map(spec, ctx), render_service(spec, ctx), render_workload(spec, ctx)]

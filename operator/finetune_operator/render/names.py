@@ -12,14 +12,6 @@ def config_map_name(ctx: RenderContext) -> str:
     return f"{ctx.name}-config"
 
 
-def trainer_service_account(ctx: RenderContext) -> str:
-    return f"{ctx.name}-trainer"
-
-
-def trainer_role_name(ctx: RenderContext) -> str:
-    return f"{ctx.name}-trainer-status"
-
-
 def workload_name(ctx: RenderContext) -> str:
     """One Indexed Job per attempt, so a gang restart is a fresh Job and old pods never collide with new ones."""
     return f"{ctx.name}-a{ctx.attempt}"

@@ -13,7 +13,8 @@ from ..api import constants as c
 from ..api.spec import FineTuneJobSpec
 from .context import RenderContext
 from .env import trainer_env
-from .names import attempt_labels, config_map_name, service_name, trainer_service_account, workload_name
+from .names import attempt_labels, config_map_name, service_name, workload_name
+from .rbac import TRAINER_IDENTITY
 
 CONFIG_VOLUME = "config"
 OUTPUT_VOLUME = "output"
@@ -79,8 +80,8 @@ def _pod_template(spec: FineTuneJobSpec, ctx: RenderContext, labels: dict[str, s
         "volumes": _volumes(spec, ctx),
     }
     optional = {
-        # The per-job identity (render/rbac.py) lets rank 0 patch this job's status and nothing else.
-        "serviceAccountName": pod.service_account_name or trainer_service_account(ctx),
+        # The namespace's trainer identity (render/rbac.py): rank 0 may patch this job's status and nothing else.
+        "serviceAccountName": pod.service_account_name or TRAINER_IDENTITY,
         "priorityClassName": pod.priority_class_name,
         "schedulerName": pod.scheduler_name,
         "affinity": pod.affinity,

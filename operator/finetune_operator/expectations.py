@@ -1,0 +1,42 @@
+"""Writes the operator has made and not yet seen come back on a watch.
+
+Caches lag the API by the watch delay. Without this memory a pass that runs in that window (another pod event,
+a timer) would see no Job for the attempt it just created and apply the children again: harmless (server-side
+apply is idempotent) but a second set of writes per job, which the request budget at scale does not allow. The
+same pattern as the Kubernetes controllers' ControllerExpectations: trust our own write for a while, then look
+again.
+"""
+
+import time
+from collections.abc import Callable, Hashable
+
+DEFAULT_TTL_SECONDS = 30.0
+
+
+class Expectations:
+    def __init__(self, ttl_seconds: float = DEFAULT_TTL_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self.ttl, self.clock = ttl_seconds, clock
+        self._done: dict[Hashable, float] = {}
+
+    def pending(self, key: Hashable) -> bool:
+        """True while a write for `key` was made recently enough that the cache may not show it yet."""
+        if key not in self._done:
+            return False
+        if self.clock() >= self._done[key]:
+            del self._done[key]
+            return False
+        return True
+
+    def record(self, key: Hashable, ttl_seconds: float | None = None) -> None:
+        """After a successful write; a longer ttl for namespace infrastructure that nothing else watches."""
+        self._done[key] = self.clock() + (self.ttl if ttl_seconds is None else ttl_seconds)
+        if len(self._done) % 1024 == 0:  # keys of deleted jobs are never asked again: drop them now and then
+            self.sweep()
+
+    def forget(self, key: Hashable) -> None:
+        self._done.pop(key, None)
+
+    def sweep(self) -> None:
+        now = self.clock()
+        for key in [k for k, t in self._done.items() if now >= t]:
+            del self._done[key]
