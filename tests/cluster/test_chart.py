@@ -43,7 +43,8 @@ def test_lint_and_template(helm):
     docs = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0").stdout)
             if d]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     per_ns = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0",
                   "--set", "watchNamespaces={team-a,team-b}").stdout
     roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"]
@@ -135,23 +136,42 @@ def watch_phases(kubectl, namespace, name, until, timeout=60.0):
     return seen
 
 
-def test_trainer_identity_patches_only_its_own_status(installed, kubectl, namespace):
+def test_trainer_identity_patches_only_its_own_status(installed, kubectl, control_plane, namespace):
+    """RBAC lets the namespace's trainer identity patch status; the chart's admission policy narrows it to the job
+    whose pod holds the token."""
     for name in ("mine", "other"):
         doc = make_job({"metadata.name": name, "metadata.namespace": namespace})
         kubectl.run("apply", "-f", "-", input=json.dumps(doc))
-    from finetune_operator.render import RenderContext
-    from finetune_operator.render.rbac import render_rbac
-    from finetune_operator.validation import validate_job
+    from finetune_operator.render import render_trainer_identity
 
-    job = validate_job(make_job({"metadata.name": "mine"}))
-    stream = "\n---\n".join(json.dumps(o) for o in render_rbac(job.spec, RenderContext(name="mine",
-                                                                                       namespace=namespace)))
-    kubectl.run("apply", "-f", "-", input=stream)
-    trainer = f"system:serviceaccount:{namespace}:mine-trainer"
+    kubectl.run("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in
+                                                         render_trainer_identity(namespace, None)))
+    trainer = f"system:serviceaccount:{namespace}:finetunejob-trainer"
     assert can(kubectl, trainer, "patch", "finetunejobs.finetunejob.dev/mine", "--subresource=status",
                namespace=namespace)
-    assert not can(kubectl, trainer, "patch", "finetunejobs.finetunejob.dev/other", "--subresource=status",
-                   namespace=namespace)
     assert not can(kubectl, trainer, "patch", "finetunejobs.finetunejob.dev/mine", namespace=namespace)  # the spec
     assert not can(kubectl, trainer, "get", "secrets", namespace=namespace)
     assert not can(kubectl, trainer, "list", "pods", namespace=namespace)
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mine-a1-0-x7k2p", "namespace": namespace},
+           "spec": {"serviceAccountName": "finetunejob-trainer", "containers": [{"name": "trainer", "image": "t"}]}}
+    kubectl.run("apply", "-f", "-", input=json.dumps(pod))
+    uid = kubectl.json("get", "pod", "mine-a1-0-x7k2p", "-n", namespace)["metadata"]["uid"]
+
+    def patch_as(token, job):
+        return kubectl.run("patch", "ftj", job, "-n", namespace, f"--token={token}", "--subresource=status",
+                           "--type=merge", "-p", '{"status": {"progress": {"step": 1}}}', check=False)
+
+    bound = kubectl.run("create", "token", "finetunejob-trainer", "-n", namespace, "--bound-object-kind=Pod",
+                        "--bound-object-name=mine-a1-0-x7k2p", f"--bound-object-uid={uid}").stdout.strip()
+    assert patch_as(bound, "mine").returncode == 0
+    refused = patch_as(bound, "other")
+    assert refused.returncode != 0 and "its own FineTuneJob only: other is not the job of pod mine-a1-0-x7k2p" \
+        in refused.stderr
+    unbound = kubectl.run("create", "token", "finetunejob-trainer", "-n", namespace).stdout.strip()
+    refused = patch_as(unbound, "mine")
+    assert refused.returncode != 0 and "token not bound to a pod" in refused.stderr
+    # A job whose name is a prefix of the pod's job is not that job.
+    kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": "mine-a1",
+                                                                "metadata.namespace": namespace})))
+    assert patch_as(bound, "mine-a1").returncode != 0

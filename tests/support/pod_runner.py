@@ -124,8 +124,10 @@ class PodRunner:
     def _service_account(self, pod: dict[str, Any], root: Path) -> Path:
         sa_dir = root / "serviceaccount"
         sa_dir.mkdir(parents=True, exist_ok=True)
+        # Bound to the pod, as a kubelet's projected token is: the chart's admission policy reads the pod name.
         token = self.kubectl.run("create", "token", pod["spec"]["serviceAccountName"], "-n", self.namespace,
-                                 "--duration=1h").stdout.strip()
+                                 "--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
+                                 f"--bound-object-uid={pod['metadata']['uid']}", "--duration=1h").stdout.strip()
         (sa_dir / "token").write_text(token)
         shutil.copy(self.cp.work / "certs" / "apiserver.crt", sa_dir / "ca.crt")
         return sa_dir
