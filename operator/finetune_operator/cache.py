@@ -2,9 +2,11 @@
 
 The watch streams (kopf indexes in handlers.py) feed these projections, so a pass reads no API at all and a
 thousand jobs with four pods each cost a few megabytes, not the hundreds that whole pod bodies would.
+
+Each watch event is a freshly parsed document that nothing mutates afterwards, so the projections share its
+values instead of copying them.
 """
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -12,7 +14,7 @@ from .api import constants as c
 
 
 def _pick(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: copy.deepcopy(obj[k]) for k in keys if obj.get(k) is not None}
+    return {k: obj[k] for k in keys if obj.get(k) is not None}
 
 
 def slim_finetunejob(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -33,7 +35,7 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """A pod: phase and the trainer container's terminated state (exit code, reason, termination message)."""
     status = body.get("status") or {}
-    containers = [{"name": cs.get("name"), "state": {"terminated": copy.deepcopy(cs["state"]["terminated"])}}
+    containers = [{"name": cs.get("name"), "state": {"terminated": cs["state"]["terminated"]}}
                   for cs in status.get("containerStatuses") or []
                   if cs.get("name") == c.CONTAINER_NAME and (cs.get("state") or {}).get("terminated")]
     return {"metadata": _pick(body.get("metadata") or {}, "name", "labels", "deletionTimestamp"),

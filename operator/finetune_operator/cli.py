@@ -15,7 +15,7 @@ import yaml
 from .api.constants import DEFAULT_TRAINER_IMAGE
 from .api.crd import crd
 from .api.errors import InvalidSpec
-from .manifests import ManifestError, dump_documents, load_documents
+from .manifests import ManifestError, dump_documents, load_documents, load_yaml
 from .render import RenderContext, render_all, render_trainer_identity
 from .validation import ValidatedJob, validate_job
 
@@ -120,7 +120,7 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ManifestError(f"--set {item!r}: {part} is not a mapping")
-        node[leaf] = yaml.safe_load(value)
+        node[leaf] = load_yaml(value)
     return doc
 
 

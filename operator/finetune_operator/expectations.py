@@ -3,14 +3,16 @@
 Caches lag the API by the watch delay. Without this memory a pass that runs in that window (another pod event,
 a timer) would see no Job for the attempt it just created and apply the children again: harmless (server-side
 apply is idempotent) but a second set of writes per job, which the request budget at scale does not allow. The
-same pattern as the Kubernetes controllers' ControllerExpectations: trust our own write for a while, then look
-again.
+same pattern as the Kubernetes controllers' ControllerExpectations: trust our own write until the watch shows it
+(or a TTL passes), then look again.
 """
 
 import time
 from collections.abc import Callable, Hashable
 
-DEFAULT_TTL_SECONDS = 30.0
+# Long enough for a watch that lags by a minute under a thousand-job burst; writes that the cache shows are
+# forgotten at once (reconcile.py), so this only bounds how long a lost write waits to be retried.
+DEFAULT_TTL_SECONDS = 300.0
 
 
 class Expectations:

@@ -55,13 +55,15 @@ class Kube:
         self.jobs.patch(name=name, namespace=namespace, body={"spec": {"suspend": suspend}},
                         content_type="application/merge-patch+json")
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+                     ) -> dict[str, Any]:
         """A merge patch of the operator's own fields only, so the trainer's progress is never overwritten.
 
-        resourceVersion makes it conditional: 409 Conflict if the object changed since the plan read it."""
-        self.ftj.status.patch(name=name, namespace=namespace,
-                              body={"metadata": {"resourceVersion": resource_version}, "status": status},
-                              content_type="application/merge-patch+json")
+        resourceVersion makes it conditional: 409 Conflict if the object changed since the plan read it. Returns
+        the object as written."""
+        return self.ftj.status.patch(name=name, namespace=namespace,
+                                     body={"metadata": {"resourceVersion": resource_version}, "status": status},
+                                     content_type="application/merge-patch+json").to_dict()
 
     def delete_finetunejob(self, namespace: str, name: str) -> None:
         self._delete(self.ftj, namespace, name)

@@ -38,8 +38,8 @@ class Observed:
     workloads: list[dict[str, Any]]
     pods: list[dict[str, Any]]  # of the current attempt
     now: datetime
-    # Pods of earlier attempts still present (even terminating): a new gang must not start beside them, or two
-    # attempts would write checkpoints into the same directory at once.
+    # Pods of earlier attempts still running (even terminating): a new gang must not start beside them, or two
+    # attempts would write checkpoints into the same directory at once. Pods that ended do not count.
     old_pods: int = 0
 
 
@@ -65,6 +65,18 @@ class Plan:
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)
         self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+COSMETIC_FIELDS = ("nodes", "message")
+
+
+def only_cosmetic(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """True when a status change is nothing but a node count or its message (a gang coming up pod by pod), which
+    may wait a few seconds to be written together with the next one; phases and conditions never wait."""
+    def essence(st: dict[str, Any]) -> dict[str, Any]:
+        conditions = [{k: v for k, v in cd.items() if k != "message"} for cd in st.get("conditions") or []]
+        return {**{k: v for k, v in st.items() if k not in COSMETIC_FIELDS}, "conditions": conditions}
+    return essence(before) == essence(after)
 
 
 def backoff(settings: Settings, restarts: int) -> float:
@@ -97,8 +109,9 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
     spec, st, now = job.spec, p.status, obs.now
     st["gpus"], st["globalBatchSize"] = spec.total_gpus, spec.global_batch_size
     if not st.get("attempt"):
+        # The message the first look at the attempt would write anyway: one status write fewer per job.
         st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
-                  message="attempt 1 created")
+                  message=f"attempt 1: 0/{spec.distributed.num_nodes} node(s) running")
     attempt = st["attempt"]
     deadline = spec.run_policy.active_deadline_seconds
     started = parse_time(st.get("startTime"))
@@ -110,8 +123,9 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
         p.requeue((started + timedelta(seconds=deadline) - now).total_seconds())
 
     current = next((w for w in obs.workloads if attempt_of(w) == attempt), None)
-    p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads
-                          if (attempt_of(w) or 0) < attempt and not _finished(w)]
+    # Finished ones too: a pass that wrote the restart may have died before deleting the failed attempt, and its
+    # Failed pods would otherwise stay (and be waited for) forever.
+    p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads if (attempt_of(w) or 0) < attempt]
     if current is None:
         _start_attempt(p, job, obs, settings)
         return
@@ -167,7 +181,8 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         st.update(phase="Running", reason="Running", message=f"attempt {st['attempt']}: {nodes} node(s) running")
         _stall_check(p, job, obs, name)
     elif st.get("phase") != "Restarting" or ready:  # a restarted gang reads Restarting until its pods run
-        st.update(phase="Pending", reason="Pending", message=f"attempt {st['attempt']}: {ready}/{nodes} node(s) running")
+        reason = st.get("reason") if st.get("phase") == "Pending" else "Pending"  # Created stays until Running
+        st.update(phase="Pending", reason=reason, message=f"attempt {st['attempt']}: {ready}/{nodes} node(s) running")
 
 
 def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, message: str, code: int | None) -> None:

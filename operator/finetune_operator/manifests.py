@@ -1,9 +1,22 @@
 """Reading FineTuneJob manifests from YAML files, with errors that name the file and line."""
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+class Loader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where `2e-5` is a string; kubectl reads it as a number (YAML 1.2), and so do we."""
+
+
+Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 class ManifestError(Exception):
@@ -17,7 +30,7 @@ def load_documents(path: str) -> list[dict[str, Any]]:
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=Loader) if d is not None]  # noqa: S506 - SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path

@@ -35,6 +35,11 @@ def attempt_of(obj: dict[str, Any]) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def pod_ended(pod: dict[str, Any]) -> bool:
+    """Succeeded or Failed: its containers have stopped and will not write anything again."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def running_pods(pods: list[dict[str, Any]]) -> int:
     return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running"
                and not (p.get("metadata") or {}).get("deletionTimestamp"))

@@ -7,6 +7,7 @@ fresh read, so a restart is never counted twice and no update is lost.
 """
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -16,8 +17,8 @@ from .api.errors import InvalidSpec
 from .cache import Snapshot
 from .expectations import Expectations
 from .kube import Kube
-from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, Settings, plan
-from .observed import attempt_of
+from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, Settings, only_cosmetic, plan
+from .observed import attempt_of, pod_ended
 from .render import RenderContext, render_all, render_trainer_identity
 from .validation import validate_job
 
@@ -27,21 +28,38 @@ CONFLICT_RETRIES = 3
 # The trainer identity is shared by a namespace's jobs and not watched: re-applied at most this often, so a
 # namespace deleted and created again gets it back within minutes instead of never.
 IDENTITY_TTL_SECONDS = 300.0
+# A node count changing alone is written at most this often per job (phase changes are written at once).
+COSMETIC_DELAY_SECONDS = 3.0
+
+
+@dataclass
+class Pass:
+    plan: Plan | None  # None: the FineTuneJob is gone or being deleted
+    written: dict[str, Any] | None = None  # the FineTuneJob as our status write left it
+    replaced: str | None = None  # the resourceVersion that write replaced
 
 
 def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str, post_event: EventSink,
-              expectations: Expectations) -> Plan | None:
+              expectations: Expectations) -> Pass:
     obj = view.finetunejob
+    written = replaced = None
     for _ in range(CONFLICT_RETRIES):
         if obj is None or obj["metadata"].get("deletionTimestamp"):
-            return None
+            return Pass(None)
         job, result = _plan(obj, view, settings)
         status = obj.get("status") or {}
-        if result.status == {k: status.get(k) for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}:
+        current = {k: status.get(k) for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}
+        if result.status == current:
+            break
+        cosmetic = ("cosmetic-status", view.namespace, view.name)
+        if only_cosmetic(current, result.status) and expectations.pending(cosmetic):
+            result.requeue(COSMETIC_DELAY_SECONDS)  # written with the next change, or by this look again
             break
         try:
             # Status first: if the operator dies after it, the next pass already knows the attempt it moved to.
-            kube.patch_status(view.namespace, view.name, result.status, obj["metadata"]["resourceVersion"])
+            replaced = obj["metadata"]["resourceVersion"]
+            written = kube.patch_status(view.namespace, view.name, result.status, replaced)
+            expectations.record(cosmetic, COSMETIC_DELAY_SECONDS)
             break
         except ApiException as exc:
             if exc.status != 409:
@@ -52,7 +70,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str
     _act(kube, obj, job, result, view, trainer_image, expectations)
     for event in result.events:
         post_event(obj, event.type, event.reason, event.message)
-    return result
+    return Pass(result, written, replaced)
 
 
 def _plan(obj: dict[str, Any], view: Snapshot, settings: Settings) -> tuple[Any, Plan]:
@@ -66,23 +84,31 @@ def _plan(obj: dict[str, Any], view: Snapshot, settings: Settings) -> tuple[Any,
         name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
         labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
         pods=[p for p in view.pods if attempt_of(p) == attempt], now=datetime.now(timezone.utc),
-        old_pods=sum(1 for p in view.pods if (attempt_of(p) or 0) < attempt),
+        old_pods=sum(1 for p in view.pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
     )
     return job, plan(job, observed, settings)
 
 
 def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot, trainer_image: str,
          expectations: Expectations) -> None:
-    """Each action is skipped while the same write is still on its way back through the watch."""
+    """Each action is skipped while the same write is still on its way back through the watch; what the cache
+    already shows is no longer expected, so a Job deleted by hand is re-created at once, not after the TTL."""
     ns, name = view.namespace, view.name
+    for seen in view.workloads:
+        expectations.forget(("attempt", ns, name, obj["metadata"]["uid"], attempt_of(seen)))
+        expectations.forget(("suspend", ns, seen["metadata"]["name"], bool((seen.get("spec") or {}).get("suspend"))))
 
     def once(key: tuple, action: Callable[[], Any], ttl: float | None = None) -> None:
         if expectations.pending(key):
             if ttl is None:
                 result.requeue(expectations.ttl)
             return
-        action()
-        expectations.record(key, ttl)
+        expectations.record(key, ttl)  # before the write: passes of other jobs run concurrently
+        try:
+            action()
+        except BaseException:
+            expectations.forget(key)
+            raise
 
     for workload in result.delete_workloads:
         once(("delete", ns, workload), lambda w=workload: kube.delete_workload(ns, w))

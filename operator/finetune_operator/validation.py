@@ -5,14 +5,16 @@ need more than the spec (metadata.name limits, TrainingArguments names from the 
 """
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .api.constants import API_VERSION, KIND, MAX_JOB_NAME_LENGTH
 from .api.errors import FieldError, InvalidSpec, SpecRuleErrors
+from .api.k8s_names import Labels
 from .api.spec import FineTuneJobSpec, run_rules, valid_sections
 from .api.training import MANAGED_TRAINING_ARGUMENTS
 from .training_arguments import training_argument_names
@@ -38,13 +40,20 @@ def validate_job(obj: dict[str, Any], default_namespace: str = "default") -> Val
     if not isinstance(obj, dict):
         raise InvalidSpec([FieldError("", type(obj).__name__, "a FineTuneJob must be a mapping", "check the YAML")])
     errors += _check_type_meta(obj)
+    errors += [FieldError(str(key), obj[key], "unknown field", f"valid fields here: {', '.join(TOP_LEVEL_KEYS)}")
+               for key in obj if key not in TOP_LEVEL_KEYS]
     metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        errors.append(FieldError("metadata", metadata, "must be a mapping", "write it as key: value pairs"))
+        metadata = {}
     name = metadata.get("name", "")
     errors += _check_name(name)
+    errors += _check_labels(metadata.get("labels"))
     raw_spec = obj.get("spec")
     spec, spec_errors = parse_spec(raw_spec)
     errors += spec_errors
     errors += _check_extra_args(raw_spec)
+    errors += [e for e in _non_finite(raw_spec, "spec") if e.path not in {x.path for x in errors}]
     if errors or spec is None:
         raise InvalidSpec(errors)
     return ValidatedJob(
@@ -122,6 +131,14 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
         message, fix = "must be a mapping", "write it as key: value pairs"
     elif kind == "list_type":
         message, fix = "must be a list", "write it as a YAML list (- item)"
+    elif kind == "value_error":
+        fix = "change it to the form described"
+    elif kind == "finite_number":
+        fix = "write a finite number (NaN and infinity have no JSON spelling)"
+    elif kind in ("string_type", "string_unicode"):
+        fix = "write a string (quote it if YAML reads it as something else)"
+    else:
+        fix = "see docs/spec-reference.md or `kubectl explain finetunejob." + path + "`"
     return FieldError(path, value, message, fix)
 
 
@@ -131,6 +148,41 @@ _RANGE_OPERATORS = {
     "less_than_equal": ("<=", "le"),
     "less_than": ("<", "lt"),
 }
+
+
+TOP_LEVEL_KEYS = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _non_finite(value: Any, path: str) -> list[FieldError]:
+    """Numbers Kubernetes cannot store, free-form fields included (extraArgs, inline rows): NaN and Infinity (no
+    JSON spelling) and integers beyond int64 (the apiserver would read them as floats and refuse them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [FieldError(path, value, "must be a finite number",
+                           "write a finite number (NaN and infinity have no JSON spelling)")]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        return [FieldError(path, value, "is beyond the 64-bit integer range Kubernetes stores",
+                           f"use a value between -{INT64_MAX} and {INT64_MAX}")]
+    if isinstance(value, dict):
+        return [e for k, v in value.items() for e in _non_finite(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [e for i, v in enumerate(value) for e in _non_finite(v, f"{path}[{i}]")]
+    return []
+_LABELS = TypeAdapter(Labels)
+
+
+def _check_labels(labels: Any) -> list[FieldError]:
+    """The job's labels are copied to its children, so they must be valid there too."""
+    if labels is None:
+        return []
+    try:
+        _LABELS.validate_python(labels)
+        return []
+    except ValidationError as exc:
+        return [_from_pydantic(err, _join("metadata.labels", tuple(err["loc"])), BaseModel, tuple(err["loc"]))
+                for err in exc.errors()]
 
 
 def _check_type_meta(obj: dict[str, Any]) -> list[FieldError]:
@@ -195,6 +247,8 @@ def _join(prefix: str, loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
+        elif part == "[key]":  # pydantic's marker for "the key itself" of a mapping entry: the path already names it
+            continue
         elif part:
             path = f"{path}.{part}" if path else str(part)
     return path

@@ -175,3 +175,23 @@ def test_trainer_identity_patches_only_its_own_status(installed, kubectl, contro
     kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": "mine-a1",
                                                                 "metadata.namespace": namespace})))
     assert patch_as(bound, "mine-a1").returncode != 0
+
+
+def test_operator_pod_is_admitted_under_restricted_pod_security(helm, kubectl, namespace):
+    """The chart's operator pod, as its Deployment would create it, in a namespace that enforces `restricted`."""
+    kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    docs = yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--namespace", namespace,
+                                   "--kube-version", "1.36.0").stdout)
+    deployment = next(d for d in docs if d and d["kind"] == "Deployment")
+    kubectl.run("create", "serviceaccount", deployment["spec"]["template"]["spec"]["serviceAccountName"],
+                "-n", namespace)
+    template = deployment["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "operator-probe", "namespace": namespace,
+                                                           **template["metadata"]}, "spec": template["spec"]}
+    admitted = kubectl.run("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+    assert admitted.returncode == 0 and "violate" not in admitted.stderr, admitted.stderr
+    # Control: without the container's hardening the same pod is refused, so the admission above is real.
+    pod["spec"]["containers"][0].pop("securityContext")
+    refused = kubectl.run("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr
+

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from finetune_operator.api import constants as c
-from finetune_operator.render import RenderContext, render_all
+from finetune_operator.render import RenderContext, render_all, render_trainer_identity
 from finetune_operator.validation import validate_job
 from tests.builders import make_job
 from tests.conftest import EXAMPLES
@@ -17,7 +17,8 @@ from tests.conftest import EXAMPLES
 def children(doc, namespace, attempt=1):
     job = validate_job({**doc, "metadata": {**doc["metadata"], "namespace": namespace}})
     ctx = RenderContext(name=job.name, namespace=namespace, attempt=attempt, job_labels=job.labels)
-    return render_all(job.spec, ctx)
+    # The namespace's trainer identity first, as the operator applies it before a namespace's first job.
+    return [*render_trainer_identity(namespace, job.spec.pod.service_account_name), *render_all(job.spec, ctx)]
 
 
 def apply(kubectl, objects, *extra):

@@ -22,6 +22,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "finetunejob-test-admin-token"
+# A second admin whose every request the apiserver audits: the operator under measurement runs as it.
+AUDITED_TOKEN = "finetunejob-test-audited-token"
+AUDITED_USER, AUDITED_GROUP = "operator-under-test", "finetunejob:audited"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata", "userGroups": [AUDITED_GROUP]}, {"level": "None"}],
+}
+# Client rate limits sized for a 500-node cluster, as production control planes set them; the defaults (20 qps for
+# the controller manager) would measure client-go's throttle, not the operator.
+CLIENT_QPS = ["--kube-api-qps=300", "--kube-api-burst=600"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_STAGES = ("node/fast/node-initialize.yaml", "pod/general/pod-create.yaml", "pod/general/pod-ready.yaml",
                "pod/general/pod-delete.yaml")
@@ -46,6 +56,7 @@ class ControlPlane:
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ftj-controlplane-")))
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     api_port: int = 0
+    apiserver_args: list[str] = field(default_factory=list)
 
     @property
     def server(self) -> str:
@@ -55,21 +66,33 @@ class ControlPlane:
     def kubeconfig(self) -> Path:
         return self.work / "kubeconfig"
 
+    @property
+    def audited_kubeconfig(self) -> Path:
+        """Admin rights, but every request lands in audit_log: for counting what the operator asks."""
+        return self.work / "kubeconfig-audited"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.work / "audit.log"
+
     def start(self) -> "ControlPlane":
         try:
             self._start_etcd()
             self._start_apiserver()
-            self._write_kubeconfig()
+            self._write_kubeconfig(self.kubeconfig, ADMIN_TOKEN)
+            self._write_kubeconfig(self.audited_kubeconfig, AUDITED_TOKEN)
             self._start("kube-controller-manager", [
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0",
                 "--controllers=garbage-collector-controller,job-controller,namespace-controller,"
                 "serviceaccount-controller,persistentvolume-binder-controller",
+                "--concurrent-job-syncs=20", *CLIENT_QPS,
             ])
             self._start("kube-scheduler", [
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
+                f"--secure-port={free_port()}", *CLIENT_QPS,
             ])
             stages = [a for s in KWOK_STAGES for a in ("--config", str(self.bin_dir / "kwok-stages" / s))]
+            stages += ["--config", str(ROOT / "tests" / "support" / "kwok" / "pod-fail-on-request.yaml")]
             self._start("kwok", [
                 "--kubeconfig", str(self.kubeconfig), "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
@@ -97,7 +120,7 @@ class ControlPlane:
 
     # --- components -------------------------------------------------------------------------------------------
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
         self.procs[name] = proc
@@ -120,26 +143,48 @@ class ControlPlane:
         sa_key = self.work / "sa.key"
         subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
         tokens = self.work / "tokens.csv"
-        tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
+        tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n'
+                          f'{AUDITED_TOKEN},{AUDITED_USER},audited-uid,"system:masters,{AUDITED_GROUP}"\n')
+        policy = self.work / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        self._start_apiserver_process([
+            f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-maxsize=0",
+            f"--token-auth-file={tokens}", *self.apiserver_args,
+        ])
+
+    def restart_apiserver(self) -> None:
+        """Stop and start kube-apiserver on the same port and etcd: what a control-plane upgrade looks like."""
+        proc = self.procs.pop("kube-apiserver")
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:  # open watches can hold a graceful shutdown for minutes
+            proc.kill()
+            proc.wait()
+        self._start_apiserver_process(self._apiserver_extra)
+
+    def _start_apiserver_process(self, extra: list[str]) -> None:
+        self._apiserver_extra = extra
+        sa_key = self.work / "sa.key"
         self._start("kube-apiserver", [
             f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={self.api_port}", f"--cert-dir={self.work / 'certs'}",
             "--service-cluster-ip-range=10.0.0.0/24",
             f"--service-account-issuer=https://127.0.0.1:{self.api_port}/",
             f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
-            "--authorization-mode=RBAC", f"--token-auth-file={tokens}", "--allow-privileged=true",
-            "--enable-admission-plugins=PodSecurity",
+            "--authorization-mode=RBAC", "--allow-privileged=true", "--enable-admission-plugins=PodSecurity",
+            *extra,
         ])
         self._wait("kube-apiserver", lambda: _http_ok(f"{self.server}/readyz", ADMIN_TOKEN), timeout=120)
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: Path, token: str) -> None:
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "test",
             "clusters": [{"name": "test", "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
-            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "users": [{"name": "admin", "user": {"token": token}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admin", "namespace": "default"}}],
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
+        path.write_text(yaml.safe_dump(config))
 
     def _wait(self, name: str, ready, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -11,15 +11,17 @@ from tests.support.controlplane import ROOT
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0, metrics_port: int = 0):
+    def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0, metrics_port: int = 0,
+                 workers: int = 16):
         self.kubeconfig, self.log_path, self.restart_backoff = kubeconfig, log_path, restart_backoff
-        self.metrics_port = metrics_port
+        self.metrics_port, self.workers = metrics_port, workers
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "OperatorProcess":
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "FINETUNE_RESTART_BACKOFF_SECONDS": str(self.restart_backoff),
-               "FINETUNE_METRICS_PORT": str(self.metrics_port),
+               "FINETUNE_METRICS_PORT": str(self.metrics_port), "FINETUNE_WORKERS": str(self.workers),
+               "PYTHONWARNINGS": "ignore:Unverified HTTPS request",  # the loopback apiserver's self-signed cert
                "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -41,6 +43,12 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+
+    @staticmethod
+    def memory(pid: int) -> dict[str, int]:
+        """VmRSS and VmHWM (peak resident set) in KiB, from /proc."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM")}
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -2,10 +2,11 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
-from finetune_operator.cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, main
+from finetune_operator.cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, apply_overrides, main
 from tests.conftest import CRD_FILE, EXAMPLES, ROOT
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
@@ -59,3 +60,12 @@ def test_installed_console_script_runs():
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(": valid") == len(EXAMPLES)
+
+
+def test_exponent_numbers_are_numbers_as_in_kubectl(tmp_path, capsys):
+    """YAML 1.1 (PyYAML) reads 2e-5 as a string; the API is strict about types, so the loader reads it as kubectl."""
+    path = tmp_path / "job.yaml"
+    path.write_text(Path(TINY).read_text().replace("learningRate: 0.005", "learningRate: 5e-3"))
+    assert "5e-3" in path.read_text()
+    assert main(["validate", str(path)]) == EXIT_OK
+    assert apply_overrides({}, ["spec.training.learningRate=2E-5"]) == {"spec": {"training": {"learningRate": 2e-05}}}

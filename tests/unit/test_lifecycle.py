@@ -7,7 +7,7 @@ import pytest
 
 from finetune_operator.api import constants as c
 from finetune_operator.api.errors import FieldError, InvalidSpec
-from finetune_operator.lifecycle import Observed, Settings, plan
+from finetune_operator.lifecycle import Observed, Settings, only_cosmetic, plan
 from finetune_operator.validation import validate_job
 from tests.builders import make_job
 
@@ -192,6 +192,13 @@ def test_old_attempts_are_torn_down():
     assert p.delete_workloads == ["test-job-a1"]
 
 
+def test_failed_attempt_left_behind_by_a_crash_is_deleted():
+    """The operator died after writing the restart and before deleting attempt 1: the next pass deletes it."""
+    status = {"phase": "Restarting", "attempt": 2, "restarts": 1}
+    p = plan(job(), observe(status, [workload(1, failed=True)], [], old_pods=0))
+    assert p.delete_workloads == ["test-job-a1"] and p.status["restarts"] == 1
+
+
 def test_operator_never_writes_trainer_fields():
     status = running_status(progress={"step": 5}, checkpoint={"step": 5, "path": "/o/c"})
     p = plan(job(), observe(status, [workload(1)], [pod(0), pod(1)]))
@@ -204,3 +211,19 @@ def test_steady_state_is_a_fixed_point():
                                 [pod(0), pod(1)]))
     second = plan(job(), observe(first.status, [workload(1)], [pod(0), pod(1)], now=T0 + timedelta(seconds=30)))
     assert second.status == first.status and second.events == []
+
+
+def test_first_look_at_a_new_attempt_writes_nothing_more():
+    """The status written when the attempt is created is what the pass that sees its Job computes: one write."""
+    created = plan(job(), observe(now=T0))
+    seen = plan(job(), observe(status=created.status, workloads=[workload(1)], pods=[pod(0, "Pending")],
+                               now=T0 + timedelta(seconds=1)))
+    assert seen.status == created.status and not seen.events and seen.create_attempt is None
+
+
+def test_node_count_changes_alone_are_cosmetic_phase_changes_are_not():
+    created = plan(job(), observe(now=T0)).status
+    one_up = plan(job(), observe(status=created, workloads=[workload(1)], pods=[pod(0), pod(1, "Pending")])).status
+    assert one_up["nodes"] == "1/2" and only_cosmetic(created, one_up)
+    running = plan(job(), observe(status=one_up, workloads=[workload(1)], pods=[pod(0), pod(1)])).status
+    assert running["phase"] == "Running" and not only_cosmetic(one_up, running)

@@ -1,5 +1,7 @@
 """Bad input: every case names the field path and pins the message; all errors come back at once."""
 
+import math
+
 import pytest
 
 from finetune_operator.api.errors import InvalidSpec
@@ -191,3 +193,11 @@ def test_summary_lists_every_error_with_value_and_fix():
 
 def test_bad_input_table_is_big_enough():
     assert len(BAD_INPUTS) >= 30
+
+
+def test_nan_and_infinity_are_refused_with_a_fix():
+    for value in (math.nan, math.inf, -math.inf):
+        with pytest.raises(InvalidSpec) as refused:
+            validate_job(make_job({"spec.training.learningRate": value}))
+        (error,) = refused.value.errors
+        assert error.path == "spec.training.learningRate" and "finite number" in error.message and error.fix

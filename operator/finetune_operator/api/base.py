@@ -14,4 +14,6 @@ class ApiModel(BaseModel):
         validate_assignment=True,
         use_attribute_docstrings=False,
         frozen=False,
+        allow_inf_nan=False,  # NaN and Infinity have no JSON spelling: refused with "a finite number"
+        strict=True,  # as the CRD schema: 5.0 is not an integer and "8" is not a number
     )

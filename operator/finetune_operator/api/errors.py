@@ -4,6 +4,9 @@ from dataclasses import dataclass
 from typing import Any
 
 
+MAX_VALUE_CHARS = 80
+
+
 @dataclass(frozen=True)
 class FieldError:
     """A single user-facing validation error; `path` uses the YAML names, e.g. spec.distributed.numNodes."""
@@ -15,6 +18,8 @@ class FieldError:
 
     def render(self) -> str:
         value = repr(self.value) if self.value is not None else "unset"
+        if len(value) > MAX_VALUE_CHARS:  # a 10,000-item list must not become a 10,000-item message
+            value = f"{value[:MAX_VALUE_CHARS]}... ({len(value)} characters)"
         text = f"{self.path}: {self.message} (got {value})"
         return f"{text}; fix: {self.fix}" if self.fix else text
 

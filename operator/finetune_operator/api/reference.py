@@ -12,6 +12,8 @@ from .spec import FineTuneJobSpec
 
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a validated string (k8s_names) reads as its base type
+        return _type_name(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
         return " | ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
     if origin is typing.Literal:

@@ -2,10 +2,11 @@
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import ApiModel
 from .constants import DEFAULT_GPU_RESOURCE, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
+from .k8s_names import Annotations, DnsSubdomain, LabelValue, Labels, QualifiedName
 
 # The apiserver's own quantity grammar (k8s.io/apimachinery/pkg/api/resource), so bad values fail here first.
 QUANTITY_PATTERN = (
@@ -66,13 +67,25 @@ class SecretEnvVar(ApiModel):
 
 
 class Toleration(ApiModel):
-    key: str | None = Field(default=None, max_length=316, description="Taint key; empty with Exists matches all.")
+    key: QualifiedName | None = Field(default=None, max_length=316,
+                                      description="Taint key; empty with Exists matches all.")
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
-    value: str | None = Field(default=None, max_length=63, description="Taint value for Equal.")
+    value: LabelValue | None = Field(default=None, max_length=63, description="Taint value for Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate; empty matches all."
     )
     toleration_seconds: int | None = Field(default=None, ge=0, description="NoExecute: how long to stay bound.")
+
+    @model_validator(mode="after")
+    def _as_kubernetes_requires(self) -> "Toleration":
+        # core/v1 validation of a toleration, so the Job is not refused after the FineTuneJob was accepted.
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key matches every taint and needs operator: Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator: Exists matches any value; remove value (or use operator: Equal)")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies to effect: NoExecute only; set that effect or remove it")
+        return self
 
 
 class PodSpec(ApiModel):
@@ -83,12 +96,13 @@ class PodSpec(ApiModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Image pull policy."
     )
-    image_pull_secrets: list[str] = Field(default_factory=list, max_length=16, description="Pull Secret names.")
+    image_pull_secrets: list[DnsSubdomain] = Field(default_factory=list, max_length=16,
+                                                   description="Pull Secret names.")
     service_account_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
         description="ServiceAccount the trainer pods run as (e.g. for workload identity to object storage).",
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
+    node_selector: Labels = Field(default_factory=dict, description="Node labels the pods require.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints tolerated.")
     affinity: dict[str, Any] | None = Field(
         default=None, description="A core/v1 Affinity, passed through as written (validated by the apiserver)."
@@ -105,5 +119,5 @@ class PodSpec(ApiModel):
         default_factory=list, max_length=64,
         description="Variables from Secrets (secretKeyRef), e.g. HF_TOKEN; their values never enter the spec.",
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the trainer pods.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the trainer pods.")
+    labels: Labels = Field(default_factory=dict, description="Extra labels on the trainer pods.")
+    annotations: Annotations = Field(default_factory=dict, description="Extra annotations on the trainer pods.")
