@@ -1,7 +1,7 @@
 """What the operator keeps in memory of each watched object: only the fields a reconcile pass reads.
 
-The watch streams (kopf indexes in handlers.py) feed these projections, so a pass reads no API at all and a
-thousand jobs with four pods each cost a few megabytes, not the hundreds that whole pod bodies would.
+The watch streams (kopf indexes in handlers.py) feed these projections, so a pass reads no API at all. Pods are
+not watched: the Job's status counts them (ready, active), and they are listed only when an attempt fails.
 
 Each watch event is a freshly parsed document that nothing mutates afterwards, so the projections share its
 values instead of copying them.
@@ -26,28 +26,20 @@ def slim_finetunejob(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch Job: its name and labels (attempt), spec.suspend and status.conditions."""
+    """A batch Job: its name and labels (attempt), spec.suspend, status.conditions and its pod counts."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     return {"metadata": _pick(body.get("metadata") or {}, "name", "labels", "deletionTimestamp"),
-            "spec": {"suspend": spec.get("suspend")}, "status": _pick(status, "conditions")}
-
-
-def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A pod: phase and the trainer container's terminated state (exit code, reason, termination message)."""
-    status = body.get("status") or {}
-    containers = [{"name": cs.get("name"), "state": {"terminated": cs["state"]["terminated"]}}
-                  for cs in status.get("containerStatuses") or []
-                  if cs.get("name") == c.CONTAINER_NAME and (cs.get("state") or {}).get("terminated")]
-    return {"metadata": _pick(body.get("metadata") or {}, "name", "labels", "deletionTimestamp"),
-            "status": {**_pick(status, "phase", "reason", "message"), "containerStatuses": containers}}
+            "spec": {"suspend": spec.get("suspend")},
+            "status": _pick(status, "conditions", "ready", "active", "failed", "succeeded", "terminating")}
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One job's view, copied out of the caches on the event loop so the pass can run in a worker thread."""
+    """One job's view, copied out of the caches on the event loop so the pass can run in a worker thread; `pods`
+    is filled by the pass itself, when it needs them."""
 
     namespace: str
     name: str
     finetunejob: dict[str, Any] | None
     workloads: list[dict[str, Any]] = field(default_factory=list)
-    pods: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[dict[str, Any]] | None = None

@@ -2,7 +2,7 @@
 
 Level-triggered: a pass reads the current state (from the caches) and converges, so missed, repeated or reordered
 events are harmless. kopf fills every index from its initial list before any handler runs, so the first pass after
-a restart already sees every Job and pod. Events for one job that arrive during its pass fold into one more pass,
+a restart already sees every Job. Events for one job that arrive during its pass fold into one more pass,
 not one each. The plan's requeue_after schedules the next look (backoff, deadlines, stall watchdog, TTL). No kopf
 handler state is persisted, so the operator writes nothing but our own status and children.
 Run: kopf run --standalone --all-namespaces -m finetune_operator.handlers
@@ -21,7 +21,7 @@ from urllib3.exceptions import HTTPError
 
 from . import metrics
 from .api import constants as c
-from .cache import Snapshot, slim_finetunejob, slim_pod, slim_workload
+from .cache import Snapshot, slim_finetunejob, slim_workload
 from .expectations import Expectations
 from .kube import Kube
 from .lifecycle import Settings
@@ -32,7 +32,7 @@ ENV_RESTART_BACKOFF = "FINETUNE_RESTART_BACKOFF_SECONDS"
 ENV_METRICS_PORT = "FINETUNE_METRICS_PORT"
 ENV_WORKERS = "FINETUNE_WORKERS"
 API_RETRY_SECONDS = 5.0
-# Children's events wait this long before their pass: a gang's pods change state within moments of each other.
+# Job events wait this long before their pass: a gang's pods change its counts within moments of each other.
 GATHER_SECONDS = 1.0
 log = logging.getLogger("finetune_operator")
 Key = tuple[str, str]
@@ -122,7 +122,7 @@ class Operator:
                 finetunejob = ours
                 self.written[key] = (before, ours)
         return Snapshot(namespace=key[0], name=key[1], finetunejob=finetunejob,
-                        workloads=items("workload_index"), pods=items("pod_index"))
+                        workloads=items("workload_index"))
 
     def _schedule(self, key: Key, delay: float) -> None:
         if key in self.timers:
@@ -187,12 +187,8 @@ def workload_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: An
     return {(namespace, labels[c.LABEL_JOB]): slim_workload(body)}
 
 
-@kopf.index("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
-def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {(namespace, labels[c.LABEL_JOB]): slim_pod(body)}
-
-
-# --- any change to a job or its children: one pass for that job -------------------------------------------------
+# --- any change to a job or its Jobs: one pass for that job. Pods are not watched: a kopf watch is cluster-wide
+# (filtered client-side), so it would parse every pod event of the cluster; the Job's status counts our pods.
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
 async def finetunejob_changed(type: str, name: str, namespace: str, **kwargs: Any) -> None:
     if operator is None:
@@ -209,11 +205,6 @@ async def workload_changed(labels: kopf.Labels, namespace: str, **kwargs: Any) -
         await operator.reconcile((namespace, labels[c.LABEL_JOB]), _indexes(kwargs), gather=GATHER_SECONDS)
 
 
-@kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
-async def pod_changed(labels: kopf.Labels, namespace: str, **kwargs: Any) -> None:
-    if operator is not None:
-        await operator.reconcile((namespace, labels[c.LABEL_JOB]), _indexes(kwargs), gather=GATHER_SECONDS)
-
 
 def _indexes(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {name: kwargs[name] for name in ("finetunejob_index", "workload_index", "pod_index")}
+    return {name: kwargs[name] for name in ("finetunejob_index", "workload_index")}

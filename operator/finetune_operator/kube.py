@@ -35,6 +35,10 @@ class Kube:
     def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self.ftj, namespace, name)
 
+    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Every attempt's pods of one job: read when an attempt failed or a restart waits for the old gang."""
+        return self.pods.get(namespace=namespace, label_selector=f"{c.LABEL_JOB}={name}").to_dict()["items"]
+
     def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None) -> None:
         """Server-side apply, with the owner reference set for a job's children (not for namespace
         infrastructure): idempotent, so a retried or repeated pass converges."""

@@ -14,7 +14,7 @@ from .api import exit_codes
 from .api.errors import InvalidSpec
 from .api.status import TERMINAL_PHASES
 from .observed import (attempt_of, classify_failure, format_time, has_condition, job_failed, job_succeeded,
-                       parse_time, running_pods)
+                       parse_time, ready_pods)
 from .validation import ValidatedJob
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "nodes", "gpus",
@@ -36,7 +36,9 @@ class Observed:
     labels: dict[str, str]
     status: dict[str, Any]
     workloads: list[dict[str, Any]]
-    pods: list[dict[str, Any]]  # of the current attempt
+    # Pods of the current attempt: read only when they matter (its Job failed: which node, which exit code);
+    # readiness comes from the Job's status, so the operator does not watch pods at all.
+    pods: list[dict[str, Any]]
     now: datetime
     # Pods of earlier attempts still running (even terminating): a new gang must not start beside them, or two
     # attempts would write checkpoints into the same directory at once. Pods that ended do not count.
@@ -163,7 +165,7 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         p.suspend_workload = (name, True)
     elif not want_suspend and is_suspended and not queued:
         p.suspend_workload = (name, False)  # Kueue-managed workloads are unsuspended by Kueue, never by us
-    ready = running_pods(obs.pods)
+    ready = ready_pods(workload)
     st["nodes"] = f"{ready}/{nodes}"
     if job_succeeded(workload):
         _finish(p, obs, "Succeeded", "Succeeded", f"attempt {st['attempt']} completed on {nodes} node(s)")

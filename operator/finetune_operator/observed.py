@@ -40,9 +40,9 @@ def pod_ended(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-def running_pods(pods: list[dict[str, Any]]) -> int:
-    return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running"
-               and not (p.get("metadata") or {}).get("deletionTimestamp"))
+def ready_pods(job: dict[str, Any]) -> int:
+    """The Job controller's count of its pods that are Ready (and not terminating)."""
+    return int((job.get("status") or {}).get("ready") or 0)
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from .cache import Snapshot
 from .expectations import Expectations
 from .kube import Kube
 from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, Settings, only_cosmetic, plan
-from .observed import attempt_of, pod_ended
+from .observed import attempt_of, job_failed, pod_ended
 from .render import RenderContext, render_all, render_trainer_identity
 from .validation import validate_job
 
@@ -46,7 +46,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str
     for _ in range(CONFLICT_RETRIES):
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return Pass(None)
-        job, result = _plan(obj, view, settings)
+        job, result = _plan(kube, obj, view, settings)
         status = obj.get("status") or {}
         current = {k: status.get(k) for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}
         if result.status == current:
@@ -73,18 +73,25 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str
     return Pass(result, written, replaced)
 
 
-def _plan(obj: dict[str, Any], view: Snapshot, settings: Settings) -> tuple[Any, Plan]:
+def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -> tuple[Any, Plan]:
     try:
         job: Any = validate_job(obj)
     except InvalidSpec as exc:
         job = exc
     status = obj.get("status") or {}
     attempt = status.get("attempt") or 0
+    pods = view.pods
+    if pods is None:
+        # Pods matter only when an attempt failed (which node, which exit code) or a restart waits for the old
+        # gang to stop; everything else is in the Job's status. One list then, instead of a watch on every pod.
+        current_failed = any(job_failed(w) for w in view.workloads if attempt_of(w) == attempt)
+        pods = kube.list_pods(view.namespace, view.name) if current_failed or status.get(
+            "phase") == "Restarting" else []
     observed = Observed(
         name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
         labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
-        pods=[p for p in view.pods if attempt_of(p) == attempt], now=datetime.now(timezone.utc),
-        old_pods=sum(1 for p in view.pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
+        pods=[p for p in pods if attempt_of(p) == attempt], now=datetime.now(timezone.utc),
+        old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
     )
     return job, plan(job, observed, settings)
 

@@ -40,6 +40,9 @@ def pod(i, phase="Running", exit_code=None, reason=None, message=None):
 
 
 def observe(status=None, workloads=(), pods=(), labels=None, now=T0, old_pods=0):
+    """Pods given as Running are what the Job controller counts as ready in the Job's status."""
+    ready = sum(1 for p in pods if p["status"]["phase"] == "Running")
+    workloads = [{**w, "status": {**w["status"], "ready": ready}} for w in workloads]
     return Observed(name="test-job", namespace="ns", generation=3, labels=labels or {}, status=status or {},
                     workloads=list(workloads), pods=list(pods), now=now, old_pods=old_pods)
 
@@ -227,3 +230,11 @@ def test_node_count_changes_alone_are_cosmetic_phase_changes_are_not():
     assert one_up["nodes"] == "1/2" and only_cosmetic(created, one_up)
     running = plan(job(), observe(status=one_up, workloads=[workload(1)], pods=[pod(0), pod(1)])).status
     assert running["phase"] == "Running" and not only_cosmetic(one_up, running)
+
+
+def test_readiness_comes_from_the_job_status_without_reading_pods():
+    created = plan(job(), observe(now=T0)).status
+    ready = {**workload(1), "status": {"conditions": [], "ready": 2}}
+    p = plan(job(), Observed(name="test-job", namespace="ns", generation=3, labels={}, status=created,
+                             workloads=[ready], pods=[], now=T0))
+    assert (p.status["phase"], p.status["nodes"]) == ("Running", "2/2")
