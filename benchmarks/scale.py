@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import warnings
+import os
 import re
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -259,3 +260,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The recorder's watch threads may sit in an SSL read of the now stopped apiserver; interpreter shutdown can
+    # abort on them, so leave without it once everything is printed and the control plane is down.
+    sys.stdout.flush()
+    os._exit(0)
