@@ -97,10 +97,7 @@ def job_doc(name: str, namespace: str, nodes: int, gpus: int = 1) -> dict:
 def baseline_jobs_per_s(kubeconfig: Path, jobs: int, threads: int) -> float:
     """The same three children per job (ConfigMap, Service, suspended Job) applied by a plain client with as many
     threads as the operator has workers: what this apiserver accepts, measured in the same run."""
-    cfg = client.Configuration()
-    config.load_kube_config(str(kubeconfig), client_configuration=cfg)
-    cfg.connection_pool_maxsize = threads
-    kube = Kube(client.ApiClient(cfg))
+    kube = Kube.from_kubeconfig(str(kubeconfig), connections=threads)
     batches = []
     for i in range(jobs):
         job = validate_job(job_doc(f"base-{i:04d}", "baseline", 4))

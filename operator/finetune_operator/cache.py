@@ -1,7 +1,7 @@
 """What the operator keeps in memory of each watched object: only the fields a reconcile pass reads.
 
 The watch streams (kopf indexes in handlers.py) feed these projections, so a pass reads no API at all. Pods are
-not watched: the Job's status counts them (ready, active), and they are listed only when an attempt fails.
+not watched: the Job's status counts the ready ones, and they are listed only when an attempt fails.
 
 Each watch event is a freshly parsed document that nothing mutates afterwards, so the projections share its
 values instead of copying them.
@@ -26,11 +26,10 @@ def slim_finetunejob(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch Job: its name and labels (attempt), spec.suspend, status.conditions and its pod counts."""
+    """A batch Job: its name and labels (attempt), spec.suspend, status.conditions and its count of ready pods."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     return {"metadata": _pick(body.get("metadata") or {}, "name", "labels", "deletionTimestamp"),
-            "spec": {"suspend": spec.get("suspend")},
-            "status": _pick(status, "conditions", "ready", "active", "failed", "succeeded", "terminating")}
+            "spec": {"suspend": spec.get("suspend")}, "status": _pick(status, "conditions", "ready")}
 
 
 @dataclass(frozen=True)

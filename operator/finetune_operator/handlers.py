@@ -117,10 +117,11 @@ class Operator:
         finetunejob = found[0] if found else None
         if key in self.written:
             # The cache moves forward only: still at the version our write replaced means it has not caught up.
-            before, ours = self.written.pop(key)
+            before, ours = self.written[key]
             if finetunejob is not None and finetunejob["metadata"].get("resourceVersion") == before:
                 finetunejob = ours
-                self.written[key] = (before, ours)
+            else:
+                del self.written[key]
         return Snapshot(namespace=key[0], name=key[1], finetunejob=finetunejob,
                         workloads=items("workload_index"))
 

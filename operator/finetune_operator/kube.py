@@ -22,13 +22,24 @@ class Kube:
 
     @classmethod
     def from_environment(cls, connections: int = 16) -> "Kube":
-        """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config; one pooled connection per worker
-        thread (the client's default pool of 4 would serialise concurrent passes)."""
+        """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config."""
         configuration = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
+            return cls.from_kubeconfig(None, connections)
+        return cls._pooled(configuration, connections)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None, connections: int = 16) -> "Kube":
+        """Credentials from a kubeconfig file (None: $KUBECONFIG / ~/.kube/config)."""
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+        return cls._pooled(configuration, connections)
+
+    @classmethod
+    def _pooled(cls, configuration: client.Configuration, connections: int) -> "Kube":
+        """One pooled connection per worker thread (the client's default pool of 4 would serialise passes)."""
         configuration.connection_pool_maxsize = connections
         return cls(client.ApiClient(configuration))
 

@@ -53,7 +53,8 @@ def validate_job(obj: dict[str, Any], default_namespace: str = "default") -> Val
     spec, spec_errors = parse_spec(raw_spec)
     errors += spec_errors
     errors += _check_extra_args(raw_spec)
-    errors += [e for e in _non_finite(raw_spec, "spec") if e.path not in {x.path for x in errors}]
+    reported = {e.path for e in errors}
+    errors += [e for e in _unstorable_numbers(raw_spec, "spec") if e.path not in reported]
     if errors or spec is None:
         raise InvalidSpec(errors)
     return ValidatedJob(
@@ -134,7 +135,7 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
     elif kind == "value_error":
         fix = "change it to the form described"
     elif kind == "finite_number":
-        fix = "write a finite number (NaN and infinity have no JSON spelling)"
+        fix = FINITE_FIX
     elif kind in ("string_type", "string_unicode"):
         fix = "write a string (quote it if YAML reads it as something else)"
     else:
@@ -151,26 +152,24 @@ _RANGE_OPERATORS = {
 
 
 TOP_LEVEL_KEYS = ("apiVersion", "kind", "metadata", "spec", "status")
-
-
 INT64_MAX = 2**63 - 1
+FINITE_FIX = "write a finite number (NaN and infinity have no JSON spelling)"
+_LABELS = TypeAdapter(Labels)
 
 
-def _non_finite(value: Any, path: str) -> list[FieldError]:
+def _unstorable_numbers(value: Any, path: str) -> list[FieldError]:
     """Numbers Kubernetes cannot store, free-form fields included (extraArgs, inline rows): NaN and Infinity (no
     JSON spelling) and integers beyond int64 (the apiserver would read them as floats and refuse them)."""
     if isinstance(value, float) and not math.isfinite(value):
-        return [FieldError(path, value, "must be a finite number",
-                           "write a finite number (NaN and infinity have no JSON spelling)")]
+        return [FieldError(path, value, "must be a finite number", FINITE_FIX)]
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
         return [FieldError(path, value, "is beyond the 64-bit integer range Kubernetes stores",
                            f"use a value between -{INT64_MAX} and {INT64_MAX}")]
     if isinstance(value, dict):
-        return [e for k, v in value.items() for e in _non_finite(v, f"{path}.{k}")]
+        return [e for k, v in value.items() for e in _unstorable_numbers(v, f"{path}.{k}")]
     if isinstance(value, list):
-        return [e for i, v in enumerate(value) for e in _non_finite(v, f"{path}[{i}]")]
+        return [e for i, v in enumerate(value) for e in _unstorable_numbers(v, f"{path}[{i}]")]
     return []
-_LABELS = TypeAdapter(Labels)
 
 
 def _check_labels(labels: Any) -> list[FieldError]:
@@ -181,8 +180,7 @@ def _check_labels(labels: Any) -> list[FieldError]:
         _LABELS.validate_python(labels)
         return []
     except ValidationError as exc:
-        return [_from_pydantic(err, _join("metadata.labels", tuple(err["loc"])), BaseModel, tuple(err["loc"]))
-                for err in exc.errors()]
+        return pydantic_errors(exc, "metadata.labels", BaseModel)
 
 
 def _check_type_meta(obj: dict[str, Any]) -> list[FieldError]:

@@ -13,7 +13,6 @@ import time
 from collections import Counter
 
 import pytest
-from kubernetes import client, config
 
 from finetune_operator.api import constants as c
 from finetune_operator.cache import Snapshot
@@ -168,15 +167,9 @@ def test_pod_failures_from_a_kwok_stage_give_exact_counts(kubectl, namespace, op
     assert status(kubectl, namespace, "twice")["restarts"] == 2
 
 
-def _kube(kubeconfig) -> Kube:
-    configuration = client.Configuration()
-    config.load_kube_config(str(kubeconfig), client_configuration=configuration)
-    return Kube(client.ApiClient(configuration))
-
-
 def test_stale_cache_gets_409_and_replans_without_lost_updates(kubectl, control_plane, namespace):
     """No operator process: one pass from a stale snapshot, against the real apiserver, under the audited user."""
-    kube = _kube(control_plane.audited_kubeconfig)
+    kube = Kube.from_kubeconfig(str(control_plane.audited_kubeconfig))
     kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": "racy",
                                                                 "metadata.namespace": namespace})))
     stale = kube.get_finetunejob(namespace, "racy")

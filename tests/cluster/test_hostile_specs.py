@@ -15,11 +15,10 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic import DynamicClient
 
 from finetune_operator.api.errors import InvalidSpec
+from finetune_operator.kube import Kube
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
 from finetune_operator.validation import validate_job
 from tests.builders import make_job
@@ -100,9 +99,7 @@ def hostile_jobs(draw: st.DrawFn) -> dict:
 
 @pytest.fixture(scope="module")
 def dry_run(control_plane, kubectl):
-    configuration = client.Configuration()
-    config.load_kube_config(str(control_plane.kubeconfig), client_configuration=configuration)
-    dyn = DynamicClient(client.ApiClient(configuration))
+    dyn = Kube.from_kubeconfig(str(control_plane.kubeconfig)).dyn
 
     def create(obj: dict) -> ApiException | None:
         resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])

@@ -12,9 +12,10 @@ from pydantic import AfterValidator
 
 _NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_SUBDOMAIN}$"
 QUALIFIED_NAME = re.compile(rf"^({_DNS_SUBDOMAIN}/)?{_NAME}$")
 LABEL_VALUE = re.compile(rf"^({_NAME})?$")
-DNS_SUBDOMAIN = re.compile(rf"^{_DNS_SUBDOMAIN}$")
+DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 
 

@@ -6,14 +6,13 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import ApiModel
 from .constants import DEFAULT_GPU_RESOURCE, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
-from .k8s_names import Annotations, DnsSubdomain, LabelValue, Labels, QualifiedName
+from .k8s_names import DNS_SUBDOMAIN_PATTERN, Annotations, DnsSubdomain, LabelValue, Labels, QualifiedName
 
 # The apiserver's own quantity grammar (k8s.io/apimachinery/pkg/api/resource), so bad values fail here first.
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 RESOURCE_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
