@@ -223,6 +223,33 @@ def test_volumes_shm_config_and_output_claim():
     assert mounts["config"]["readOnly"] is True
 
 
+def test_user_volumes_are_mounted_as_written():
+    objs = render({"spec.pod.volumes": [
+        {"name": "models", "mountPath": "/models", "readOnly": True, "claimName": "team-models", "subPath": "llama"},
+        {"name": "creds", "mountPath": "/etc/creds", "secret": "s3-credentials"},
+        {"name": "corpus", "mountPath": "/data", "nfs": {"server": "10.0.0.5", "path": "/exports/corpus"},
+         "readOnly": True},
+        {"name": "prompts", "mountPath": "/prompts", "configMap": "prompts"},
+    ]})
+    pod = objs["Job"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["models"] == {"name": "models",
+                                 "persistentVolumeClaim": {"claimName": "team-models", "readOnly": True}}
+    assert volumes["creds"] == {"name": "creds", "secret": {"secretName": "s3-credentials"}}
+    assert volumes["corpus"]["nfs"] == {"server": "10.0.0.5", "path": "/exports/corpus", "readOnly": True}
+    assert volumes["prompts"]["configMap"] == {"name": "prompts"}
+    mounts = {m["name"]: m for m in container(objs)["volumeMounts"]}
+    assert mounts["models"] == {"name": "models", "mountPath": "/models", "readOnly": True, "subPath": "llama"}
+    assert mounts["creds"] == {"name": "creds", "mountPath": "/etc/creds", "readOnly": False}
+    assert {"config", "output", "cache", "tmp", "dshm"} < set(mounts)  # the trainer's own mounts stay
+
+
+def test_termination_grace_leaves_time_for_the_sigterm_checkpoint():
+    assert render()["Job"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 300
+    objs = render({"spec.pod.terminationGracePeriodSeconds": 1200})
+    assert objs["Job"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 1200
+
+
 def test_labels_and_kueue_queue_makes_workload_suspended():
     objs = render(labels={c.LABEL_KUEUE_QUEUE: "gpu-queue"})
     job = objs["Job"]

@@ -47,6 +47,8 @@ RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
 DEFAULT_TRAINER_IMAGE: Final = "ghcr.io/finetunejob/trainer:0.1.0"
+# Kubernetes' default is 30 s; a sharded checkpoint of a large model takes minutes to write after SIGTERM.
+DEFAULT_TERMINATION_GRACE_SECONDS: Final = 300
 # Non-root uid/gid of the trainer image (trainer_image/Dockerfile creates it).
 TRAINER_UID: Final = 1000
 

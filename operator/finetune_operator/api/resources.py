@@ -1,12 +1,17 @@
 """spec.resources and spec.pod: what each node (pod) requests and how it is scheduled and configured."""
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from .base import ApiModel
-from .constants import DEFAULT_GPU_RESOURCE, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
-from .k8s_names import DNS_SUBDOMAIN_PATTERN, Annotations, DnsSubdomain, LabelValue, Labels, QualifiedName
+from .constants import (DEFAULT_GPU_RESOURCE, DEFAULT_TERMINATION_GRACE_SECONDS, RESERVED_ENV_NAMES,
+                        RESERVED_ENV_PREFIXES)
+from .errors import SpecRuleErrors
+from .k8s_names import (DNS_SUBDOMAIN_PATTERN, Annotations, DnsSubdomain, LabelValue, Labels, QualifiedName,
+                        qualified_name)
+from .volumes import Volume, volume_list_errors
 
 # The apiserver's own quantity grammar (k8s.io/apimachinery/pkg/api/resource), so bad values fail here first.
 QUANTITY_PATTERN = (
@@ -14,7 +19,20 @@ QUANTITY_PATTERN = (
 )
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-RESOURCE_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+# An extended resource: the apiserver refuses any other container resource name that is not cpu/memory/storage.
+EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+def extended_resource_name(name: str) -> str:
+    """core/v1's rule for a container resource that is not cpu, memory or storage (IsExtendedResourceName)."""
+    domain, slash, _ = name.partition("/")
+    if not slash or not re.match(EXTENDED_RESOURCE_PATTERN, name):
+        raise ValueError("must be an extended resource name: <vendor-domain>/<name>, e.g. nvidia.com/gpu or amd.com/gpu")
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        raise ValueError("kubernetes.io/ names are Kubernetes' own resources; use the device plugin's name, e.g. "
+                         "nvidia.com/gpu")
+    qualified_name(f"requests.{name}")  # the apiserver also checks the quota name requests.<name>
+    return name
 
 
 def reject_reserved_env_name(name: str) -> str:
@@ -28,10 +46,10 @@ def reject_reserved_env_name(name: str) -> str:
 
 
 class ResourcesSpec(ApiModel):
-    gpu_resource_name: str = Field(
+    gpu_resource_name: Annotated[str, AfterValidator(extended_resource_name)] = Field(
         default=DEFAULT_GPU_RESOURCE,
         max_length=253,
-        pattern=RESOURCE_NAME_PATTERN,
+        json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN},
         description="Extended resource that counts GPUs (nvidia.com/gpu, amd.com/gpu, ...).",
     )
     cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="CPU per pod, e.g. 16 or 500m.")
@@ -120,3 +138,19 @@ class PodSpec(ApiModel):
     )
     labels: Labels = Field(default_factory=dict, description="Extra labels on the trainer pods.")
     annotations: Annotations = Field(default_factory=dict, description="Extra annotations on the trainer pods.")
+    volumes: list[Volume] = Field(
+        default_factory=list, max_length=32,
+        description="Your volumes in the trainer pods, e.g. a claim with models and datasets mounted at /models.",
+    )
+    termination_grace_period_seconds: int = Field(
+        default=DEFAULT_TERMINATION_GRACE_SECONDS, ge=0, le=86400,
+        description="Seconds between SIGTERM (suspend, delete, preemption) and SIGKILL: the trainer saves a "
+        "checkpoint in that window, so give it the time a checkpoint of your model takes.",
+    )
+
+    @model_validator(mode="after")
+    def _volumes_apart(self) -> "PodSpec":
+        errors = volume_list_errors(self.volumes)
+        if errors:
+            raise SpecRuleErrors(errors)
+        return self

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..api import constants as c
 from ..api.spec import FineTuneJobSpec
+from ..api.volumes import Volume
 from .context import RenderContext
 from .env import trainer_env
 from .names import attempt_labels, config_map_name, service_name, workload_name
@@ -78,6 +79,7 @@ def _pod_template(spec: FineTuneJobSpec, ctx: RenderContext, labels: dict[str, s
         },
         "containers": [_container(spec, ctx)],
         "volumes": _volumes(spec, ctx),
+        "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
     }
     optional = {
         # The namespace's trainer identity (render/rbac.py): rank 0 may patch this job's status and nothing else.
@@ -125,6 +127,7 @@ def _container(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
             {"name": CACHE_VOLUME, "mountPath": c.CACHE_MOUNT_PATH},
             {"name": TMP_VOLUME, "mountPath": c.TMP_MOUNT_PATH},
             {"name": SHM_VOLUME, "mountPath": c.SHM_MOUNT_PATH},
+            *(_user_mount(v) for v in spec.pod.volumes),
         ],
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -158,4 +161,12 @@ def _volumes(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
         {"name": CACHE_VOLUME, "emptyDir": {}},
         {"name": TMP_VOLUME, "emptyDir": {}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+        *({"name": v.name, **v.source()} for v in spec.pod.volumes),
     ]
+
+
+def _user_mount(volume: Volume) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": volume.name, "mountPath": volume.mount_path, "readOnly": volume.read_only}
+    if volume.sub_path:
+        mount["subPath"] = volume.sub_path
+    return mount
