@@ -38,6 +38,10 @@ class Expectations:
     def forget(self, key: Hashable) -> None:
         self._done.pop(key, None)
 
+    def forget_matching(self, predicate: Callable[[Hashable], bool]) -> None:
+        for key in [k for k in self._done if predicate(k)]:
+            del self._done[key]
+
     def sweep(self) -> None:
         now = self.clock()
         for key in [k for k, t in self._done.items() if now >= t]:

@@ -196,6 +196,9 @@ async def finetunejob_changed(type: str, name: str, namespace: str, **kwargs: An
         return
     if type == "DELETED":
         operator.forget((namespace, name))
+        if not any(key[0] == namespace for key in kwargs["finetunejob_index"]):
+            # Its namespace may be going away with the identity in it: the next job there applies it again.
+            operator.expectations.forget_matching(lambda key: key[:2] == ("identity", namespace))
     else:
         await operator.reconcile((namespace, name), _indexes(kwargs))
 

@@ -25,8 +25,8 @@ from .validation import validate_job
 log = logging.getLogger(__name__)
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 CONFLICT_RETRIES = 3
-# The trainer identity is shared by a namespace's jobs and not watched: re-applied at most this often, so a
-# namespace deleted and created again gets it back within minutes instead of never.
+# The trainer identity is shared by a namespace's jobs and not watched: re-applied at most this often, and when the
+# last job of its namespace is deleted (handlers.py), so a namespace deleted and created again gets it back.
 IDENTITY_TTL_SECONDS = 300.0
 # A node count changing alone is written at most this often per job (phase changes are written at once).
 COSMETIC_DELAY_SECONDS = 3.0

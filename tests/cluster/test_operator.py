@@ -181,6 +181,18 @@ def test_deleting_the_finetunejob_removes_every_child(kubectl, operator, namespa
     wait_for(all_gone, timeout=60, what="garbage collection of every child", op=operator)
 
 
+def test_a_namespace_deleted_and_created_again_gets_its_trainer_identity_back(kubectl, operator, namespace):
+    submit(kubectl, namespace, "first-life")
+    running(kubectl, namespace, "first-life", operator)
+    kubectl.run("delete", "namespace", namespace, "--wait=true", "--timeout=90s")
+    kubectl.run("create", "namespace", namespace)
+    # Within the identity's re-apply interval (5 min): without forgetting it, the pods would be refused for a
+    # missing ServiceAccount and the job would stay Pending.
+    submit(kubectl, namespace, "second-life")
+    running(kubectl, namespace, "second-life", operator)
+    assert kubectl.json("get", "serviceaccount", "finetunejob-trainer", "-n", namespace)
+
+
 def test_ttl_deletes_the_finished_job(kubectl, operator, namespace):
     submit(kubectl, namespace, "shortlived", **{"spec.runPolicy.ttlSecondsAfterFinished": 2})
     for pod in running(kubectl, namespace, "shortlived", operator):

@@ -33,8 +33,8 @@ AUDIT_POLICY = {
 # the controller manager) would measure client-go's throttle, not the operator.
 CLIENT_QPS = ["--kube-api-qps=300", "--kube-api-burst=600"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-KWOK_STAGES = ("node/fast/node-initialize.yaml", "pod/general/pod-create.yaml", "pod/general/pod-ready.yaml",
-               "pod/general/pod-delete.yaml")
+KWOK_STAGES = ("node/fast/node-initialize.yaml", "pod/general/pod-create.yaml", "pod/general/pod-ready.yaml")
+OUR_STAGES = ("pod-fail-on-request.yaml", "pod-delete-after-checkpoint.yaml")
 
 
 def build_binaries() -> Path:
@@ -92,7 +92,7 @@ class ControlPlane:
                 f"--secure-port={free_port()}", *CLIENT_QPS,
             ])
             stages = [a for s in KWOK_STAGES for a in ("--config", str(self.bin_dir / "kwok-stages" / s))]
-            stages += ["--config", str(ROOT / "tests" / "support" / "kwok" / "pod-fail-on-request.yaml")]
+            stages += [a for s in OUR_STAGES for a in ("--config", str(ROOT / "tests" / "support" / "kwok" / s))]
             self._start("kwok", [
                 "--kubeconfig", str(self.kubeconfig), "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",

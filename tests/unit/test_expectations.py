@@ -42,3 +42,12 @@ def test_sweep_bounds_memory_of_keys_never_asked_again():
     clock.now += 2
     memory.record("new")  # the 1024th record sweeps
     assert len(memory._done) == 1
+
+
+def test_forget_matching_drops_only_the_matching_keys():
+    memory = Expectations(ttl_seconds=300, clock=Clock())
+    for key in [("identity", "a", None), ("identity", "a", "custom"), ("identity", "b", None), ("attempt", "a")]:
+        memory.record(key)
+    memory.forget_matching(lambda key: key[:2] == ("identity", "a"))
+    assert [k for k in [("identity", "a", None), ("identity", "a", "custom"), ("identity", "b", None),
+                        ("attempt", "a")] if memory.pending(k)] == [("identity", "b", None), ("attempt", "a")]
