@@ -145,3 +145,21 @@ def test_two_nodes(tiny_model_dir, tmp_path, distributed, expected):
     assert results[0].summary["steps"] == 4
     final = tmp_path / "output" / "final" / "model.safetensors"
     assert final.stat().st_size > 0  # ZeRO-3 gathered the 16-bit weights on save (not an empty file)
+
+
+def test_streaming_on_two_nodes_trains_evaluates_and_tokenizes_nothing_ahead(tiny_model_dir, tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for i in range(2):  # two files = two shards: accelerate gives each process one
+        (data_dir / f"part-{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[i::2]))
+    doc = job(tiny_model_dir, **{
+        "spec.data": {"format": "alpaca", "maxLength": 64, "train": [{"path": str(data_dir)}], "streaming": True,
+                      "packing": True, "validation": [{"inline": ROWS[:4]}]},
+        "spec.distributed": {"numNodes": 2, "gpusPerNode": 0}, "spec.training.maxSteps": 6,
+        "spec.training.evalStrategy": "steps", "spec.training.evalSteps": 3, "spec.checkpoints.saveSteps": 3})
+    results = ok(run_nodes(doc, tmp_path / "run"))
+    s = results[0].summary
+    assert (s["steps"], s["worldSize"], s["data"]) == (6, 2, {"streaming": {"trainShards": 2}})
+    assert s["tokensSeen"] > 0 and (tmp_path / "run" / "output" / "final" / "model.safetensors").stat().st_size > 0
+    assert [r["step"] for r in progress(tmp_path / "run") if r.get("evalLoss") is not None] == [3, 6]
+    assert not (tmp_path / "run" / "output" / ".cache" / "tokenized").exists()  # streamed: nothing tokenized ahead

@@ -286,6 +286,12 @@ def test_extra_args_reach_training_arguments():
     assert files(objs)[c.CONFIG_FILE]["trainingArguments"]["adam_beta2"] == 0.95
 
 
+def test_streaming_makes_each_process_fetch_its_own_batches():
+    args = files(render({"spec.data.streaming": True, "spec.training.maxSteps": 100}))[c.CONFIG_FILE]
+    assert args["trainingArguments"]["accelerator_config"] == {"dispatch_batches": False}
+    assert "accelerator_config" not in files(render())[c.CONFIG_FILE]["trainingArguments"]
+
+
 def test_spec_hash_changes_with_the_spec():
     a = render()["Job"]["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
     b = render({"spec.training.learningRate": 0.5})["Job"]["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]

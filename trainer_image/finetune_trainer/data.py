@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,8 @@ def load_source(source: DataSource, streaming: bool = False):
 
     try:
         if source.inline is not None:
-            return datasets.Dataset.from_list(list(source.inline))
+            rows = datasets.Dataset.from_list(list(source.inline))
+            return rows.to_iterable_dataset() if streaming else rows
         if source.hub is not None:
             hub = source.hub
             return datasets.load_dataset(hub.name, hub.config, split=hub.split, revision=hub.revision,
@@ -118,34 +120,38 @@ def tokenize_segments(segments: formats.Segments, tokenizer, train_on_prompt: bo
     return input_ids, labels
 
 
+def sft_example(row: dict[str, Any], data: DataSpec, tokenizer, stats: TokenizeStats) -> dict[str, list[int]] | None:
+    """One row -> token ids and labels, or None when it is dropped (too long under truncation drop, no target)."""
+    stats.rows += 1
+    ids, labels = tokenize_segments(row_segments(row, data, tokenizer), tokenizer, data.train_on_prompt)
+    if len(ids) > data.max_length:
+        if data.truncation == "drop":
+            stats.dropped_too_long += 1
+            return None
+        stats.truncated += 1
+        ids, labels = ids[: data.max_length], labels[: data.max_length]
+    trainable = sum(1 for t in labels if t != IGNORE_INDEX)
+    if trainable == 0:
+        stats.dropped_no_target += 1
+        return None
+    stats.kept += 1
+    stats.trainable_tokens += trainable
+    stats.tokens += len(ids)
+    return {"input_ids": ids, "labels": labels}
+
+
 def tokenize_sft(rows, data: DataSpec, tokenizer) -> tuple[list[dict[str, list[int]]], TokenizeStats]:
     stats = TokenizeStats()
-    examples = []
-    for row in rows:
-        stats.rows += 1
-        ids, labels = tokenize_segments(row_segments(row, data, tokenizer), tokenizer, data.train_on_prompt)
-        if len(ids) > data.max_length:
-            if data.truncation == "drop":
-                stats.dropped_too_long += 1
-                continue
-            stats.truncated += 1
-            ids, labels = ids[: data.max_length], labels[: data.max_length]
-        trainable = sum(1 for t in labels if t != IGNORE_INDEX)
-        if trainable == 0:
-            stats.dropped_no_target += 1
-            continue
-        stats.kept += 1
-        stats.trainable_tokens += trainable
-        stats.tokens += len(ids)
-        examples.append({"input_ids": ids, "labels": labels})
+    examples = [e for e in (sft_example(row, data, tokenizer, stats) for row in rows) if e is not None]
     return examples, stats
 
 
-def tokenize_text_blocks(rows, data: DataSpec, tokenizer) -> tuple[list[dict[str, list[int]]], TokenizeStats]:
-    """Continued pretraining: every document + EOS, concatenated and cut into full blocks (the tail is dropped)."""
+def text_blocks(rows, data: DataSpec, tokenizer, stats: TokenizeStats) -> Iterator[dict[str, list[int]]]:
+    """Continued pretraining: every document + EOS, concatenated and cut into full blocks (the tail is dropped).
+
+    A generator holding less than one block plus one document, so a stream of any length is cut the same way."""
     block = data.block_size or data.max_length
     column = data.columns.text or "text"
-    stats = TokenizeStats()
     stream: list[int] = []
     for row in rows:
         stats.rows += 1
@@ -153,10 +159,18 @@ def tokenize_text_blocks(rows, data: DataSpec, tokenizer) -> tuple[list[dict[str
         if text is None:
             raise DataError(f"text row has no '{column}' column (columns: {sorted(row)}); map it with data.columns")
         stream += tokenizer(str(text), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    blocks = [stream[i: i + block] for i in range(0, len(stream) - block + 1, block)]
-    stats.kept = len(blocks)
-    stats.tokens = stats.trainable_tokens = len(blocks) * block
-    return [{"input_ids": b, "labels": list(b)} for b in blocks], stats
+        full = len(stream) // block * block
+        for i in range(0, full, block):
+            stats.kept += 1
+            stats.tokens += block
+            stats.trainable_tokens += block
+            yield {"input_ids": stream[i: i + block], "labels": stream[i: i + block]}
+        del stream[:full]
+
+
+def tokenize_text_blocks(rows, data: DataSpec, tokenizer) -> tuple[list[dict[str, list[int]]], TokenizeStats]:
+    stats = TokenizeStats()
+    return list(text_blocks(rows, data, tokenizer, stats)), stats
 
 
 def tokenize(rows, data: DataSpec, tokenizer):

@@ -24,9 +24,6 @@ RESULT_DIR_ENV = "FINETUNE_RESULT_DIR"
 def setup(config_path: str):
     """Config -> (TrainerConfig, TrainingArguments). Building the arguments also initialises torch.distributed."""
     cfg = load_config(config_path)
-    if cfg.spec.data.streaming:
-        raise ConfigError("data.streaming is not supported by this trainer yet; remove it (data is tokenized once "
-                          "and cached, which multi-node runs need)")
     if cfg.spec.distributed.gpus_per_node == 0 and cfg.spec.distributed.deepspeed is not None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     args = training_arguments(cfg)
@@ -38,6 +35,11 @@ def setup(config_path: str):
 
 def prepare_data(cfg: TrainerConfig, args, tokenizer):
     from .data import prepare
+
+    if cfg.spec.data.streaming:
+        from .streaming import prepare_streaming
+
+        return prepare_streaming(cfg.spec.data, tokenizer, args.seed)
 
     # Rank 0 tokenizes and caches; the others wait, then load the cache instead of tokenizing inside a collective.
     with args.main_process_first(desc="tokenize", local=False):

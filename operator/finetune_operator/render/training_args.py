@@ -51,6 +51,10 @@ def training_arguments(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, A
     if t.gradient_checkpointing:
         # Reentrant checkpointing breaks with frozen base weights (LoRA) and with DDP's unused-parameter logic.
         args["activation_checkpointing_kwargs"] = {"use_reentrant": False}
+    if spec.data.streaming:
+        # Each process reads its own shards (or its share of the stream) instead of rank 0 dispatching batches,
+        # which breaks on padded batches of different lengths and on packed ones (finetune_trainer/streaming.py).
+        args["accelerator_config"] = {"dispatch_batches": False}
     if spec.method.neftune_noise_alpha is not None:
         args["neftune_noise_alpha"] = spec.method.neftune_noise_alpha
     if d.gpus_per_node == 0:
