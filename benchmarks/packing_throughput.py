@@ -23,8 +23,6 @@ from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
 from tests.support.trainer_run import run_nodes  # noqa: E402
 
 WORDS = "the quick brown fox jumps over the lazy dog and the sky is blue on a clear day".split()
-# Dense bf16 peak of one GPU, for MFU (the marketing "with sparsity" figures are twice these).
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
 @dataclass(frozen=True)
@@ -140,10 +138,12 @@ def training_flops_per_token(profile: Profile, mean_length: float) -> float:
 
 
 def peak_flops() -> float | None:
+    """The trainer's own datasheet table (dense bf16; FINETUNE_PEAK_TFLOPS overrides it)."""
     import torch
 
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    from finetune_trainer.throughput import peak_flops as device_peak
+
+    return device_peak(torch.cuda.get_device_name() if torch.cuda.is_available() else None, "bf16")
 
 
 def main() -> None:

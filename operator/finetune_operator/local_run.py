@@ -129,6 +129,10 @@ def render_progress(r: dict[str, Any], width: int = 24) -> str:
         parts.append(f"lr {r['learningRate']:.2e}")
     if r.get("tokensPerSecond"):
         parts.append(f"{r['tokensPerSecond']:.0f} tok/s")
+    if r.get("mfu") is not None:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if r.get("peakMemoryGiB") is not None:
+        parts.append(f"{r['peakMemoryGiB']:.1f} GiB")
     if r.get("eta"):
         parts.append(f"ETA {r['eta']}")
     return "  ".join(parts)

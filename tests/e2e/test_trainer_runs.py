@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from finetune_operator.api import exit_codes
+from finetune_trainer.throughput import parameter_counts
 from tests.builders import make_job
 from tests.support.trainer_run import run_nodes
 
@@ -136,13 +137,25 @@ def test_nan_loss_stops_the_run_with_diverged(tiny_model_dir, tmp_path):
       "localParameterFraction": 0.5}),
 ], ids=["ddp", "zero2", "zero3"])
 def test_two_nodes(tiny_model_dir, tmp_path, distributed, expected):
+    # A configured peak (1 GFLOP/s per process) makes MFU appear on CPU, so its wiring is checked end to end.
     doc = job(tiny_model_dir, **{"spec.distributed": {"numNodes": 2, "gpusPerNode": 0, **distributed},
-                                 "spec.training.maxSteps": 4, "spec.checkpoints.saveSteps": 2})
+                                 "spec.training.maxSteps": 4, "spec.checkpoints.saveSteps": 2,
+                                 "spec.resources.peakTflopsPerGpu": 0.001})
     results = ok(run_nodes(doc, tmp_path))
     for r in results:
         assert r.summary["worldSize"] == 2
         assert {k: r.summary.get(k) for k in expected} == expected
     assert results[0].summary["steps"] == 4
+    from transformers import AutoModelForCausalLM
+
+    # The model's own counts, not the sharded view: under ZeRO-3 each rank holds half of every parameter.
+    flops = parameter_counts(AutoModelForCausalLM.from_pretrained(tiny_model_dir)).flops_per_token
+    measured = [r for r in progress(tmp_path) if r["tokensPerSecond"]]
+    assert measured
+    for r in measured:
+        assert r["tokensPerSecondPerDevice"] == pytest.approx(r["tokensPerSecond"] / 2)
+        assert r["mfu"] == pytest.approx(r["tokensPerSecondPerDevice"] * flops / 1e9, rel=1e-3, abs=1e-4)
+        assert r["peakMemoryGiB"] is None  # CPU: no accelerator memory to report
     final = tmp_path / "output" / "final" / "model.safetensors"
     assert final.stat().st_size > 0  # ZeRO-3 gathered the 16-bit weights on save (not an empty file)
 

@@ -69,3 +69,12 @@ def test_exponent_numbers_are_numbers_as_in_kubectl(tmp_path, capsys):
     assert "5e-3" in path.read_text()
     assert main(["validate", str(path)]) == EXIT_OK
     assert apply_overrides({}, ["spec.training.learningRate=2E-5"]) == {"spec": {"training": {"learningRate": 2e-05}}}
+
+
+def test_run_progress_line_shows_mfu_and_memory_only_when_measured():
+    from finetune_operator.local_run import render_progress
+
+    record = {"step": 5, "maxSteps": 10, "loss": 1.5, "tokensPerSecond": 12000.0, "eta": "0m05s"}
+    assert "MFU" not in render_progress(record) and "GiB" not in render_progress(record)
+    line = render_progress({**record, "mfu": 0.4213, "peakMemoryGiB": 61.27})
+    assert "12000 tok/s  MFU 42.1%  61.3 GiB  ETA 0m05s" in line

@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from . import checkpoints
+from . import checkpoints, throughput
 from .status_report import StatusReporter
 
 PROGRESS_FILE = "progress.jsonl"
@@ -29,9 +29,13 @@ def format_eta(seconds: float | None) -> str | None:
 class ProgressCallback(TrainerCallback):
     """On rank 0: appends one JSON record per log step and forwards it to the FineTuneJob status."""
 
-    def __init__(self, output_dir: Path, reporter: StatusReporter | None = None):
+    def __init__(self, output_dir: Path, reporter: StatusReporter | None = None, precision: str = "fp32",
+                 peak_tflops: float | None = None):
         self.path = output_dir / PROGRESS_FILE
         self.reporter = reporter
+        self.precision, self.peak_tflops = precision, peak_tflops
+        self.counts: throughput.ParameterCounts | None = None
+        self.peak: float | None = None
         self.started: float | None = None
         self.start_step = 0
         self.last_time: float | None = None
@@ -43,6 +47,9 @@ class ProgressCallback(TrainerCallback):
         self.started = self.last_time = time.monotonic()
         self.start_step = state.global_step  # a resumed run's rate counts only steps done in this process
         self.last_tokens = state.num_input_tokens_seen
+        if kwargs.get("model") is not None:
+            self.counts = throughput.parameter_counts(kwargs["model"])
+        self.peak = throughput.peak_flops(_device_name(), self.precision, self.peak_tflops)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or self.started is None:
@@ -59,11 +66,16 @@ class ProgressCallback(TrainerCallback):
         done = state.global_step - self.start_step
         per_step = (now - self.started) / done if done > 0 else None
         eta = per_step * (state.max_steps - state.global_step) if per_step is not None else None
+        per_device = tokens_per_second / args.world_size if tokens_per_second is not None else None
+        utilization = (throughput.mfu(per_device, self.counts, self.peak)
+                       if per_device is not None and self.counts is not None else None)
         record = {
             "time": _utc_now(), "step": state.global_step, "maxSteps": state.max_steps, "epoch": state.epoch,
             "loss": logs.get("loss", self.last_record.get("loss")), "evalLoss": logs.get("eval_loss"),
             "learningRate": logs.get("learning_rate", self.last_record.get("learningRate")),
-            "tokensPerSecond": tokens_per_second, "tokensSeen": tokens, "eta": format_eta(eta),
+            "tokensPerSecond": tokens_per_second, "tokensPerSecondPerDevice": per_device,
+            "mfu": round(utilization, 4) if utilization is not None else None,
+            "peakMemoryGiB": _peak_memory_gib(), "tokensSeen": tokens, "eta": format_eta(eta),
             "checkpoint": self.checkpoint,
         }
         self.last_record = record
@@ -82,11 +94,25 @@ class ProgressCallback(TrainerCallback):
         progress = {"step": record["step"], "maxSteps": record["maxSteps"], "epoch": record["epoch"],
                     "percent": percent, "loss": record["loss"], "evalLoss": record.get("evalLoss"),
                     "learningRate": record["learningRate"], "tokensPerSecond": record["tokensPerSecond"],
-                    "eta": record["eta"], "updatedAt": record["time"]}
+                    "tokensPerSecondPerDevice": record.get("tokensPerSecondPerDevice"), "mfu": record.get("mfu"),
+                    "peakMemoryGiB": record.get("peakMemoryGiB"), "eta": record["eta"], "updatedAt": record["time"]}
         status: dict[str, Any] = {"progress": {k: v for k, v in progress.items() if v is not None}}
         if self.checkpoint is not None:
             status["checkpoint"] = self.checkpoint
         self.reporter.report(status, force=force)
+
+
+def _device_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _peak_memory_gib() -> float | None:
+    """This process's peak accelerator memory (rank 0 reports; ranks of one job hold about the same)."""
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
 
 
 class CheckpointMarkerCallback(TrainerCallback):

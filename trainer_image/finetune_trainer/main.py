@@ -78,7 +78,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data):
     from .status_report import StatusReporter
 
     reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
-    progress = ProgressCallback(cfg.output_dir, reporter)
+    progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
+                                cfg.spec.resources.peak_tflops_per_gpu)
     watchdog = NanWatchdog()
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()

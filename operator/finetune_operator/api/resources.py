@@ -54,6 +54,11 @@ class ResourcesSpec(ApiModel):
     )
     cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="CPU per pod, e.g. 16 or 500m.")
     memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="Memory per pod, e.g. 128Gi.")
+    peak_tflops_per_gpu: float | None = Field(
+        default=None, gt=0, le=1e6,
+        description="Dense peak TFLOP/s of one GPU at the training precision, for status.progress.mfu; only needed "
+        "for a GPU the trainer's datasheet table does not list (H100, H200, A100, L40S, ... are known).",
+    )
     shm_size: str = Field(
         default="8Gi",
         pattern=QUANTITY_PATTERN,

@@ -32,6 +32,14 @@ class Progress(ApiModel):
     eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
     learning_rate: float | None = Field(default=None, description="Current learning rate.")
     tokens_per_second: float | None = Field(default=None, ge=0, description="Training tokens/s over all processes.")
+    tokens_per_second_per_device: float | None = Field(
+        default=None, ge=0, description="tokensPerSecond divided by the processes (one per GPU)."
+    )
+    mfu: float | None = Field(
+        default=None, ge=0, description="Model FLOPs utilization: model FLOPs/s per GPU over the GPU's dense 16-bit "
+        "peak (absent on CPU, in fp32 and on GPUs without a known peak unless FINETUNE_PEAK_TFLOPS is set)."
+    )
+    peak_memory_gib: float | None = Field(default=None, ge=0, description="Rank 0's peak GPU memory, GiB.")
     eta: str | None = Field(default=None, max_length=64, description="Estimated time left, e.g. 1h02m.")
     updated_at: str | None = Field(
         default=None, json_schema_extra={"format": "date-time"}, description="Heartbeat: when rank 0 last reported."
