@@ -5,10 +5,12 @@ Events for transitions and when to look again. Trainer-owned fields (status.prog
 never written.
 """
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from . import goodput
 from .api import constants as c
 from .api import exit_codes
 from .api.errors import InvalidSpec
@@ -18,7 +20,7 @@ from .observed import (attempt_of, classify_failure, format_time, has_condition,
 from .validation import ValidatedJob
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "nodes", "gpus",
-                          "globalBatchSize", "startTime", "completionTime", "observedGeneration")
+                          "globalBatchSize", "startTime", "completionTime", "observedGeneration", "goodput")
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed")
 
 
@@ -99,6 +101,8 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         _ttl(p, job, obs)
     else:
         _advance(p, job, obs, settings)
+    goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
+                    0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     _set_conditions(p.status, obs)
     if p.status.get("phase") != previous_phase:
         kind = "Warning" if p.status.get("phase") in ("Failed", "Restarting") else "Normal"
@@ -220,6 +224,15 @@ def _stall_check(p: Plan, job: ValidatedJob, obs: Observed, workload: str) -> No
                     f"{timeout})", code=None)
     p.status["_stalled"] = True
     p.delete_workloads.append(workload)
+
+
+def _resume_step(job: ValidatedJob, status: dict[str, Any]) -> int:
+    """The step the next attempt starts from (what _start_attempt and the trainer's resume rules pick)."""
+    resume = job.spec.checkpoints.resume
+    if resume == "auto":
+        return int((status.get("checkpoint") or {}).get("step") or 0)
+    found = re.search(r"checkpoint-(\d+)/*$", resume) if resume != "never" else None
+    return int(found.group(1)) if found else 0
 
 
 def _finish(p: Plan, obs: Observed, phase: str, reason: str, message: str) -> None:

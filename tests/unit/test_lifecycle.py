@@ -238,3 +238,44 @@ def test_readiness_comes_from_the_job_status_without_reading_pods():
     p = plan(job(), Observed(name="test-job", namespace="ns", generation=3, labels={}, status=created,
                              workloads=[ready], pods=[], now=T0))
     assert (p.status["phase"], p.status["nodes"]) == ("Running", "2/2")
+
+
+def test_goodput_accounts_gpu_hours_restart_downtime_and_redone_steps():
+    """2 nodes x 8 GPUs: runs 1 h, fails at step 500 (checkpoint 400), back after 10 min, fails again before its
+    first progress report, back after 5 min, runs 30 min more and succeeds."""
+    def at(minutes):
+        return T0 + timedelta(minutes=minutes)
+
+    def step(status, minutes, workloads=(), pods=(), **extra):
+        p = plan(job(), observe({**status, **extra}, list(workloads), list(pods), now=at(minutes)), SETTINGS)
+        return p.status
+
+    st = step({"phase": "Pending", "attempt": 1, "startTime": ts(T0)}, 0, [workload(1)], [pod(0), pod(1)])
+    assert st["goodput"] == {"gpuHours": 0.0, "restartDowntimeSeconds": 0, "stepsRedone": 0,
+                             "runningSince": ts(at(0))}
+    assert step(st, 30, [workload(1)], [pod(0), pod(1)]) == {**st, "observedGeneration": 3}  # no change while it runs
+
+    report = {"progress": {"step": 500, "updatedAt": ts(at(59))}, "checkpoint": {"step": 400, "path": "/o/c-400"}}
+    st = step(st, 60, [workload(1, failed=True)], [pod(0, "Failed", 137, "OOMKilled"), pod(1)], **report)
+    assert st["phase"] == "Restarting"
+    assert st["goodput"] == {"gpuHours": 16.0, "restartDowntimeSeconds": 0, "stepsRedone": 100,
+                             "failedAt": ts(at(60)), "attemptSince": ts(at(60))}
+
+    st = step(st, 70, [workload(2)], [pod(0), pod(1)], **report)
+    assert st["phase"] == "Running" and st["goodput"]["restartDowntimeSeconds"] == 600
+    assert "failedAt" not in st["goodput"] and st["goodput"]["runningSince"] == ts(at(70))
+
+    # Attempt 2 dies 2 min in, before reporting: the stale step-500 report must not count 100 steps again.
+    st = step(st, 72, [workload(2, failed=True)], [pod(0, "Failed", 1), pod(1)], **report)
+    assert st["goodput"]["stepsRedone"] == 100 and st["goodput"]["gpuHours"] == pytest.approx(16 + 16 * 2 / 60, abs=1e-3)
+
+    st = step(st, 77, [workload(3)], [pod(0), pod(1)], **report)
+    assert st["goodput"]["restartDowntimeSeconds"] == 600 + 300
+    st = step(st, 107, [workload(3, complete=True)], [pod(0, "Succeeded", 0), pod(1, "Succeeded", 0)], **report)
+    assert st["phase"] == "Succeeded" and "runningSince" not in st["goodput"]
+    assert st["goodput"]["gpuHours"] == pytest.approx(16 + 16 * 2 / 60 + 16 * 30 / 60, abs=1e-3)
+
+
+def test_a_job_that_never_ran_has_no_goodput_to_write():
+    p = plan(job(), observe())
+    assert "goodput" not in p.status  # the creation write stays as small as before

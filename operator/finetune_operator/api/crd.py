@@ -25,6 +25,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Training tokens/s per GPU."},
     {"name": "MFU", "type": "number", "jsonPath": ".status.progress.mfu", "priority": 1,
      "description": "Model FLOPs utilization (0-1)."},
+    {"name": "GPU-h", "type": "number", "jsonPath": ".status.goodput.gpuHours", "priority": 1,
+     "description": "GPU-hours of ended running periods."},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1,
      "description": "Current attempt."},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,

@@ -46,6 +46,23 @@ class Progress(ApiModel):
     )
 
 
+class Goodput(ApiModel):
+    """Updated on phase changes only (operator/finetune_operator/goodput.py)."""
+
+    gpu_hours: float = Field(default=0.0, ge=0, description="GPU-hours of ended periods in which the whole gang "
+                             "ran; add (now - runningSince) x gpus while Running.")
+    running_since: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                      description="When the current gang started running (absent unless Running).")
+    restart_downtime_seconds: int = Field(default=0, ge=0,
+                                          description="Wall time from each failure until the gang ran again.")
+    steps_redone: int = Field(default=0, ge=0, description="Optimizer steps done twice because of restarts (work "
+                              "after the newest checkpoint that a failure threw away).")
+    failed_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                  description="The failure a restart is recovering from (absent otherwise).")
+    attempt_since: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                      description="When the current attempt was started by a restart.")
+
+
 class CheckpointRef(ApiModel):
     step: int = Field(ge=0, description="Global step of the newest complete checkpoint.")
     path: str = Field(max_length=4096, description="Its directory inside the output volume.")
@@ -69,3 +86,4 @@ class FineTuneJobStatus(ApiModel):
     completion_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
                                         description="When the job succeeded or failed.")
     observed_generation: int | None = Field(default=None, ge=0, description="Spec generation last reconciled.")
+    goodput: Goodput | None = Field(default=None, description="GPU-hours used and what restarts cost.")
