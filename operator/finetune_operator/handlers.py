@@ -98,6 +98,7 @@ class Operator:
             return
         if done.written is not None and done.replaced is not None:
             self.written[key] = (done.replaced, slim_finetunejob(done.written))
+            metrics.count_goodput(done.goodput_before, (done.written.get("status") or {}).get("goodput"))
         result = done.plan
         self.phases.set(key, result.status.get("phase") if result is not None else None)
         if result is not None and result.restarted:

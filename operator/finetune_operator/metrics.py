@@ -1,4 +1,6 @@
-"""Operator metrics for Prometheus (/metrics): jobs by phase, reconcile duration, restarts, API errors."""
+"""Operator metrics for Prometheus (/metrics): jobs by phase, reconcile duration, restarts, API errors, goodput."""
+
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -9,6 +11,20 @@ RECONCILE_SECONDS = Histogram("finetunejob_reconcile_duration_seconds", "Duratio
 RESTARTS = Counter("finetunejob_gang_restarts_total", "Gang restarts started, by reason.", ["reason"])
 API_ERRORS = Counter("finetunejob_api_errors_total", "Reconcile passes that failed on an API call.", ["status"])
 JOBS = Gauge("finetunejob_jobs", "FineTuneJobs seen by this operator, by phase.", ["phase"])
+# status.goodput's increments as this operator writes them (a restarted operator starts the counters again).
+GPU_HOURS = Counter("finetunejob_gpu_hours_total", "GPU-hours of ended running periods of gangs.")
+RESTART_DOWNTIME = Counter("finetunejob_restart_downtime_seconds_total",
+                           "Seconds from failures until the gang ran again.")
+STEPS_REDONE = Counter("finetunejob_steps_redone_total", "Optimizer steps done again after restarts.")
+
+
+def count_goodput(before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
+    before, after = before or {}, after or {}
+    for counter, key in ((GPU_HOURS, "gpuHours"), (RESTART_DOWNTIME, "restartDowntimeSeconds"),
+                         (STEPS_REDONE, "stepsRedone")):
+        delta = (after.get(key) or 0) - (before.get(key) or 0)
+        if delta > 0:
+            counter.inc(delta)
 
 
 class PhaseTracker:

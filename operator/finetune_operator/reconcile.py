@@ -37,6 +37,7 @@ class Pass:
     plan: Plan | None  # None: the FineTuneJob is gone or being deleted
     written: dict[str, Any] | None = None  # the FineTuneJob as our status write left it
     replaced: str | None = None  # the resourceVersion that write replaced
+    goodput_before: dict[str, Any] | None = None  # status.goodput of the object that write replaced
 
 
 def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str, post_event: EventSink,
@@ -70,7 +71,8 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str
     _act(kube, obj, job, result, view, trainer_image, expectations)
     for event in result.events:
         post_event(obj, event.type, event.reason, event.message)
-    return Pass(result, written, replaced)
+    before = (obj.get("status") or {}).get("goodput") if written is not None else None
+    return Pass(result, written, replaced, before)
 
 
 def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -> tuple[Any, Plan]:

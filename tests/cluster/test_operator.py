@@ -239,3 +239,8 @@ def test_metrics_endpoint(kubectl, operator, namespace):
     assert samples.get('finetunejob_jobs{phase="Running"}', 0) >= 1, sorted(samples)
     assert samples["finetunejob_reconcile_duration_seconds_count"] > 0
     assert samples.get('finetunejob_gang_restarts_total{reason="OOMKilled"}', 0) >= 1, sorted(samples)
+    # Attempt 1 ran (0 GPUs: a CPU gang, so 0 GPU-hours) and the restart's downtime was counted.
+    assert samples["finetunejob_restart_downtime_seconds_total"] >= 1, sorted(samples)
+    assert "finetunejob_gpu_hours_total" in samples and "finetunejob_steps_redone_total" in samples
+    st = status(kubectl, namespace, "measured")
+    assert st["goodput"]["restartDowntimeSeconds"] >= 1 and st["goodput"]["runningSince"]
