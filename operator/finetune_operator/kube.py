@@ -72,7 +72,8 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str
                      ) -> dict[str, Any]:
-        """A merge patch of the operator's own fields only, so the trainer's progress is never overwritten.
+        """A merge patch (merge_patch.py) of the operator's own fields only, so the trainer's progress is never
+        overwritten.
 
         resourceVersion makes it conditional: 409 Conflict if the object changed since the plan read it. Returns
         the object as written."""

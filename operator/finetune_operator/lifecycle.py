@@ -20,7 +20,8 @@ from .observed import (attempt_of, classify_failure, format_time, has_condition,
 from .validation import ValidatedJob
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "nodes", "gpus",
-                          "globalBatchSize", "startTime", "completionTime", "observedGeneration", "goodput")
+                          "globalBatchSize", "startTime", "completionTime", "observedGeneration", "goodput",
+                          "preflight")
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed")
 
 
@@ -65,6 +66,7 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     restarted: bool = False  # this pass started a gang restart (for the restarts metric)
+    create_preflight: bool = False  # apply the ConfigMap and the preflight Job (render/preflight.py)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)
@@ -129,13 +131,36 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
         p.requeue((started + timedelta(seconds=deadline) - now).total_seconds())
 
     current = next((w for w in obs.workloads if attempt_of(w) == attempt), None)
+    checking = spec.run_policy.preflight and current is None and attempt == 1 and st.get("preflight") != "Passed"
     # Finished ones too: a pass that wrote the restart may have died before deleting the failed attempt, and its
-    # Failed pods would otherwise stay (and be waited for) forever.
-    p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads if (attempt_of(w) or 0) < attempt]
-    if current is None:
+    # Failed pods would otherwise stay (and be waited for) forever. The preflight is attempt 0.
+    p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads
+                          if (attempt_of(w) or 0) < attempt and not (checking and attempt_of(w) == 0)]
+    if checking:
+        _preflight(p, job, obs, settings)
+    elif current is None:
         _start_attempt(p, job, obs, settings)
-        return
-    _observe_attempt(p, job, obs, current)
+    else:
+        _observe_attempt(p, job, obs, current)
+
+
+def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
+    """Attempt 0: the preflight Job runs first; attempt 1 (and its GPUs) only after it succeeded."""
+    st = p.status
+    check = next((w for w in obs.workloads if attempt_of(w) == 0), None)
+    if check is not None and job_succeeded(check):
+        st["preflight"] = "Passed"
+        p.delete_workloads.append(check["metadata"]["name"])
+        _start_attempt(p, job, obs, settings)
+    elif check is not None and job_failed(check):
+        _, reason, message = classify_failure(obs.pods)  # attempt 1 does not exist yet: these are its pods
+        st["preflight"] = "Failed"
+        _finish(p, obs, "Failed", reason, f"preflight failed, no GPU was requested: {message}")
+        p.delete_workloads.append(check["metadata"]["name"])
+    else:
+        p.create_preflight = check is None
+        st.update(preflight="Running", phase="Pending", reason="Preflight", nodes=f"0/{job.spec.distributed.num_nodes}",
+                  message="checking the model, the data and the output volume before requesting GPUs")
 
 
 def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:

@@ -19,7 +19,9 @@ from .expectations import Expectations
 from .kube import Kube
 from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, Settings, only_cosmetic, plan
 from .observed import attempt_of, job_failed, pod_ended
+from .merge_patch import merge_patch
 from .render import RenderContext, render_all, render_trainer_identity
+from .render.preflight import PREFLIGHT_ATTEMPT, render_preflight
 from .validation import validate_job
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str
         try:
             # Status first: if the operator dies after it, the next pass already knows the attempt it moved to.
             replaced = obj["metadata"]["resourceVersion"]
-            written = kube.patch_status(view.namespace, view.name, result.status, replaced)
+            written = kube.patch_status(view.namespace, view.name, merge_patch(current, result.status), replaced)
             expectations.record(cosmetic, COSMETIC_DELAY_SECONDS)
             break
         except ApiException as exc:
@@ -82,17 +84,19 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
         job = exc
     status = obj.get("status") or {}
     attempt = status.get("attempt") or 0
+    # The preflight (attempt 0) is looked at like the current attempt as long as it decides what happens next.
+    looked_at = (attempt, 0) if status.get("preflight") in (None, "Running") else (attempt,)
     pods = view.pods
     if pods is None:
         # Pods matter only when an attempt failed (which node, which exit code) or a restart waits for the old
         # gang to stop; everything else is in the Job's status. One list then, instead of a watch on every pod.
-        current_failed = any(job_failed(w) for w in view.workloads if attempt_of(w) == attempt)
+        current_failed = any(job_failed(w) for w in view.workloads if attempt_of(w) in looked_at)
         pods = kube.list_pods(view.namespace, view.name) if current_failed or status.get(
             "phase") == "Restarting" else []
     observed = Observed(
         name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
         labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
-        pods=[p for p in pods if attempt_of(p) == attempt], now=datetime.now(timezone.utc),
+        pods=[p for p in pods if attempt_of(p) in looked_at], now=datetime.now(timezone.utc),
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
     )
     return job, plan(job, observed, settings)
@@ -123,13 +127,16 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         once(("delete", ns, workload), lambda w=workload: kube.delete_workload(ns, w))
     if result.suspend_workload is not None:
         once(("suspend", ns, *result.suspend_workload), lambda: kube.set_suspend(ns, *result.suspend_workload))
-    if result.create_attempt is not None and not isinstance(job, InvalidSpec):
+    creates = result.create_attempt if result.create_attempt is not None else (
+        PREFLIGHT_ATTEMPT if result.create_preflight else None)
+    if creates is not None and not isinstance(job, InvalidSpec):
         account = job.spec.pod.service_account_name
         once(("identity", ns, account), lambda: [kube.apply(o) for o in render_trainer_identity(ns, account)],
              ttl=IDENTITY_TTL_SECONDS)
-        ctx = RenderContext(name=name, namespace=ns, attempt=result.create_attempt, trainer_image=trainer_image,
+        ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=trainer_image,
                             job_labels=obj["metadata"].get("labels") or {}, resume_from=result.resume_from)
-        once(("attempt", ns, name, obj["metadata"]["uid"], result.create_attempt),
-             lambda: [kube.apply(child, owner=obj) for child in render_all(job.spec, ctx)])
+        render = render_preflight if creates == PREFLIGHT_ATTEMPT else render_all
+        once(("attempt", ns, name, obj["metadata"]["uid"], creates),
+             lambda: [kube.apply(child, owner=obj) for child in render(job.spec, ctx)])
     if result.delete_job:
         once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))

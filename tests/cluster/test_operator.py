@@ -193,6 +193,30 @@ def test_a_namespace_deleted_and_created_again_gets_its_trainer_identity_back(ku
     assert kubectl.json("get", "serviceaccount", "finetunejob-trainer", "-n", namespace)
 
 
+def test_preflight_passes_then_the_gang_starts(kubectl, operator, namespace):
+    submit(kubectl, namespace, "checked", **{"spec.runPolicy.preflight": True, "spec.distributed.gpusPerNode": 4,
+                                             "spec.training.precision": "bf16"})
+    wait_phase(kubectl, namespace, "checked", "Pending", operator, reason="Preflight", preflight="Running")
+    (check,) = wait_for(lambda: attempt_pods(kubectl, namespace, "checked", 0), what="preflight pod", op=operator)
+    assert "nvidia.com/gpu" not in json.dumps(check["spec"]["containers"][0]["resources"])
+    assert not kubectl.json("get", "jobs", "-n", namespace, "-l", f"{c.LABEL_ATTEMPT}=1")["items"]
+    terminate(kubectl, namespace, check["metadata"]["name"], 0, reason="Completed")
+    running(kubectl, namespace, "checked", operator)
+    assert status(kubectl, namespace, "checked")["preflight"] == "Passed"
+    wait_for(lambda: not kubectl.json("get", "jobs", "-n", namespace, "-l", f"{c.LABEL_ATTEMPT}=0")["items"],
+             what="preflight Job deleted", op=operator)
+
+
+def test_failed_preflight_fails_the_job_before_any_gpu_is_requested(kubectl, operator, namespace):
+    submit(kubectl, namespace, "unchecked", **{"spec.runPolicy.preflight": True})
+    (check,) = wait_for(lambda: attempt_pods(kubectl, namespace, "unchecked", 0), what="preflight pod", op=operator)
+    message = json.dumps({"exitCode": 65, "reason": "DataError", "message": "preflight: no data file at /data/x"})
+    terminate(kubectl, namespace, check["metadata"]["name"], 65, message=message)
+    st = wait_phase(kubectl, namespace, "unchecked", "Failed", operator, reason="DataError", preflight="Failed")
+    assert "no GPU was requested" in st["message"] and "/data/x" in st["message"] and st["restarts"] == 0
+    assert not kubectl.json("get", "jobs", "-n", namespace, "-l", f"{c.LABEL_ATTEMPT}=1")["items"]
+
+
 def test_ttl_deletes_the_finished_job(kubectl, operator, namespace):
     submit(kubectl, namespace, "shortlived", **{"spec.runPolicy.ttlSecondsAfterFinished": 2})
     for pod in running(kubectl, namespace, "shortlived", operator):

@@ -46,7 +46,7 @@ def shared_volume(kubectl, namespace, path):
     kubectl.run("apply", "-f", "-", input=json.dumps(pv) + "\n---\n" + json.dumps(pvc))
 
 
-def tiny_two_node_job(model_dir, workdir, **training):
+def tiny_two_node_job(model_dir, workdir, preflight=False, **training):
     """The tiny example on 2 nodes, its model on the shared claim (where a user would keep it)."""
     shutil.copytree(model_dir, workdir / "pvc" / "shared" / "tiny-cpu-sft" / "models" / "tiny")
     path = workdir / "job.yaml"
@@ -55,6 +55,7 @@ def tiny_two_node_job(model_dir, workdir, **training):
     doc["spec"]["distributed"]["numNodes"] = 2
     doc["spec"]["output"] = {"claimName": "shared"}
     doc["spec"]["training"].update(training)
+    doc["spec"].setdefault("runPolicy", {})["preflight"] = preflight
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -79,7 +80,7 @@ def progress_records(workdir):
 def test_two_node_job_trains_and_reports(chart_operator, kubectl, control_plane, namespace, tiny_model_dir,
                                          tmp_path):
     shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
-    job = tiny_two_node_job(tiny_model_dir, tmp_path)
+    job = tiny_two_node_job(tiny_model_dir, tmp_path, preflight=True)
     with PodRunner(kubectl, control_plane, namespace, tmp_path) as runner:
         kubectl.run("apply", "-n", namespace, "-f", str(job))
         st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300,
@@ -91,6 +92,10 @@ def test_two_node_job_trains_and_reports(chart_operator, kubectl, control_plane,
     assert (tmp_path / "pvc" / "shared" / "tiny-cpu-sft" / "final" / "adapter_model.safetensors").exists()
     summary = json.loads((tmp_path / "pods").glob("tiny-cpu-sft-a1-0-*/termination-log").__next__().read_text())
     assert summary["worldSize"] == 2 and summary["modelWrapper"] == "DistributedDataParallel"
+    # The preflight ran the real checks in its own pod first, then the gang started.
+    check = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a0-0-*/termination-log")).read_text())
+    assert check["exitCode"] == 0 and check["preflight"]["sources"][0]["kept"] > 0 and st["preflight"] == "Passed"
+    assert st["goodput"]["gpuHours"] == 0 and "runningSince" not in st["goodput"]  # a CPU job, finished
 
 
 def test_killed_node_gang_restarts_and_resumes_without_redoing_work(chart_operator, kubectl, control_plane,

@@ -279,3 +279,41 @@ def test_goodput_accounts_gpu_hours_restart_downtime_and_redone_steps():
 def test_a_job_that_never_ran_has_no_goodput_to_write():
     p = plan(job(), observe())
     assert "goodput" not in p.status  # the creation write stays as small as before
+
+
+def preflight_workload(**kw):
+    w = workload(0, **kw)
+    w["metadata"]["name"] = "test-job-a0"
+    return w
+
+
+def test_preflight_runs_before_any_gpu_is_requested_then_attempt_one_starts():
+    spec = job(**{"spec.runPolicy.preflight": True})
+    first = plan(spec, observe())
+    assert first.create_preflight and first.create_attempt is None
+    assert (first.status["phase"], first.status["reason"], first.status["preflight"]) == ("Pending", "Preflight",
+                                                                                         "Running")
+    checking = plan(spec, observe(first.status, [preflight_workload()], [pod(0)]))
+    assert not checking.create_preflight and checking.create_attempt is None and not checking.delete_workloads
+    passed = plan(spec, observe(checking.status, [preflight_workload(complete=True)]))
+    assert passed.status["preflight"] == "Passed" and passed.create_attempt == 1
+    assert passed.delete_workloads == ["test-job-a0"]
+    # Later passes never look at the preflight again, even if its Job is still being deleted.
+    running = plan(spec, observe(passed.status, [workload(1), preflight_workload(complete=True)], [pod(0), pod(1)]))
+    assert running.status["phase"] == "Running" and running.delete_workloads == ["test-job-a0"]
+
+
+def test_a_failed_preflight_fails_the_job_with_the_trainers_reason_and_no_attempt():
+    spec = job(**{"spec.runPolicy.preflight": True})
+    status = plan(spec, observe()).status
+    message = json.dumps({"reason": "DataError", "message": "preflight: no data file at /data/x.jsonl"})
+    failed_pod = pod(0, "Failed", 65, message=message)
+    p = plan(spec, observe(status, [preflight_workload(failed=True)], [failed_pod]))
+    assert (p.status["phase"], p.status["reason"], p.status["preflight"]) == ("Failed", "DataError", "Failed")
+    assert "no GPU was requested" in p.status["message"] and "/data/x.jsonl" in p.status["message"]
+    assert p.create_attempt is None and p.delete_workloads == ["test-job-a0"] and p.status["restarts"] == 0
+
+
+def test_without_preflight_nothing_changes():
+    p = plan(job(), observe())
+    assert p.create_attempt == 1 and not p.create_preflight and "preflight" not in p.status

@@ -296,3 +296,24 @@ def test_spec_hash_changes_with_the_spec():
     a = render()["Job"]["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
     b = render({"spec.training.learningRate": 0.5})["Job"]["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
     assert a != b and len(a) == 16
+
+
+def test_preflight_job_is_one_small_cpu_pod_with_the_trainers_config_and_volumes():
+    from finetune_operator.render.preflight import render_preflight
+
+    spec = validate_job(make_job({"spec.runPolicy.preflight": True, "spec.distributed.gpusPerNode": 8,
+                                  "spec.pod.volumes": [{"name": "data", "mountPath": "/data", "claimName": "d"}]})).spec
+    config_map, job = render_preflight(spec, RenderContext(**{**CTX.__dict__, "attempt": 1,
+                                                              "job_labels": {c.LABEL_KUEUE_QUEUE: "gpu"}}))
+    assert config_map["metadata"]["name"] == "test-job-config" and c.CONFIG_FILE in config_map["data"]
+    assert job["metadata"]["name"] == "test-job-a0" and job["metadata"]["labels"][c.LABEL_ATTEMPT] == "0"
+    assert c.LABEL_KUEUE_QUEUE not in job["metadata"]["labels"] and job["spec"]["suspend"] is False
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["python", "-m", "finetune_trainer.preflight", "--config",
+                                    f"{CTX.config_dir}/{c.CONFIG_FILE}"]
+    assert not any("gpu" in name for name in {**container["resources"]["requests"],
+                                               **container["resources"]["limits"]})
+    assert {"name": "data", "mountPath": "/data", "readOnly": False} in container["volumeMounts"]
+    assert pod["serviceAccountName"] == "finetunejob-trainer" and pod["securityContext"]["runAsNonRoot"] is True

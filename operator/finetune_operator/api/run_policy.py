@@ -19,6 +19,12 @@ class RunPolicy(ApiModel):
     suspend: bool = Field(
         default=False, description="Stop the running attempt (checkpoints are kept); unset to resume from the last one."
     )
+    preflight: bool = Field(
+        default=False,
+        description="Before attempt 1 requests any GPU, check in one small CPU pod that the tokenizer and model "
+        "config load, every data source gives trainable examples and the output volume is writable; a failure "
+        "fails the job at once (DataError, InvalidConfig) without having held the gang's GPUs.",
+    )
     stall_timeout_seconds: int | None = Field(
         default=1800, ge=60,
         description="Restart an attempt whose progress heartbeat is older than this; unset disables the watchdog.",

@@ -87,3 +87,5 @@ class FineTuneJobStatus(ApiModel):
                                         description="When the job succeeded or failed.")
     observed_generation: int | None = Field(default=None, ge=0, description="Spec generation last reconciled.")
     goodput: Goodput | None = Field(default=None, description="GPU-hours used and what restarts cost.")
+    preflight: Literal["Running", "Passed", "Failed"] | None = Field(
+        default=None, description="The preflight check's outcome (spec.runPolicy.preflight).")

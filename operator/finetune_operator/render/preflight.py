@@ -1,0 +1,38 @@
+"""The preflight Job (spec.runPolicy.preflight): one small CPU pod that runs finetune_trainer.preflight with the
+trainer's image, config, volumes, secrets and identity, before the GPU gang of attempt 1 is requested.
+
+It is "attempt 0" of the job: the same labels and naming, so the operator's caches and teardown treat it like any
+attempt. Not queued through Kueue and never suspended: it holds no GPU."""
+
+import dataclasses
+from typing import Any
+
+from ..api import constants as c
+from ..api.spec import FineTuneJobSpec
+from .configmap import render_config_map
+from .context import RenderContext
+from .workload import render_workload
+
+PREFLIGHT_ATTEMPT = 0
+# Tokenizer, model config and a few rows of each source: small, whatever the model's size.
+PREFLIGHT_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}}
+PREFLIGHT_DEADLINE_SECONDS = 1800  # a hung download must not keep the job Pending forever
+
+
+def preflight_command(ctx: RenderContext) -> list[str]:
+    return ["python", "-m", "finetune_trainer.preflight", "--config", f"{ctx.config_dir}/{c.CONFIG_FILE}"]
+
+
+def render_preflight(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
+    """The ConfigMap (the same one the attempts mount) and the preflight Job, in apply order."""
+    pre = dataclasses.replace(ctx, attempt=PREFLIGHT_ATTEMPT)
+    job = render_workload(spec, pre)
+    job["metadata"]["labels"].pop(c.LABEL_KUEUE_QUEUE, None)
+    job["metadata"]["labels"][c.LABEL_COMPONENT] = "preflight"
+    job["spec"].update(completions=1, parallelism=1, suspend=False, activeDeadlineSeconds=PREFLIGHT_DEADLINE_SECONDS)
+    template = job["spec"]["template"]
+    template["metadata"]["labels"][c.LABEL_COMPONENT] = "preflight"
+    container = template["spec"]["containers"][0]
+    container.update(command=preflight_command(pre), resources=PREFLIGHT_RESOURCES)
+    container.pop("ports", None)
+    return [render_config_map(spec, ctx), job]

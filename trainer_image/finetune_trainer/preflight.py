@@ -1,0 +1,110 @@
+"""Preflight: what a job needs, checked in one small CPU pod before any GPU is requested (spec.runPolicy.preflight),
+or anywhere with `python -m finetune_trainer.preflight --config trainer.json`.
+
+- the tokenizer loads, and the model's config (no weights);
+- every data source is readable and its first rows give trainable examples (read as a stream: a Hub dataset or a
+  large file is not downloaded whole);
+- the output directory is writable; a checkpoint named in checkpoints.resume verifies.
+
+Exit codes and the termination message follow the trainer's contract (78 config, 65 data), so the operator fails the
+job with the same reasons a first attempt would have, minus the GPUs it would have held.
+"""
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api import exit_codes
+from finetune_operator.api.data import DataSource
+
+from . import checkpoints
+from .config import TrainerConfig, load_config
+from .data import TokenizeStats, load_source, sft_example, text_blocks
+from .errors import ConfigError, DataError, TrainerError
+from .launch import write_termination_message
+
+log = logging.getLogger("finetune_trainer.preflight")
+ROWS_PER_SOURCE = 64
+
+
+def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
+    from transformers import AutoConfig
+
+    from .model import load_tokenizer
+
+    m = cfg.spec.model
+    tokenizer = load_tokenizer(cfg.spec)
+    try:
+        config = AutoConfig.from_pretrained(m.name, revision=m.revision, trust_remote_code=m.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load the model config of {m.name}: {exc}") from exc
+    return {"modelType": config.model_type, "vocabSize": len(tokenizer)}, tokenizer
+
+
+def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) -> dict[str, Any]:
+    data = cfg.spec.data
+    rows = load_source(source, streaming=True).take(ROWS_PER_SOURCE)
+    stats = TokenizeStats()
+    if data.format == "text":
+        sum(1 for _ in text_blocks(rows, data, tokenizer, stats))
+        if stats.rows == 0:
+            raise DataError(f"{where} has no rows")
+    else:
+        kept = sum(1 for row in rows if sft_example(row, data, tokenizer, stats) is not None)
+        if kept == 0:
+            raise DataError(f"none of the first {stats.rows} rows of {where} gives a trainable example "
+                            f"({stats.as_dict()}); check the format, the column mapping and maxLength")
+    return {"source": where, **stats.as_dict()}
+
+
+def check_output(cfg: TrainerConfig) -> None:
+    try:
+        cfg.output_dir.mkdir(parents=True, exist_ok=True)
+        probe = cfg.output_dir / ".preflight-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"the output directory {cfg.output_dir} is not writable: {exc}") from exc
+    resume = cfg.spec.checkpoints.resume
+    if resume not in ("auto", "never"):
+        try:
+            checkpoints.verify(Path(resume))
+        except checkpoints.IncompleteCheckpoint as exc:
+            raise ConfigError(f"checkpoints.resume points at an unusable checkpoint: {exc}") from exc
+
+
+def run(config_path: str) -> dict[str, Any]:
+    cfg = load_config(config_path)
+    model, tokenizer = check_model(cfg)
+    data = cfg.spec.data
+    sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer) for i, s in enumerate(data.train)]
+    sources += [check_source(s, f"data.validation[{i}]", cfg, tokenizer) for i, s in enumerate(data.validation or [])]
+    check_output(cfg)
+    return {"reason": "Succeeded", "preflight": {**model, "rowsChecked": ROWS_PER_SOURCE, "sources": sources}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="finetune_trainer.preflight")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        summary = run(args.config)
+        code = exit_codes.SUCCESS
+    except TrainerError as exc:
+        code, summary = exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": f"preflight: {exc}"}
+    except Exception as exc:  # noqa: BLE001 - unexpected: retryable by contract, like the trainer's
+        code, summary = 1, {"reason": "Error", "message": f"preflight: {type(exc).__name__}: {exc}"}
+        log.exception("preflight failed")
+    summary = {"exitCode": code, **summary}
+    write_termination_message(summary)
+    print("FINETUNE_PREFLIGHT " + json.dumps(summary, default=str), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
