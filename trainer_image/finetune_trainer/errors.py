@@ -1,5 +1,8 @@
 """Errors that map to the permanent exit codes of the contract (finetune_operator.api.exit_codes)."""
 
+from collections.abc import Callable
+from typing import Any
+
 from finetune_operator.api import exit_codes
 
 
@@ -25,3 +28,14 @@ class LossDiverged(TrainerError):
 
 class Interrupted(TrainerError):
     exit_code = exit_codes.INTERRUPTED
+
+
+def outcome(run: Callable[[], dict[str, Any]], prefix: str = "") -> tuple[int, dict[str, Any], Exception | None]:
+    """(exit code, summary, unexpected exception) of `run` under the contract: a TrainerError exits with its own
+    code; anything else is retryable (1) and is handed back so the caller can log and re-raise it."""
+    try:
+        return exit_codes.SUCCESS, run(), None
+    except TrainerError as exc:
+        return exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": f"{prefix}{exc}"}, None
+    except Exception as exc:  # noqa: BLE001 - everything unexpected is retryable by contract
+        return 1, {"reason": "Error", "message": f"{prefix}{type(exc).__name__}: {exc}"}, exc

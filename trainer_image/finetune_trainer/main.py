@@ -15,7 +15,7 @@ from finetune_operator.api import exit_codes
 
 from . import checkpoints
 from .config import TrainerConfig, load_config, training_arguments
-from .errors import ConfigError, Interrupted, LossDiverged, TrainerError
+from .errors import ConfigError, Interrupted, LossDiverged, TrainerError, outcome
 
 log = logging.getLogger("finetune_trainer")
 RESULT_DIR_ENV = "FINETUNE_RESULT_DIR"
@@ -184,18 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        summary = run(args.config)
-        code = exit_codes.SUCCESS
-    except TrainerError as exc:
-        code, summary = exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": str(exc)}
-        log.error("%s: %s", summary["reason"], exc)
-    except Exception as exc:  # noqa: BLE001 - everything unexpected is retryable by contract
-        code, summary = 1, {"reason": "Error", "message": f"{type(exc).__name__}: {exc}"}
-        log.exception("training failed")
-        write_result(code, summary)
-        raise
+    code, summary, unexpected = outcome(lambda: run(args.config))
+    if unexpected is not None:
+        log.error("training failed", exc_info=unexpected)
+    elif code != exit_codes.SUCCESS:
+        log.error("%s: %s", summary["reason"], summary["message"])
     write_result(code, summary)
+    if unexpected is not None:
+        raise unexpected
     if code == exit_codes.SUCCESS and os.environ.get("RANK", "0") == "0":
         print("FINETUNE_SUMMARY " + json.dumps(summary, default=str), flush=True)
     return code

@@ -24,7 +24,7 @@ from finetune_operator.api.data import DataSource
 from . import checkpoints
 from .config import TrainerConfig, load_config
 from .data import TokenizeStats, load_source, sft_example, text_blocks
-from .errors import ConfigError, DataError, TrainerError
+from .errors import ConfigError, DataError, outcome
 from .launch import write_termination_message
 
 log = logging.getLogger("finetune_trainer.preflight")
@@ -92,14 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        summary = run(args.config)
-        code = exit_codes.SUCCESS
-    except TrainerError as exc:
-        code, summary = exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": f"preflight: {exc}"}
-    except Exception as exc:  # noqa: BLE001 - unexpected: retryable by contract, like the trainer's
-        code, summary = 1, {"reason": "Error", "message": f"preflight: {type(exc).__name__}: {exc}"}
-        log.exception("preflight failed")
+    code, summary, unexpected = outcome(lambda: run(args.config), prefix="preflight: ")
+    if unexpected is not None:
+        log.error("preflight failed", exc_info=unexpected)
     summary = {"exitCode": code, **summary}
     write_termination_message(summary)
     print("FINETUNE_PREFLIGHT " + json.dumps(summary, default=str), flush=True)
