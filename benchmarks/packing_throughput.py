@@ -138,7 +138,7 @@ def training_flops_per_token(profile: Profile, mean_length: float) -> float:
 
 
 def peak_flops() -> float | None:
-    """The trainer's own datasheet table (dense bf16; FINETUNE_PEAK_TFLOPS overrides it)."""
+    """The trainer's own datasheet table (dense bf16), so the benchmark and status.progress.mfu agree."""
     import torch
 
     from finetune_trainer.throughput import peak_flops as device_peak

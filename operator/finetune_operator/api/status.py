@@ -37,7 +37,7 @@ class Progress(ApiModel):
     )
     mfu: float | None = Field(
         default=None, ge=0, description="Model FLOPs utilization: model FLOPs/s per GPU over the GPU's dense 16-bit "
-        "peak (absent on CPU, in fp32 and on GPUs without a known peak unless FINETUNE_PEAK_TFLOPS is set)."
+        "peak (absent on CPU, in fp32 and on GPUs without a known peak unless resources.peakTflopsPerGpu is set)."
     )
     peak_memory_gib: float | None = Field(default=None, ge=0, description="Rank 0's peak GPU memory, GiB.")
     eta: str | None = Field(default=None, max_length=64, description="Estimated time left, e.g. 1h02m.")
