@@ -41,6 +41,13 @@ CACHE_MOUNT_PATH: Final = "/cache"
 TMP_MOUNT_PATH: Final = "/tmp"
 SHM_MOUNT_PATH: Final = "/dev/shm"
 TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
+# The trainer's own pod volumes (render/workload.py); spec.pod.volumes may not reuse their names.
+CONFIG_VOLUME: Final = "config"
+OUTPUT_VOLUME: Final = "output"
+CACHE_VOLUME: Final = "cache"
+TMP_VOLUME: Final = "tmp"
+SHM_VOLUME: Final = "dshm"
+TRAINER_VOLUMES: Final = (CONFIG_VOLUME, OUTPUT_VOLUME, CACHE_VOLUME, TMP_VOLUME, SHM_VOLUME)
 
 CONTAINER_NAME: Final = "trainer"
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"

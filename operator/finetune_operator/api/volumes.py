@@ -7,6 +7,7 @@ import posixpath
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
+from pydantic.alias_generators import to_camel
 
 from . import constants as c
 from .base import ApiModel
@@ -16,8 +17,7 @@ from .k8s_names import DnsSubdomain
 # The trainer's own mounts (render/workload.py): a user volume on, above or inside one would hide it.
 RESERVED_MOUNT_PATHS = (c.CONFIG_MOUNT_PATH, c.OUTPUT_MOUNT_PATH, c.CACHE_MOUNT_PATH, c.TMP_MOUNT_PATH,
                         c.SHM_MOUNT_PATH, c.TERMINATION_MESSAGE_PATH)
-RESERVED_VOLUME_NAMES = ("config", "output", "cache", "tmp", "dshm")
-SOURCES = ("claimName", "configMap", "secret", "nfs")
+SOURCE_FIELDS = ("claim_name", "config_map", "secret", "nfs")
 
 
 def absolute_clean_path(path: str) -> str:
@@ -62,11 +62,12 @@ class Volume(ApiModel):
     @model_validator(mode="after")
     def _rules(self) -> "Volume":
         errors: list[FieldError] = []
-        given = [s for s in SOURCES if getattr(self, _attr(s)) is not None]
+        given = [to_camel(f) for f in SOURCE_FIELDS if getattr(self, f) is not None]
         if len(given) != 1:
-            errors.append(FieldError("", given or None, f"a volume needs exactly one of {', '.join(SOURCES)}",
+            sources = ", ".join(to_camel(f) for f in SOURCE_FIELDS)
+            errors.append(FieldError("", given or None, f"a volume needs exactly one of {sources}",
                                      "keep one of them" if given else "add claimName: <your claim>"))
-        if self.name in RESERVED_VOLUME_NAMES:
+        if self.name in c.TRAINER_VOLUMES:
             errors.append(FieldError("name", self.name, f"{self.name} is a volume of the trainer itself",
                                      "choose another name"))
         for reserved in RESERVED_MOUNT_PATHS:
@@ -91,10 +92,6 @@ class Volume(ApiModel):
             return {"secret": {"secretName": self.secret}}
         assert self.nfs is not None  # _rules: exactly one source
         return {"nfs": {"server": self.nfs.server, "path": self.nfs.path, "readOnly": self.read_only}}
-
-
-def _attr(source: str) -> str:
-    return {"claimName": "claim_name", "configMap": "config_map"}.get(source, source)
 
 
 def volume_list_errors(volumes: list[Volume]) -> list[FieldError]:

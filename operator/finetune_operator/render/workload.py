@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from ..api import constants as c
+from ..api.constants import CACHE_VOLUME, CONFIG_VOLUME, OUTPUT_VOLUME, SHM_VOLUME, TMP_VOLUME
 from ..api.spec import FineTuneJobSpec
 from ..api.volumes import Volume
 from .context import RenderContext
@@ -17,11 +18,6 @@ from .env import trainer_env
 from .names import attempt_labels, config_map_name, service_name, workload_name
 from .rbac import TRAINER_IDENTITY
 
-CONFIG_VOLUME = "config"
-OUTPUT_VOLUME = "output"
-CACHE_VOLUME = "cache"
-TMP_VOLUME = "tmp"
-SHM_VOLUME = "dshm"
 
 
 def trainer_command(ctx: RenderContext) -> list[str]:
