@@ -15,17 +15,16 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import exit_codes
 from finetune_operator.api.data import DataSource
 
-from . import checkpoints
 from .config import TrainerConfig, load_config
 from .data import TokenizeStats, load_source, sft_example, text_blocks
 from .errors import ConfigError, DataError, outcome
 from .launch import write_termination_message
+from .main import resume_checkpoint
 
 log = logging.getLogger("finetune_trainer.preflight")
 ROWS_PER_SOURCE = 64
@@ -69,12 +68,7 @@ def check_output(cfg: TrainerConfig) -> None:
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"the output directory {cfg.output_dir} is not writable: {exc}") from exc
-    resume = cfg.spec.checkpoints.resume
-    if resume not in ("auto", "never"):
-        try:
-            checkpoints.verify(Path(resume))
-        except checkpoints.IncompleteCheckpoint as exc:
-            raise ConfigError(f"checkpoints.resume points at an unusable checkpoint: {exc}") from exc
+    resume_checkpoint(cfg)  # the trainer's own choice: a checkpoint named in checkpoints.resume must verify
 
 
 def run(config_path: str) -> dict[str, Any]:
