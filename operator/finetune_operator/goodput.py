@@ -14,13 +14,14 @@ from typing import Any
 from .observed import format_time, parse_time
 
 SECONDS_PER_HOUR = 3600.0
+NOTHING_YET = {"gpuHours": 0.0, "restartDowntimeSeconds": 0, "stepsRedone": 0}  # not written until it changes
 
 
 def account(status: dict[str, Any], before: dict[str, Any], now: datetime, gpus: int, restarted: bool,
             resumed_step: int | None) -> None:
     """Updates status["goodput"] in place from the phase change before -> status (both operator status dicts)."""
     was, phase = before.get("phase"), status.get("phase")
-    goodput = dict(before.get("goodput") or {"gpuHours": 0.0, "restartDowntimeSeconds": 0, "stepsRedone": 0})
+    goodput = dict(before.get("goodput") or NOTHING_YET)
     if was == "Running" and phase != "Running":
         since = parse_time(goodput.pop("runningSince", None))
         if since is not None:
@@ -41,5 +42,5 @@ def account(status: dict[str, Any], before: dict[str, Any], now: datetime, gpus:
             lost = (progress.get("step") or 0) - (resumed_step or 0)
             goodput["stepsRedone"] = goodput.get("stepsRedone", 0) + max(lost, 0)
         goodput["attemptSince"] = format_time(now)  # later reports belong to the next attempt
-    if goodput != {"gpuHours": 0.0, "restartDowntimeSeconds": 0, "stepsRedone": 0} or before.get("goodput"):
+    if goodput != NOTHING_YET or before.get("goodput"):
         status["goodput"] = goodput

@@ -18,7 +18,7 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-def spec(tmp_path, rows, files=1, **kw) -> DataSpec:
+def spec(tmp_path, rows, files=1, **kw) -> tuple[DataSpec, list[str]]:
     chunk = -(-len(rows) // files)
     paths = [write_jsonl(tmp_path / f"part-{i}.jsonl", rows[i * chunk:(i + 1) * chunk]) for i in range(files)]
     return DataSpec.model_validate({"format": "alpaca", "train": [{"path": str(tmp_path / "part-*.jsonl")}],

@@ -4,8 +4,8 @@ import glob
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
