@@ -12,5 +12,5 @@ RUN pip install --no-deps . && rm -rf /src
 
 USER 65532:65532
 # The chart passes --all-namespaces or --namespace=... and the liveness endpoint as args.
-ENTRYPOINT ["kopf", "run", "--standalone", "-m", "finetune_operator.handlers"]
+ENTRYPOINT ["kopf", "run", "--standalone", "-m", "finetune_operator.controller.handlers"]
 CMD ["--all-namespaces"]

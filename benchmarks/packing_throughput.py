@@ -18,11 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "trainer_image")]
 
-from tests.builders import make_job  # noqa: E402
 from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
+from tests.builders import make_job  # noqa: E402
 from tests.support.trainer_run import run_nodes  # noqa: E402
 
-WORDS = "the quick brown fox jumps over the lazy dog and the sky is blue on a clear day".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and", "the", "sky", "is", "blue",
+         "on", "a", "clear", "day"]
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,7 @@ def baseline(model_dir: Path, rows: list, steps: int, work: Path, profile: Profi
     """A plain Trainer: same tokenized samples, DataCollatorForSeq2Seq padding, same arguments, one thread."""
     import datasets
     import torch
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer,
-                              TrainingArguments)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_trainer.data import tokenize_sft
@@ -180,7 +180,8 @@ def main() -> None:
             mfu = f"{rate * flops / peak:.1%}" if peak else "n/a"
             line += f"{mfu:>8}{r['peak'] or 0:>10.1f}"
         print(line)
-    print(f"padded tokens in the baseline's batches (estimate: the sampler re-drawn; pad to longest, batch 8): {runs['HF Trainer + Seq2Seq padding']['tokens_padded']}"
+    padded = runs['HF Trainer + Seq2Seq padding']['tokens_padded']
+    print(f"padded tokens in the baseline's batches (estimate: the sampler re-drawn; pad to longest, batch 8): {padded}"
           f" ({runs['HF Trainer + Seq2Seq padding']['tokens_padded'] / useful:.2f}x the useful tokens)")
 
 

@@ -33,9 +33,9 @@ from kubernetes import client, config, watch  # noqa: E402
 from kubernetes.dynamic import DynamicClient  # noqa: E402
 
 from finetune_operator.api import constants as c  # noqa: E402
-from finetune_operator.kube import Kube  # noqa: E402
+from finetune_operator.api.validation import validate_job  # noqa: E402
+from finetune_operator.controller.kube import Kube  # noqa: E402
 from finetune_operator.render import RenderContext, render_all  # noqa: E402
-from finetune_operator.validation import validate_job  # noqa: E402
 from tests.builders import make_job  # noqa: E402
 from tests.support import audit  # noqa: E402
 from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node  # noqa: E402
@@ -162,8 +162,9 @@ def main() -> None:
     try:
         api = config.new_client_from_config(str(cp.kubeconfig))
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        from tests.conftest import CRD_FILE  # noqa: PLC0415 - pytest-free import of one path constant
-        import yaml  # noqa: PLC0415
+        import yaml
+
+        from tests.conftest import CRD_FILE
 
         client.ApiextensionsV1Api(api).create_custom_resource_definition(yaml.safe_load(CRD_FILE.read_text()))
         started = time.time()
@@ -177,7 +178,8 @@ def main() -> None:
         print(f"baseline: a plain client applies the children of {baseline:.1f} jobs/s", flush=True)
 
         operator = OperatorProcess(cp.audited_kubeconfig, cp.work / "operator.log", workers=args.workers).start()
-        custom.create_namespaced_custom_object(c.GROUP, c.VERSION, "warmup", c.PLURAL, job_doc("warm", "warmup", 1, gpus=0))
+        custom.create_namespaced_custom_object(c.GROUP, c.VERSION, "warmup", c.PLURAL,
+                                               job_doc("warm", "warmup", 1, gpus=0))
         wait("the operator to run a warm-up job", lambda: (custom.get_namespaced_custom_object(
             c.GROUP, c.VERSION, "warmup", c.PLURAL, "warm").get("status") or {}).get("phase") == "Running", 120)
 

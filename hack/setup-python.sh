@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the project's virtualenv and links it as ./.venv.
-# The venv lives outside the work tree, keyed by a hash of requirements/ and the Python version, because torch's
-# CUDA wheels are several GB: a clean clone with the same pins reuses it in seconds. Our own packages are
-# installed editable on every call, so the venv always points at this checkout.
+# The venv lives outside the work tree, keyed by a hash of the trainer's pins and the Python version, because
+# torch's CUDA wheels are several GB: a clean clone with the same pins reuses it in seconds. The light pins
+# (operator, dev tools) are re-installed into it whenever they change, without rebuilding the heavy layer. Our own
+# packages are installed editable on every call, so the venv always points at this checkout.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${FINETUNE_CACHE:-$HOME/.cache/finetunejob}"
 py="${PYTHON:-python3}"
-key="$( (cat "$root"/requirements/*.txt; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-12)"
+pyversion="$("$py" -c 'import sys; print(sys.version)')"
+key="$( (cat "$root"/requirements/trainer*.txt; echo "$pyversion") | sha256sum | cut -c1-12)"
+light="$( (cat "$root"/requirements/*.txt; echo "$pyversion") | sha256sum | cut -c1-12)"
 venv="$cache/venv-$key"
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 if [[ ! -f "$venv/.complete" ]]; then
   echo "creating $venv (first time: downloads torch, several GB; pip's cache makes later builds fast)" >&2
   rm -rf "$venv"
   mkdir -p "$cache"
   "$py" -m venv "$venv"
-  pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   "${pip[@]}" --upgrade pip wheel setuptools
-  "${pip[@]}" -r "$root/requirements/operator.txt" -r "$root/requirements/trainer.txt" -r "$root/requirements/dev.txt"
+  "${pip[@]}" -r "$root/requirements/trainer.txt"
   DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation -r "$root/requirements/trainer-nobuildisolation.txt"
   touch "$venv/.complete"
+fi
+if [[ ! -f "$venv/.light-$light" ]]; then
+  echo "installing the operator's and the test tools' pins into $venv" >&2
+  "${pip[@]}" -r "$root/requirements/operator.txt" -r "$root/requirements/dev.txt" -r "$root/requirements/trainer.txt"
+  rm -f "$venv"/.light-* && touch "$venv/.light-$light"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$root"
 ln -sfn "$venv" "$root/.venv"

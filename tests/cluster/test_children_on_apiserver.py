@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from finetune_operator.api import constants as c
+from finetune_operator.api.validation import validate_job
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
-from finetune_operator.validation import validate_job
 from tests.builders import make_job
 from tests.conftest import EXAMPLES
 

@@ -15,11 +15,11 @@ from collections import Counter
 import pytest
 
 from finetune_operator.api import constants as c
-from finetune_operator.cache import Snapshot
-from finetune_operator.expectations import Expectations
-from finetune_operator.kube import Kube
-from finetune_operator.lifecycle import Settings
-from finetune_operator.reconcile import reconcile
+from finetune_operator.controller.cache import Snapshot
+from finetune_operator.controller.expectations import Expectations
+from finetune_operator.controller.kube import Kube
+from finetune_operator.controller.reconcile import reconcile
+from finetune_operator.controller.settings import Settings
 from tests.builders import make_job
 from tests.cluster.test_operator import status, wait_for, wait_phase
 from tests.support import audit
@@ -177,7 +177,7 @@ def test_stale_cache_gets_409_and_replans_without_lost_updates(kubectl, control_
     kubectl.run("patch", "ftj", "racy", "-n", namespace, "--subresource=status", "--type=merge", "-p",
                 json.dumps({"status": {"progress": {"step": 7}}}))
     since = time.time()
-    done = reconcile(kube, Snapshot(namespace, "racy", stale), Settings(), "trainer:test", lambda *a: None,
+    done = reconcile(kube, Snapshot(namespace, "racy", stale), Settings(trainer_image="trainer:test"), lambda *a: None,
                      Expectations())
     assert done.plan.create_attempt == 1
     st = status(kubectl, namespace, "racy")
@@ -193,7 +193,8 @@ def test_stale_cache_gets_409_and_replans_without_lost_updates(kubectl, control_
     failed = {"metadata": {"name": "racy-a1", "labels": {c.LABEL_ATTEMPT: "1"}}, "spec": {},
               "status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}
     done = reconcile(kube, Snapshot(namespace, "racy", running, workloads=[failed]),
-                     Settings(restart_backoff_seconds=0), "trainer:test", lambda *a: None, Expectations())
+                     Settings(restart_backoff_seconds=0, trainer_image="trainer:test"), lambda *a: None,
+                     Expectations())
     st = status(kubectl, namespace, "racy")
     assert (st["attempt"], st["restarts"]) == (2, 1)
     # The re-plan saw the real attempt-1 pod (read because a restart is under way): delete that attempt and wait.

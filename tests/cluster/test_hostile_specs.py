@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
 from finetune_operator.api.errors import InvalidSpec
-from finetune_operator.kube import Kube
+from finetune_operator.api.validation import validate_job
+from finetune_operator.controller.kube import Kube
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
-from finetune_operator.validation import validate_job
 from tests.builders import make_job
 from tests.conftest import CRD_FILE, EXAMPLES
 

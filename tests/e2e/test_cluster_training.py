@@ -8,7 +8,6 @@ import time
 import pytest
 import yaml
 
-from finetune_operator.api import constants as c
 from tests.conftest import ROOT
 from tests.support.operator_process import OperatorProcess
 from tests.support.pod_runner import PodRunner

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from finetune_operator.api import exit_codes
-from finetune_operator.local_run import kill_tree
+from finetune_operator.cli.processes import kill_tree
 from tests.conftest import ROOT
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")

@@ -56,7 +56,8 @@ def test_sft_loss_decreases_and_the_model_is_saved(tiny_model_dir, tmp_path):
     final = tmp_path / "output" / "final"
     assert (final / "model.safetensors").stat().st_size > 0 and (final / "tokenizer.json").exists()
     record = progress(tmp_path)[-1]
-    assert record["maxSteps"] == 30 and record["tokensPerSecond"] > 0 and record["checkpoint"]["step"] == 28  # newest complete when step 30 logged (its save follows the log)
+    # checkpoint: the newest complete one when step 30 was logged (its save follows the log)
+    assert record["maxSteps"] == 30 and record["tokensPerSecond"] > 0 and record["checkpoint"]["step"] == 28
 
 
 def test_resume_skips_a_partial_checkpoint_and_matches_the_uninterrupted_run(tiny_model_dir, tmp_path):
@@ -131,8 +132,8 @@ def test_nan_loss_stops_the_run_with_diverged(tiny_model_dir, tmp_path):
     ({"strategy": "ddp"}, {"distributedType": "DistributedType.MULTI_CPU", "modelWrapper": "DistributedDataParallel"}),
     ({"strategy": "deepspeed", "deepspeed": {"zeroStage": 2}},
      {"distributedType": "DistributedType.DEEPSPEED", "modelWrapper": "DeepSpeedEngine", "zeroStage": 2}),
-    ({"strategy": "deepspeed", "deepspeed": {"zeroStage": 3,
-                                             "config": {"zero_optimization": {"stage3_param_persistence_threshold": 0}}}},
+    ({"strategy": "deepspeed", "deepspeed": {
+        "zeroStage": 3, "config": {"zero_optimization": {"stage3_param_persistence_threshold": 0}}}},
      {"distributedType": "DistributedType.DEEPSPEED", "modelWrapper": "DeepSpeedEngine", "zeroStage": 3,
       "localParameterFraction": 0.5}),
 ], ids=["ddp", "zero2", "zero3"])

@@ -7,7 +7,6 @@ the tail of its log, so a broken environment is loud instead of a hang.
 
 from __future__ import annotations
 
-import os
 import socket
 import ssl
 import subprocess
@@ -75,7 +74,7 @@ class ControlPlane:
     def audit_log(self) -> Path:
         return self.work / "audit.log"
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         try:
             self._start_etcd()
             self._start_apiserver()

@@ -17,7 +17,7 @@ class OperatorProcess:
         self.metrics_port, self.workers = metrics_port, workers
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "OperatorProcess":
+    def start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "FINETUNE_RESTART_BACKOFF_SECONDS": str(self.restart_backoff),
                "FINETUNE_METRICS_PORT": str(self.metrics_port), "FINETUNE_WORKERS": str(self.workers),
@@ -26,7 +26,7 @@ class OperatorProcess:
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
-             "-m", "finetune_operator.handlers"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+             "-m", "finetune_operator.controller.handlers"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
         return self
 
     def kill(self) -> None:

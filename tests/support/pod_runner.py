@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
-from finetune_operator.local_run import kill_tree
+from finetune_operator.cli.processes import kill_tree
 from tests.support.controlplane import ROOT
 from tests.support.pod_status import terminated
 
@@ -39,7 +39,7 @@ class PodRunner:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.errors: list[str] = []
 
-    def __enter__(self) -> "PodRunner":
+    def __enter__(self) -> PodRunner:
         self._thread.start()
         return self
 
@@ -58,7 +58,7 @@ class PodRunner:
         while not self._stop.is_set():
             try:
                 self._tick()
-            except Exception as exc:  # noqa: BLE001 - surfaced by the test through .errors
+            except Exception as exc:
                 self.errors.append(repr(exc))
             time.sleep(0.3)
 

@@ -1,5 +1,5 @@
 """Run the real trainer the way a pod does, one process per "node" (rendezvous on 127.0.0.1): the same start-up
-as `finetune run` (finetune_operator.local_run), with a test environment and a result per node."""
+as `finetune run` (finetune_operator.cli.local_run), with a test environment and a result per node."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_operator.local_run import kill_tree, start_nodes
-from finetune_operator.validation import validate_job
+from finetune_operator.api.validation import validate_job
+from finetune_operator.cli.local_run import start_nodes
+from finetune_operator.cli.processes import kill_tree
 from tests.support.controlplane import ROOT
 
 # One thread per process on a 2-core machine, no hub access, and this checkout's packages on the path.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from finetune_operator.cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, apply_overrides, main
+from finetune_operator.cli.main import EXIT_INVALID, EXIT_OK, EXIT_USAGE, apply_overrides, main
 from tests.conftest import CRD_FILE, EXAMPLES, ROOT
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
@@ -72,9 +72,70 @@ def test_exponent_numbers_are_numbers_as_in_kubectl(tmp_path, capsys):
 
 
 def test_run_progress_line_shows_mfu_and_memory_only_when_measured():
-    from finetune_operator.local_run import render_progress
+    from finetune_operator.cli.progress import render_progress
 
     record = {"step": 5, "maxSteps": 10, "loss": 1.5, "tokensPerSecond": 12000.0, "eta": "0m05s"}
     assert "MFU" not in render_progress(record) and "GiB" not in render_progress(record)
     line = render_progress({**record, "mfu": 0.4213, "peakMemoryGiB": 61.27})
     assert "12000 tok/s  MFU 42.1%  61.3 GiB  ETA 0m05s" in line
+
+
+def test_validate_reads_standard_input(monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(Path(TINY).read_text()))
+    assert main(["validate", "-"]) == EXIT_OK
+    assert "-: tiny-cpu-sft: valid" in capsys.readouterr().out
+
+
+def test_validate_json_output_lists_each_result_with_its_errors(tmp_path, capsys):
+    import json
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"metadata": {"name": "bad"}, "spec": {
+        "model": {"name": "m"}, "data": {"format": "alpaca", "train": [{"path": "/a"}]},
+        "distributed": {"numNodes": 0}}}))
+    assert main(["validate", "-o", "json", TINY, str(bad)]) == EXIT_INVALID
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["name"], r["valid"]) for r in results] == [("tiny-cpu-sft", True), ("bad", False)]
+    assert results[0]["processes"] == 1 and results[0]["globalBatchSize"] >= 1
+    (error,) = results[1]["errors"]
+    assert error["path"] == "spec.distributed.numNodes" and error["value"] == 0 and error["fix"]
+
+
+def test_validate_yaml_output_parses(capsys):
+    assert main(["validate", "--output", "yaml", TINY]) == EXIT_OK
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert doc["results"][0]["name"] == "tiny-cpu-sft" and doc["results"][0]["valid"] is True
+
+
+def test_render_json_is_a_list_like_kubectl_prints(capsys):
+    import json
+
+    assert main(["render", TINY, "-n", "team-b", "-o", "json"]) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "List" and doc["apiVersion"] == "v1"
+    assert [o["kind"] for o in doc["items"]][-3:] == ["ConfigMap", "Service", "Job"]
+    assert {o["metadata"]["namespace"] for o in doc["items"]} == {"team-b"}
+
+
+def test_version_names_the_package_and_the_transformers_it_checks_against(capsys):
+    from finetune_operator import __version__
+    from finetune_operator.api.transformers_names import TRANSFORMERS_VERSION
+
+    try:
+        main(["--version"])
+    except SystemExit as stop:
+        assert stop.code == 0
+    out = capsys.readouterr().out
+    assert __version__ in out and TRANSFORMERS_VERSION in out
+
+
+def test_run_refuses_an_invalid_spec_with_the_trainers_permanent_code(tmp_path, capsys):
+    """78 (InvalidConfig) like the trainer, so scripts never retry it; nothing is started."""
+    from finetune_operator.api import exit_codes
+
+    code = main(["run", TINY, "--set", "spec.distributed.numNodes=0", "--output", str(tmp_path / "run")])
+    assert code == exit_codes.CONFIG_ERROR and exit_codes.is_permanent(code)
+    assert "spec.distributed.numNodes" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -2,8 +2,7 @@
 
 import yaml
 
-from finetune_operator.api.crd import crd
-from finetune_operator.cli import crd_yaml
+from finetune_operator.api.crd import crd, crd_yaml
 from tests.conftest import CRD_FILE
 
 
@@ -31,7 +30,8 @@ def test_schema_is_structural():
 
 def test_every_spec_field_has_a_description():
     root = spec_schema()["properties"]["spec"]
-    missing = [p for p, node in walk(root, "spec") if p != "spec" and not node.get("description") and "[]" not in p[-2:]]
+    missing = [p for p, node in walk(root, "spec")
+               if p != "spec" and not node.get("description") and "[]" not in p[-2:]]
     assert missing == []
 
 
@@ -71,7 +71,7 @@ def test_chart_ships_the_same_crd():
 def test_chart_values_and_schema_are_generated():
     import json as _json
 
-    from finetune_operator.chart_values import values_schema, values_yaml
+    from finetune_operator.api.chart_values import values_schema, values_yaml
 
     chart = CRD_FILE.parents[1] / "charts" / "finetunejob"
     assert (chart / "values.yaml").read_text() == values_yaml(), "run ./hack/generate.sh"
@@ -84,3 +84,38 @@ def test_spec_reference_is_generated():
     reference = CRD_FILE.parents[1] / "docs" / "spec-reference.md"
     assert reference.read_text() == spec_reference(), "run ./hack/generate.sh"
     assert "`spec.distributed.deepspeed.zeroStage`" in reference.read_text()
+
+
+def test_trainer_progress_payload_fits_the_status_model_and_is_rounded():
+    """What rank 0 patches into status.progress passes the status model (the CRD schema's source) and reads well
+    in `kubectl get ftj`: 4 significant digits of loss, whole tokens/s."""
+    from finetune_operator.api.status import Progress
+    from finetune_trainer.callbacks import status_progress
+
+    record = {"time": "2026-11-23T10:00:00Z", "step": 13, "maxSteps": 30, "epoch": 0.43333333333,
+              "loss": 6.161258220672607, "evalLoss": 5.98712345, "learningRate": 0.0035123456,
+              "tokensPerSecond": 2796.4069254628266, "tokensPerSecondPerDevice": 1398.2034627314133, "mfu": 0.4213,
+              "peakMemoryGiB": 61.2712, "tokensSeen": 1000, "eta": "0m03s", "checkpoint": None}
+    progress = status_progress(record)
+    Progress.model_validate(progress)
+    assert progress["loss"] == 6.161 and progress["evalLoss"] == 5.987
+    assert progress["tokensPerSecond"] == 2796 and progress["tokensPerSecondPerDevice"] == 1398
+    assert progress["percent"] == 43 and progress["mfu"] == 0.4213
+    assert "tokensSeen" not in progress and "checkpoint" not in progress
+
+
+def test_grafana_dashboard_queries_only_metrics_the_operator_exports():
+    import json as _json
+    import re
+
+    from prometheus_client import REGISTRY
+
+    from finetune_operator.controller import metrics  # noqa: F401 - registers the operator's metrics
+
+    exported = {m.name for m in REGISTRY.collect()}
+    dashboard = _json.loads((CRD_FILE.parents[1] / "charts" / "finetunejob" / "dashboards" /
+                             "finetunejob-operator.json").read_text())
+    queried = {name for p in dashboard["panels"] for t in p["targets"]
+               for name in re.findall(r"finetunejob_[a-z_]+", t["expr"])}
+    base = {re.sub(r"_(bucket|total|count|sum)$", "", q) for q in queried}
+    assert queried and base <= exported, base - exported

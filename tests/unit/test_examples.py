@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
+from finetune_operator.api.validation import validate_job
 from finetune_operator.render import RenderContext, render_all
-from finetune_operator.validation import validate_job
 from tests.conftest import EXAMPLES
 
 

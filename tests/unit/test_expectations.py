@@ -1,6 +1,6 @@
 """Expectations: our own writes are trusted until the watch shows them, then forgotten."""
 
-from finetune_operator.expectations import Expectations
+from finetune_operator.controller.expectations import Expectations
 
 
 class Clock:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from finetune_operator.api import constants as c
 from finetune_trainer import launch
 
 
@@ -35,7 +36,7 @@ def test_gives_up_with_an_explanation():
 
 
 def test_main_returns_the_retryable_code_when_dns_never_resolves(monkeypatch):
-    monkeypatch.setenv(launch.MASTER_ADDR_ENV, "no-such-host.invalid")
+    monkeypatch.setenv(c.ENV_PET_MASTER_ADDR, "no-such-host.invalid")
     assert launch.main(["--config", "/x", "--dns-timeout", "0"]) == launch.EXIT_DNS_TIMEOUT
 
 
@@ -61,7 +62,7 @@ def test_aggregate_keeps_the_contract(results, torchrun_code, expected):
 
 def test_termination_message_is_capped(tmp_path, monkeypatch):
     target = tmp_path / "termination-log"
-    monkeypatch.setenv(launch.TERMINATION_LOG_ENV, str(target))
+    monkeypatch.setenv(c.ENV_TERMINATION_LOG, str(target))
     launch.write_termination_message({"exitCode": 0, "reason": "Succeeded", "data": "x" * 10000, "steps": 5})
     text = target.read_text()
     assert len(text) <= launch.MAX_TERMINATION_MESSAGE and '"steps": 5' in text

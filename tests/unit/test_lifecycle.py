@@ -1,18 +1,28 @@
 """The FineTuneJob state machine, pure: every phase, gang restart, backoff, suspend/Kueue, deadline, stall, TTL."""
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from finetune_operator.api import constants as c
 from finetune_operator.api.errors import FieldError, InvalidSpec
-from finetune_operator.lifecycle import Observed, Settings, only_cosmetic, plan
-from finetune_operator.validation import validate_job
+from finetune_operator.api.status import FineTuneJobStatus
+from finetune_operator.api.validation import validate_job
+from finetune_operator.controller import lifecycle
+from finetune_operator.controller.lifecycle import Observed, only_cosmetic
+from finetune_operator.controller.settings import Settings
 from tests.builders import make_job
 
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 SETTINGS = Settings(restart_backoff_seconds=10, restart_backoff_max_seconds=300)
+
+
+def plan(*args, **kwargs) -> lifecycle.Plan:
+    """lifecycle.plan, with every planned status checked against the status model (and so the CRD schema)."""
+    result = lifecycle.plan(*args, **kwargs)
+    FineTuneJobStatus.model_validate(result.status)
+    return result
 
 
 def ts(t: datetime) -> str:
@@ -131,7 +141,7 @@ def test_backoff_limit_exceeded():
 
 
 def test_backoff_doubles_and_is_capped():
-    from finetune_operator.lifecycle import backoff
+    from finetune_operator.controller.lifecycle import backoff
 
     assert [backoff(SETTINGS, n) for n in (1, 2, 3, 10)] == [10, 20, 40, 300]
 
@@ -267,7 +277,8 @@ def test_goodput_accounts_gpu_hours_restart_downtime_and_redone_steps():
 
     # Attempt 2 dies 2 min in, before reporting: the stale step-500 report must not count 100 steps again.
     st = step(st, 72, [workload(2, failed=True)], [pod(0, "Failed", 1), pod(1)], **report)
-    assert st["goodput"]["stepsRedone"] == 100 and st["goodput"]["gpuHours"] == pytest.approx(16 + 16 * 2 / 60, abs=1e-3)
+    assert st["goodput"]["stepsRedone"] == 100
+    assert st["goodput"]["gpuHours"] == pytest.approx(16 + 16 * 2 / 60, abs=1e-3)
 
     st = step(st, 77, [workload(3)], [pod(0), pod(1)], **report)
     assert st["goodput"]["restartDowntimeSeconds"] == 600 + 300

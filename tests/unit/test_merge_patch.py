@@ -1,6 +1,6 @@
 """The status patch removes what the new status dropped, and mentions nothing that did not change."""
 
-from finetune_operator.merge_patch import merge_patch
+from finetune_operator.controller.merge_patch import merge_patch
 
 
 def apply(doc, patch):

@@ -3,8 +3,8 @@
 import json
 
 from finetune_operator.api import exit_codes
-from finetune_operator.local_run import prepare
-from finetune_operator.validation import validate_job
+from finetune_operator.api.validation import validate_job
+from finetune_operator.cli.local_run import prepare
 from finetune_trainer import preflight
 from tests.builders import make_job
 

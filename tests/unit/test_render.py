@@ -5,9 +5,9 @@ import json
 import pytest
 
 from finetune_operator.api import constants as c
+from finetune_operator.api.validation import validate_job
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
 from finetune_operator.render.rbac import trainer_binding_name
-from finetune_operator.validation import validate_job
 from tests.builders import make_job
 
 CTX = RenderContext(name="test-job", namespace="ml", attempt=2, trainer_image="registry.local/trainer:1")

@@ -7,10 +7,11 @@ import pytest
 import yaml
 
 from finetune_operator.api.training import MANAGED_TRAINING_ARGUMENTS
+from finetune_operator.api.transformers_names import OPTIMIZER_NAMES, SCHEDULER_NAMES, TRAINING_ARGUMENT_NAMES
+from finetune_operator.api.validation import validate_job
+from finetune_operator.generate import NAMES_MODULE, names_module
 from finetune_operator.render import RenderContext
 from finetune_operator.render.configmap import config_files
-from finetune_operator.training_arguments import training_argument_names
-from finetune_operator.validation import validate_job
 from tests.conftest import EXAMPLES
 
 transformers = pytest.importorskip("transformers")
@@ -20,8 +21,15 @@ def real_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
 
 
-def test_ast_reader_matches_the_dataclass():
-    assert training_argument_names() == real_fields()
+def test_generated_names_match_the_installed_transformers():
+    """The operator ships these names instead of transformers; the pinned transformers is the truth."""
+    from transformers.trainer_utils import SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    assert real_fields() == TRAINING_ARGUMENT_NAMES
+    assert {o.value for o in OptimizerNames} == OPTIMIZER_NAMES
+    assert {s.value for s in SchedulerType} == SCHEDULER_NAMES
+    assert NAMES_MODULE.read_text() == names_module(), "api/transformers_names.py is stale: run ./hack/generate.sh"
 
 
 def test_every_managed_name_is_a_real_field():

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from finetune_operator.api.errors import InvalidSpec
-from finetune_operator.validation import validate_job
+from finetune_operator.api.validation import validate_job
 from tests.builders import DELETE, make_job
 
 CPU = {"spec.distributed.gpusPerNode": 0}
@@ -79,7 +79,8 @@ BAD_INPUTS = [
     ("cpu-fp16", {**CPU, "spec.training.precision": "fp16"}, "spec.training.precision", "fp16 mixed precision needs"),
     ("cpu-flash-attention", {**CPU, "spec.model.attnImplementation": "flash_attention_2"},
      "spec.model.attnImplementation", "flash attention kernels need a GPU"),
-    ("fsdp2-hybrid", {"spec.distributed.strategy": "fsdp", "spec.distributed.fsdp": {"shardingStrategy": "hybrid_shard"}},
+    ("fsdp2-hybrid",
+     {"spec.distributed.strategy": "fsdp", "spec.distributed.fsdp": {"shardingStrategy": "hybrid_shard"}},
      "spec.distributed.fsdp.shardingStrategy", "FSDP2 supports full_shard and shard_grad_op only"),
     ("rendezvous-port-low", {"spec.distributed.rendezvousPort": 80}, "spec.distributed.rendezvousPort",
      "greater than or equal to 1024"),
@@ -202,13 +203,77 @@ def test_unknown_field_suggests_the_closest_name_and_lists_valid_ones():
     assert "gpusPerNode" in error.fix
 
 
-def test_unknown_training_argument_lists_valid_names_from_transformers():
+def test_unknown_training_argument_suggests_the_closest_names_only():
     with pytest.raises(InvalidSpec) as info:
-        validate_job(make_job({"spec.training.extraArgs": {"adam_beta3": 0.9}}))
+        validate_job(make_job({"spec.training.extraArgs": {"adam_beta3": 0.9, "zzz_not_close": 1}}))
+    close, far = info.value.errors
+    assert close.fix == "did you mean adam_beta2 or adam_beta1?"  # not ~150 names
+    assert far.path == "spec.training.extraArgs.zzz_not_close" and "did you mean" not in far.fix
+    assert "TrainingArguments reference" in far.fix
+
+
+@pytest.mark.parametrize("name, fix", [
+    ("evaluation_strategy", "set spec.training.evalStrategy"),
+    ("group_by_length", "train_sampling_strategy: group_by_length"),
+    ("logging_dir", "runs/ in the output directory"),
+    ("overwrite_output_dir", "spec.checkpoints.resume"),
+    ("save_safetensors", "always saved as safetensors"),
+    ("fp16_opt_level", "spec.training.precision"),
+], ids=lambda v: v if isinstance(v, str) and "_" in v and " " not in v else "")
+def test_seed_era_training_arguments_name_where_the_setting_went(name, fix):
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({f"spec.training.extraArgs.{name}": True}))
     (error,) = info.value.errors
-    assert error.fix.startswith("did you mean adam_beta2")
-    assert "valid names:" in error.fix and "label_smoothing_factor" in error.fix
-    assert "output_dir" not in error.fix  # managed names are not offered
+    assert error.path == f"spec.training.extraArgs.{name}" and "transformers 5." in error.message
+    assert fix in error.fix
+
+
+def test_retired_names_are_not_fields_of_the_pinned_transformers():
+    from finetune_operator.api.training import RETIRED_TRAINING_ARGUMENTS
+    from finetune_operator.api.transformers_names import TRAINING_ARGUMENT_NAMES
+
+    assert set(RETIRED_TRAINING_ARGUMENTS) & TRAINING_ARGUMENT_NAMES == set()
+    assert "train_sampling_strategy" in TRAINING_ARGUMENT_NAMES  # where group_by_length went
+
+
+@pytest.mark.parametrize("overrides, path, message", [
+    ({"spec.training.optim": "adamw_hf"}, "spec.training.optim", "not an optimizer of transformers"),
+    ({"spec.training.lrScheduler": "cosine_with_min_lr"}, "spec.training.lrScheduler",
+     "needs min_lr or min_lr_rate in extraArgs.lr_scheduler_kwargs"),
+    ({"spec.training.lrScheduler": "cosine_with_min_lr",
+      "spec.training.extraArgs.lr_scheduler_kwargs": {"min_lr": 1e-5, "min_lr_rate": 0.1}},
+     "spec.training.lrScheduler", "needs min_lr or min_lr_rate"),
+    ({"spec.training.lrScheduler": "warmup_stable_decay"}, "spec.training.lrScheduler", "needs num_decay_steps"),
+    ({"spec.training.lrScheduler": "reduce_lr_on_plateau"}, "spec.training.lrScheduler", "steps on the eval loss"),
+], ids=["optim-adamw_hf", "min-lr-missing", "min-lr-both", "wsd-decay-missing", "plateau-without-eval"])
+def test_optimizer_and_scheduler_fail_at_validation_not_in_the_pod(overrides, path, message):
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job(overrides))
+    (error,) = info.value.errors
+    assert error.path == path and message in error.message and error.fix
+
+
+def test_optimizer_fix_offers_the_closest_real_names():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.training.optim": "adamw_hf"}))
+    assert "adamw_" in info.value.errors[0].fix
+
+
+def test_schedulers_with_their_kwargs_are_accepted():
+    ok = validate_job(make_job({"spec.training.lrScheduler": "cosine_with_min_lr",
+                                "spec.training.extraArgs.lr_scheduler_kwargs": {"min_lr_rate": 0.1}}))
+    assert ok.spec.training.extra_args["lr_scheduler_kwargs"] == {"min_lr_rate": 0.1}
+    validate_job(make_job({"spec.training.lrScheduler": "warmup_stable_decay",
+                           "spec.training.extraArgs.lr_scheduler_kwargs": {"num_decay_steps": 10}}))
+
+
+def test_every_scheduler_the_api_offers_is_one_transformers_has():
+    from typing import get_args
+
+    from finetune_operator.api.training import Scheduler
+    from finetune_operator.api.transformers_names import SCHEDULER_NAMES
+
+    assert set(get_args(Scheduler)) <= SCHEDULER_NAMES
 
 
 def test_summary_lists_every_error_with_value_and_fix():

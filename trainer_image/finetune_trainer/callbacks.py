@@ -90,16 +90,30 @@ class ProgressCallback(TrainerCallback):
     def _report(self, record: dict[str, Any], force: bool = False) -> None:
         if self.reporter is None:
             return
-        percent = int(100 * record["step"] / record["maxSteps"]) if record.get("maxSteps") else None
-        progress = {"step": record["step"], "maxSteps": record["maxSteps"], "epoch": record["epoch"],
-                    "percent": percent, "loss": record["loss"], "evalLoss": record.get("evalLoss"),
-                    "learningRate": record["learningRate"], "tokensPerSecond": record["tokensPerSecond"],
-                    "tokensPerSecondPerDevice": record.get("tokensPerSecondPerDevice"), "mfu": record.get("mfu"),
-                    "peakMemoryGiB": record.get("peakMemoryGiB"), "eta": record["eta"], "updatedAt": record["time"]}
-        status: dict[str, Any] = {"progress": {k: v for k, v in progress.items() if v is not None}}
+        status: dict[str, Any] = {"progress": status_progress(record)}
         if self.checkpoint is not None:
             status["checkpoint"] = self.checkpoint
         self.reporter.report(status, force=force)
+
+
+def _significant(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+def status_progress(record: dict[str, Any]) -> dict[str, Any]:
+    """status.progress from a progress.jsonl record, rounded for the columns people read (`kubectl get ftj`):
+    losses to 4 significant digits, tokens/s to whole tokens. progress.jsonl keeps full precision."""
+    percent = int(100 * record["step"] / record["maxSteps"]) if record.get("maxSteps") else None
+    per_device = record.get("tokensPerSecondPerDevice")
+    progress = {"step": record["step"], "maxSteps": record["maxSteps"], "epoch": _significant(record.get("epoch"), 6),
+                "percent": percent, "loss": _significant(record["loss"]),
+                "evalLoss": _significant(record.get("evalLoss")), "learningRate": _significant(record["learningRate"]),
+                "tokensPerSecond": None if record["tokensPerSecond"] is None else round(record["tokensPerSecond"]),
+                "tokensPerSecondPerDevice": None if per_device is None else round(per_device),
+                "mfu": record.get("mfu"),
+                "peakMemoryGiB": None if record.get("peakMemoryGiB") is None else round(record["peakMemoryGiB"], 2),
+                "eta": record["eta"], "updatedAt": record["time"]}
+    return {k: v for k, v in progress.items() if v is not None}
 
 
 def _device_name() -> str | None:

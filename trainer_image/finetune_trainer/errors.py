@@ -37,5 +37,5 @@ def outcome(run: Callable[[], dict[str, Any]], prefix: str = "") -> tuple[int, d
         return exit_codes.SUCCESS, run(), None
     except TrainerError as exc:
         return exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": f"{prefix}{exc}"}, None
-    except Exception as exc:  # noqa: BLE001 - everything unexpected is retryable by contract
+    except Exception as exc:
         return 1, {"reason": "Error", "message": f"{prefix}{type(exc).__name__}: {exc}"}, exc

@@ -21,12 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
 
-MASTER_ADDR_ENV = "PET_MASTER_ADDR"
-RESULT_DIR_ENV = "FINETUNE_RESULT_DIR"
-TERMINATION_LOG_ENV = "FINETUNE_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
 EXIT_DNS_TIMEOUT = exit_codes.RENDEZVOUS_DNS_TIMEOUT
 
@@ -72,7 +69,7 @@ def aggregate(results: list[dict], torchrun_code: int) -> tuple[int, dict]:
 
 
 def write_termination_message(summary: dict) -> None:
-    path = Path(os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
+    path = Path(os.environ.get(c.ENV_TERMINATION_LOG, c.TERMINATION_MESSAGE_PATH))
     text = json.dumps(summary, default=str)
     if len(text) > MAX_TERMINATION_MESSAGE:
         text = json.dumps({k: summary.get(k) for k in ("exitCode", "reason", "message", "steps", "finalLoss")},
@@ -85,7 +82,7 @@ def write_termination_message(summary: dict) -> None:
 
 def run_torchrun(argv: list[str], result_dir: Path) -> int:
     """Runs torchrun as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every worker cleanly."""
-    env = {**os.environ, RESULT_DIR_ENV: str(result_dir)}
+    env = {**os.environ, c.ENV_RESULT_DIR: str(result_dir)}
     child = subprocess.Popen(argv, env=env)
 
     def forward(signum, _frame):
@@ -104,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="trainer.json mounted from the ConfigMap")
     parser.add_argument("--dns-timeout", type=float, default=600.0, help="seconds to wait for node 0's DNS name")
     args = parser.parse_args(argv)
-    master = os.environ.get(MASTER_ADDR_ENV)
+    master = os.environ.get(c.ENV_PET_MASTER_ADDR)
     if master:
         try:
             waited = wait_for_dns(master, args.dns_timeout)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
 
 from . import checkpoints
@@ -18,14 +19,13 @@ from .config import TrainerConfig, load_config, training_arguments
 from .errors import ConfigError, Interrupted, LossDiverged, TrainerError, outcome
 
 log = logging.getLogger("finetune_trainer")
-RESULT_DIR_ENV = "FINETUNE_RESULT_DIR"
 
 
 def setup(config_path: str):
     """Config -> (TrainerConfig, TrainingArguments). Building the arguments also initialises torch.distributed."""
     cfg = load_config(config_path)
     if cfg.spec.distributed.gpus_per_node == 0 and cfg.spec.distributed.deepspeed is not None:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault(c.ENV_DS_ACCELERATOR, "cpu")
     args = training_arguments(cfg)
     if args.use_cpu and args.fsdp:
         raise ConfigError("FSDP through the Trainer needs GPUs; on CPU it silently runs as DDP")
@@ -172,10 +172,10 @@ def sharding(trainer) -> dict[str, Any]:
 
 def write_result(code: int, summary: dict[str, Any]) -> None:
     """Each process leaves its result where the launcher aggregates it into the pod's termination message."""
-    directory = os.environ.get(RESULT_DIR_ENV)
+    directory = os.environ.get(c.ENV_RESULT_DIR)
     if not directory:
         return
-    rank = os.environ.get("LOCAL_RANK", "0")
+    rank = os.environ.get(c.ENV_LOCAL_RANK, "0")
     Path(directory, f"result-{rank}.json").write_text(json.dumps({"exitCode": code, **summary}, default=str))
 
 
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_result(code, summary)
     if unexpected is not None:
         raise unexpected
-    if code == exit_codes.SUCCESS and os.environ.get("RANK", "0") == "0":
+    if code == exit_codes.SUCCESS and os.environ.get(c.ENV_RANK, "0") == "0":
         print("FINETUNE_SUMMARY " + json.dumps(summary, default=str), flush=True)
     return code
 

@@ -17,7 +17,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from finetune_operator.api import exit_codes
 from finetune_operator.api.data import DataSource
 
 from .config import TrainerConfig, load_config

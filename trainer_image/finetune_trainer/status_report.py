@@ -14,11 +14,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_operator.api.constants import API_VERSION, PLURAL
+from finetune_operator.api import constants as c
 
 log = logging.getLogger(__name__)
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-SA_DIR_ENV = "FINETUNE_SERVICEACCOUNT_DIR"  # where the token is mounted, if not the standard path
 
 
 @dataclass
@@ -34,8 +32,8 @@ class StatusReporter:
 
     @classmethod
     def in_cluster(cls, namespace: str, name: str) -> "StatusReporter | None":
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        sa_dir = os.environ.get(SA_DIR_ENV, SA_DIR)
+        host, port = os.environ.get(c.ENV_KUBERNETES_SERVICE_HOST), os.environ.get(c.ENV_KUBERNETES_SERVICE_PORT, "443")
+        sa_dir = os.environ.get(c.ENV_SERVICEACCOUNT_DIR, c.SERVICEACCOUNT_DIR)
         token_file = os.path.join(sa_dir, "token")
         if not host or not os.path.exists(token_file):
             return None
@@ -46,7 +44,7 @@ class StatusReporter:
 
     @property
     def url(self) -> str:
-        return f"{self.server}/apis/{API_VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.name}/status"
+        return f"{self.server}/apis/{c.API_VERSION}/namespaces/{self.namespace}/{c.PLURAL}/{self.name}/status"
 
     def report(self, status: dict[str, Any], force: bool = False) -> bool:
         """Sends the patch unless one was sent within min_interval (force: the final report). True if sent."""

@@ -1,4 +1,15 @@
-{{- define "finetunejob.name" -}}{{ .Release.Name }}-operator{{- end -}}
+{{/* <release>-operator unless overridden; every operator resource is named by it. */}}
+{{- define "finetunejob.name" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (default "operator" .Values.nameOverride) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "finetunejob.image" -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
 
 {{- define "finetunejob.labels" -}}
 app.kubernetes.io/name: finetunejob

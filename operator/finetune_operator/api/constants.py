@@ -73,6 +73,38 @@ ENV_JOB_NAMESPACE: Final = "FINETUNE_JOB_NAMESPACE"
 ENV_ATTEMPT: Final = "FINETUNE_ATTEMPT"
 ENV_POD_NAME: Final = "FINETUNE_POD_NAME"
 
+# Where the trainer puts per-process results for the launcher (a directory) and the launcher its summary (the
+# container's termination message file); local runs point both elsewhere.
+ENV_RESULT_DIR: Final = "FINETUNE_RESULT_DIR"
+ENV_TERMINATION_LOG: Final = "FINETUNE_TERMINATION_LOG"
+# The ServiceAccount token's directory, when not the standard in-cluster path (local runs, tests).
+ENV_SERVICEACCOUNT_DIR: Final = "FINETUNE_SERVICEACCOUNT_DIR"
+SERVICEACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+# torch.distributed's own variables, set by torchrun for each worker.
+ENV_RANK: Final = "RANK"
+ENV_LOCAL_RANK: Final = "LOCAL_RANK"
+# Hugging Face's cache root (models, tokenizers, datasets downloaded from the Hub), and the other libraries'
+# compile caches: all on a writable volume, the root filesystem being read-only.
+ENV_HF_HOME: Final = "HF_HOME"
+ENV_TORCH_EXTENSIONS_DIR: Final = "TORCH_EXTENSIONS_DIR"
+ENV_TRITON_CACHE_DIR: Final = "TRITON_CACHE_DIR"
+# DeepSpeed picks its accelerator from this ("cpu" for CPU jobs); NCCL's log level (spec.distributed.ncclDebug).
+ENV_DS_ACCELERATOR: Final = "DS_ACCELERATOR"
+ENV_NCCL_DEBUG: Final = "NCCL_DEBUG"
+# In-cluster config: the apiserver's address as the kubelet sets it for every container.
+ENV_KUBERNETES_SERVICE_HOST: Final = "KUBERNETES_SERVICE_HOST"
+ENV_KUBERNETES_SERVICE_PORT: Final = "KUBERNETES_SERVICE_PORT"
+
+# The operator's own settings (controller/settings.py), set by the chart's Deployment.
+ENV_OPERATOR_TRAINER_IMAGE: Final = "FINETUNE_TRAINER_IMAGE"
+ENV_OPERATOR_RESTART_BACKOFF: Final = "FINETUNE_RESTART_BACKOFF_SECONDS"
+ENV_OPERATOR_METRICS_PORT: Final = "FINETUNE_METRICS_PORT"
+ENV_OPERATOR_WORKERS: Final = "FINETUNE_WORKERS"
+OPERATOR_HEALTH_PORT: Final = 8081
+DEFAULT_METRICS_PORT: Final = 8080
+# Non-root uid/gid of the operator image (Dockerfile) and of the chart's pod securityContext.
+OPERATOR_UID: Final = 65532
+
 # Names a user env entry may not set: torchrun/torch.distributed would silently be redirected.
 RESERVED_ENV_NAMES: Final = frozenset(
     {

@@ -6,6 +6,8 @@ type everywhere, and x-kubernetes-preserve-unknown-fields where a field is free-
 
 from typing import Any
 
+import yaml
+
 from .constants import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from .spec import FineTuneJobSpec
 from .status import FineTuneJobStatus
@@ -19,9 +21,10 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus", "description": "GPUs per attempt."},
     {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percent",
      "description": "Percent of optimizer steps done."},
-    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Latest training loss."},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss",
+     "description": "Latest training loss (4 significant digits)."},
     {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Estimated time left."},
-    {"name": "Tok/s/GPU", "type": "number", "jsonPath": ".status.progress.tokensPerSecondPerDevice", "priority": 1,
+    {"name": "Tok/s/GPU", "type": "integer", "jsonPath": ".status.progress.tokensPerSecondPerDevice", "priority": 1,
      "description": "Training tokens/s per GPU."},
     {"name": "MFU", "type": "number", "jsonPath": ".status.progress.mfu", "priority": 1,
      "description": "Model FLOPs utilization (0-1)."},
@@ -29,7 +32,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "GPU-hours of ended running periods."},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1,
      "description": "Current attempt."},
-    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason",
      "description": "Why the job is in its phase."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
@@ -75,6 +78,12 @@ def crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+def crd_yaml() -> str:
+    """The CRD as the YAML file committed under crds/ and in the chart."""
+    header = "# Generated from the pydantic models by `finetune crd`; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
 
 
 def structural_schema(schema: dict[str, Any]) -> dict[str, Any]:

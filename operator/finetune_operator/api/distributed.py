@@ -60,9 +60,11 @@ class FsdpSpec(ApiModel):
         default=None, ge=1, description="size_based_wrap: parameters per FSDP unit."
     )
     backward_prefetch: Literal["backward_pre", "backward_post", "none"] = Field(
-        default="backward_pre", description="FSDP1: prefetch the next unit's parameters during backward (FSDP2 prefetches on its own)."
+        default="backward_pre",
+        description="FSDP1: prefetch the next unit's parameters during backward (FSDP2 prefetches on its own)."
     )
-    forward_prefetch: bool = Field(default=False, description="FSDP1: prefetch the next unit's parameters during forward.")
+    forward_prefetch: bool = Field(default=False,
+                                   description="FSDP1: prefetch the next unit's parameters during forward.")
     activation_checkpointing: bool = Field(
         default=False, description="FSDP-native activation checkpointing (use instead of gradientCheckpointing)."
     )
@@ -80,7 +82,8 @@ class FsdpSpec(ApiModel):
     def _wrap_rules(self) -> "FsdpSpec":
         errors: list[FieldError] = []
         if self.min_num_params is not None and self.auto_wrap_policy != "size_based_wrap":
-            errors.append(FieldError("minNumParams", self.min_num_params, "minNumParams applies to size_based_wrap only",
+            errors.append(FieldError("minNumParams", self.min_num_params,
+                                     "minNumParams applies to size_based_wrap only",
                                      "set autoWrapPolicy: size_based_wrap or remove minNumParams"))
         if self.version == 2 and self.sharding_strategy not in FSDP2_SHARDING:
             errors.append(FieldError("shardingStrategy", self.sharding_strategy,

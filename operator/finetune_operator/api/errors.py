@@ -3,7 +3,6 @@
 from dataclasses import dataclass
 from typing import Any
 
-
 MAX_VALUE_CHARS = 80
 
 

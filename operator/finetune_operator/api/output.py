@@ -6,7 +6,7 @@ from pydantic import Field, field_validator
 
 from .base import ApiModel
 from .constants import OUTPUT_MOUNT_PATH
-from .resources import DNS_SUBDOMAIN_PATTERN
+from .k8s_names import DNS_SUBDOMAIN_PATTERN
 
 
 class OutputSpec(ApiModel):

@@ -54,6 +54,7 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 def spec_reference() -> str:
     lines = ["# FineTuneJob spec reference", "",
              "Generated from the API models by `./hack/generate.sh`; the same descriptions appear in "
-             "`kubectl explain finetunejob.spec`. Cross-field rules are checked by `finetune validate` and the operator.",
+             "`kubectl explain finetunejob.spec`. Cross-field rules are checked by `finetune validate` and the "
+             "operator.",
              "", "| field | type | default | description |", "|---|---|---|---|"]
     return "\n".join(lines + _rows(FineTuneJobSpec, "spec")) + "\n"

@@ -6,11 +6,22 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from .base import ApiModel
-from .constants import (DEFAULT_GPU_RESOURCE, DEFAULT_TERMINATION_GRACE_SECONDS, RESERVED_ENV_NAMES,
-                        RESERVED_ENV_PREFIXES)
+from .constants import (
+    DEFAULT_GPU_RESOURCE,
+    DEFAULT_TERMINATION_GRACE_SECONDS,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+)
 from .errors import SpecRuleErrors
-from .k8s_names import (DNS_SUBDOMAIN_PATTERN, Annotations, DnsSubdomain, LabelValue, Labels, QualifiedName,
-                        qualified_name)
+from .k8s_names import (
+    DNS_SUBDOMAIN_PATTERN,
+    Annotations,
+    DnsSubdomain,
+    Labels,
+    LabelValue,
+    QualifiedName,
+    qualified_name,
+)
 from .volumes import Volume, volume_list_errors
 
 # The apiserver's own quantity grammar (k8s.io/apimachinery/pkg/api/resource), so bad values fail here first.
@@ -20,14 +31,16 @@ QUANTITY_PATTERN = (
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # An extended resource: the apiserver refuses any other container resource name that is not cpu/memory/storage.
-EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+EXTENDED_RESOURCE_PATTERN = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                             r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def extended_resource_name(name: str) -> str:
     """core/v1's rule for a container resource that is not cpu, memory or storage (IsExtendedResourceName)."""
     domain, slash, _ = name.partition("/")
     if not slash or not re.match(EXTENDED_RESOURCE_PATTERN, name):
-        raise ValueError("must be an extended resource name: <vendor-domain>/<name>, e.g. nvidia.com/gpu or amd.com/gpu")
+        raise ValueError("must be an extended resource name: <vendor-domain>/<name>, "
+                         "e.g. nvidia.com/gpu or amd.com/gpu")
     if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
         raise ValueError("kubernetes.io/ names are Kubernetes' own resources; use the device plugin's name, e.g. "
                          "nvidia.com/gpu")
@@ -77,8 +90,10 @@ class EnvVar(ApiModel):
 
 
 class SecretEnvVar(ApiModel):
-    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name, e.g. HF_TOKEN.")
-    secret_name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Secret in the job's namespace.")
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN,
+                      description="Variable name, e.g. HF_TOKEN.")
+    secret_name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+                             description="Secret in the job's namespace.")
     key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret.")
     optional: bool = Field(default=False, description="Start even if the Secret or key is missing.")
 

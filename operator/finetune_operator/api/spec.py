@@ -20,7 +20,7 @@ from .training import TrainingSpec
 FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
-def _immutable(section: str) -> dict:
+def _immutable(section: str) -> dict[str, Any]:
     """A CEL transition rule: the apiserver itself refuses the update (checkpoints depend on this section)."""
     return {"x-kubernetes-validations": [{
         "rule": "self == oldSelf",
@@ -88,7 +88,8 @@ def valid_sections(raw: dict[str, Any]) -> dict[str, Any]:
         if alias not in raw and info.is_required():
             continue
         try:
-            out[name] = model.model_validate(raw[alias]) if alias in raw else info.get_default(call_default_factory=True)
+            out[name] = (model.model_validate(raw[alias]) if alias in raw
+                         else info.get_default(call_default_factory=True))
         except ValidationError:
             continue
         if out[name] is None:

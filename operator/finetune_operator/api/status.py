@@ -39,7 +39,8 @@ class Progress(ApiModel):
         default=None, ge=0, description="Model FLOPs utilization: model FLOPs/s per GPU over the GPU's dense 16-bit "
         "peak (absent on CPU, in fp32 and on GPUs without a known peak unless resources.peakTflopsPerGpu is set)."
     )
-    peak_memory_gib: float | None = Field(default=None, ge=0, description="Rank 0's peak GPU memory, GiB.")
+    peak_memory_gib: float | None = Field(default=None, ge=0, alias="peakMemoryGiB",
+                                          description="Rank 0's peak GPU memory, GiB.")
     eta: str | None = Field(default=None, max_length=64, description="Estimated time left, e.g. 1h02m.")
     updated_at: str | None = Field(
         default=None, json_schema_extra={"format": "date-time"}, description="Heartbeat: when rank 0 last reported."

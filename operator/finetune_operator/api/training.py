@@ -1,11 +1,13 @@
 """spec.training: the Hugging Face TrainingArguments users set, plus extraArgs for the rest."""
 
+import difflib
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
+from .transformers_names import OPTIMIZER_NAMES, TRANSFORMERS_VERSION
 
 Scheduler = Literal[
     "linear",
@@ -64,6 +66,23 @@ MANAGED_TRAINING_ARGUMENTS: dict[str, str] = {
 }
 
 
+# Names from the seed documents and older transformers that transformers 5 renamed or removed: the fix says where
+# the setting went (a unit test checks that none of them is a field of the pinned transformers).
+RETIRED_TRAINING_ARGUMENTS: dict[str, str] = {
+    "evaluation_strategy": "renamed eval_strategy; set spec.training.evalStrategy (and evalSteps)",
+    "group_by_length": "replaced by train_sampling_strategy; set extraArgs.train_sampling_strategy: group_by_length",
+    "logging_dir": "removed; TensorBoard logs are always written to runs/ in the output directory",
+    "overwrite_output_dir": "removed; spec.checkpoints.resume (auto or never) decides whether a run continues",
+    "save_safetensors": "removed; checkpoints and the final model are always saved as safetensors",
+    "fp16_opt_level": "removed with apex AMP; mixed precision is spec.training.precision (bf16 or fp16)",
+}
+# Schedulers whose transformers function needs keyword arguments (extraArgs.lr_scheduler_kwargs) to run at all.
+SCHEDULER_REQUIRED_KWARGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "cosine_with_min_lr": (("min_lr", "min_lr_rate"), "{min_lr_rate: 0.1} (or min_lr: 1.0e-5), exactly one"),
+    "warmup_stable_decay": (("num_decay_steps",), "{num_decay_steps: 100}"),
+}
+
+
 class TrainingSpec(ApiModel):
     epochs: float = Field(default=1.0, gt=0, le=10_000, description="Passes over the training data (num_train_epochs).")
     max_steps: int | None = Field(
@@ -113,6 +132,7 @@ class TrainingSpec(ApiModel):
             errors.append(
                 FieldError("evalSteps", None, "evalStrategy steps needs evalSteps", "set evalSteps, e.g. 200")
             )
+        errors += self._optimizer_and_scheduler_errors()
         for key in self.extra_args:
             if key in MANAGED_TRAINING_ARGUMENTS:
                 errors.append(
@@ -126,3 +146,24 @@ class TrainingSpec(ApiModel):
         if errors:
             raise SpecRuleErrors(errors)
         return self
+
+    def _optimizer_and_scheduler_errors(self) -> list[FieldError]:
+        """Refused here, not in the pod after the GPUs were allocated (transformers raises in train())."""
+        errors = []
+        if self.optim not in OPTIMIZER_NAMES:
+            close = difflib.get_close_matches(self.optim, sorted(OPTIMIZER_NAMES), n=3, cutoff=0.6)
+            offered = " or ".join(close) if close else "adamw_torch_fused, adamw_torch, adafactor"
+            errors.append(FieldError("optim", self.optim, f"not an optimizer of transformers {TRANSFORMERS_VERSION}",
+                                     f"use one of {offered}"))
+        if self.lr_scheduler in SCHEDULER_REQUIRED_KWARGS:
+            names, example = SCHEDULER_REQUIRED_KWARGS[self.lr_scheduler]
+            kwargs = self.extra_args.get("lr_scheduler_kwargs")
+            given = [n for n in names if isinstance(kwargs, dict) and kwargs.get(n) is not None]
+            if len(given) != 1:
+                errors.append(FieldError("lrScheduler", self.lr_scheduler,
+                                         f"needs {' or '.join(names)} in extraArgs.lr_scheduler_kwargs",
+                                         f"set extraArgs.lr_scheduler_kwargs: {example}"))
+        if self.lr_scheduler == "reduce_lr_on_plateau" and self.eval_strategy == "no":
+            errors.append(FieldError("lrScheduler", self.lr_scheduler, "reduce_lr_on_plateau steps on the eval loss",
+                                     "set evalStrategy (and validation data), or use another lrScheduler"))
+        return errors

@@ -15,7 +15,8 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
     env: list[dict[str, Any]] = [
         {"name": c.ENV_PET_NNODES, "value": str(d.num_nodes)},
         {"name": c.ENV_PET_NPROC_PER_NODE, "value": str(d.processes_per_node)},
-        {"name": c.ENV_PET_NODE_RANK, "valueFrom": _field_ref(f"metadata.annotations['{c.ANNOTATION_COMPLETION_INDEX}']")},
+        {"name": c.ENV_PET_NODE_RANK,
+         "valueFrom": _field_ref(f"metadata.annotations['{c.ANNOTATION_COMPLETION_INDEX}']")},
         {"name": c.ENV_PET_MASTER_ADDR, "value": master_address(ctx)},
         {"name": c.ENV_PET_MASTER_PORT, "value": str(d.rendezvous_port)},
         {"name": c.ENV_CONFIG, "value": posixpath.join(ctx.config_dir, c.CONFIG_FILE)},
@@ -24,16 +25,16 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
         {"name": c.ENV_POD_NAME, "valueFrom": _field_ref("metadata.name")},
         {"name": c.ENV_ATTEMPT, "value": str(ctx.attempt)},
         # Hub downloads and tokenized-data caches go to a writable volume (the root filesystem is read-only).
-        {"name": "HF_HOME", "value": posixpath.join(c.CACHE_MOUNT_PATH, "huggingface")},
-        {"name": "TORCH_EXTENSIONS_DIR", "value": posixpath.join(c.CACHE_MOUNT_PATH, "torch_extensions")},
-        {"name": "TRITON_CACHE_DIR", "value": posixpath.join(c.CACHE_MOUNT_PATH, "triton")},
+        {"name": c.ENV_HF_HOME, "value": posixpath.join(c.CACHE_MOUNT_PATH, "huggingface")},
+        {"name": c.ENV_TORCH_EXTENSIONS_DIR, "value": posixpath.join(c.CACHE_MOUNT_PATH, "torch_extensions")},
+        {"name": c.ENV_TRITON_CACHE_DIR, "value": posixpath.join(c.CACHE_MOUNT_PATH, "triton")},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if d.gpus_per_node == 0:
         # DeepSpeed otherwise probes for CUDA and fails; the CPU accelerator runs ZeRO on gloo.
-        env.append({"name": "DS_ACCELERATOR", "value": "cpu"})
+        env.append({"name": c.ENV_DS_ACCELERATOR, "value": "cpu"})
     if d.nccl_debug is not None:
-        env.append({"name": "NCCL_DEBUG", "value": d.nccl_debug})
+        env.append({"name": c.ENV_NCCL_DEBUG, "value": d.nccl_debug})
     env += [{"name": e.name, "value": e.value} for e in spec.pod.env]
     env += [
         {"name": s.name,

@@ -19,7 +19,6 @@ from .names import attempt_labels, config_map_name, service_name, workload_name
 from .rbac import TRAINER_IDENTITY
 
 
-
 def trainer_command(ctx: RenderContext) -> list[str]:
     """An argv list, never a shell string: the launcher waits for node 0's DNS name, then execs torchrun."""
     return ["python", "-m", "finetune_trainer.launch", "--config", f"{ctx.config_dir}/{c.CONFIG_FILE}"]

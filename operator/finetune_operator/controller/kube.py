@@ -8,7 +8,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from .api import constants as c
+from ..api import constants as c
 
 FIELD_MANAGER = "finetunejob-operator"
 
@@ -61,6 +61,11 @@ class Kube:
         resource = self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         resource.server_side_apply(body=obj, name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"],
                                    field_manager=FIELD_MANAGER, force_conflicts=True)
+
+    def apply_all(self, objects: list[dict[str, Any]], owner: dict[str, Any] | None = None) -> None:
+        """In order: a job's config and Service exist before the pods that use them."""
+        for obj in objects:
+            self.apply(obj, owner)
 
     def delete_workload(self, namespace: str, name: str) -> None:
         """Background propagation: the garbage collector removes the attempt's pods."""

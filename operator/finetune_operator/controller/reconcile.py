@@ -6,29 +6,32 @@ last write, or the trainer's progress, not yet seen) the apiserver answers 409 a
 fresh read, so a restart is never counted twice and no update is lost.
 """
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from .api.errors import InvalidSpec
+from ..api.errors import InvalidSpec
+from ..api.validation import validate_job
+from ..render import RenderContext, render_all, render_trainer_identity
+from ..render.preflight import PREFLIGHT_ATTEMPT, render_preflight
 from .cache import Snapshot
 from .expectations import Expectations
 from .kube import Kube
-from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, Settings, only_cosmetic, plan
-from .observed import attempt_of, job_failed, pod_ended
+from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, only_cosmetic, plan
 from .merge_patch import merge_patch
-from .render import RenderContext, render_all, render_trainer_identity
-from .render.preflight import PREFLIGHT_ATTEMPT, render_preflight
-from .validation import validate_job
+from .observed import attempt_of, job_failed, pod_ended
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 CONFLICT_RETRIES = 3
 # The trainer identity is shared by a namespace's jobs and not watched: re-applied at most this often, and when the
-# last job of its namespace is deleted (handlers.py), so a namespace deleted and created again gets it back.
+# last job of its namespace is deleted (runner.py), so a namespace deleted and created again gets it back.
 IDENTITY_TTL_SECONDS = 300.0
 # A node count changing alone is written at most this often per job (phase changes are written at once).
 COSMETIC_DELAY_SECONDS = 3.0
@@ -42,7 +45,7 @@ class Pass:
     goodput_before: dict[str, Any] | None = None  # status.goodput of the object that write replaced
 
 
-def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str, post_event: EventSink,
+def reconcile(kube: Kube, view: Snapshot, settings: Settings, post_event: EventSink,
               expectations: Expectations) -> Pass:
     obj = view.finetunejob
     written = replaced = None
@@ -70,7 +73,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, trainer_image: str
             obj = kube.get_finetunejob(view.namespace, view.name)
     else:
         raise ApiException(status=409, reason=f"status of {view.namespace}/{view.name} kept changing")
-    _act(kube, obj, job, result, view, trainer_image, expectations)
+    _act(kube, obj, job, result, view, settings.trainer_image, expectations)
     for event in result.events:
         post_event(obj, event.type, event.reason, event.message)
     before = (obj.get("status") or {}).get("goodput") if written is not None else None
@@ -96,7 +99,7 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
     observed = Observed(
         name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
         labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
-        pods=[p for p in pods if attempt_of(p) in looked_at], now=datetime.now(timezone.utc),
+        pods=[p for p in pods if attempt_of(p) in looked_at], now=datetime.now(UTC),
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
     )
     return job, plan(job, observed, settings)
@@ -111,7 +114,7 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         expectations.forget(("attempt", ns, name, obj["metadata"]["uid"], attempt_of(seen)))
         expectations.forget(("suspend", ns, seen["metadata"]["name"], bool((seen.get("spec") or {}).get("suspend"))))
 
-    def once(key: tuple, action: Callable[[], Any], ttl: float | None = None) -> None:
+    def once(key: tuple[Any, ...], action: Callable[[], Any], ttl: float | None = None) -> None:
         if expectations.pending(key):
             if ttl is None:
                 result.requeue(expectations.ttl)
@@ -124,19 +127,20 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
             raise
 
     for workload in result.delete_workloads:
-        once(("delete", ns, workload), lambda w=workload: kube.delete_workload(ns, w))
+        once(("delete", ns, workload), functools.partial(kube.delete_workload, ns, workload))
     if result.suspend_workload is not None:
-        once(("suspend", ns, *result.suspend_workload), lambda: kube.set_suspend(ns, *result.suspend_workload))
+        target, suspend = result.suspend_workload
+        once(("suspend", ns, target, suspend), lambda: kube.set_suspend(ns, target, suspend))
     creates = result.create_attempt if result.create_attempt is not None else (
         PREFLIGHT_ATTEMPT if result.create_preflight else None)
     if creates is not None and not isinstance(job, InvalidSpec):
         account = job.spec.pod.service_account_name
-        once(("identity", ns, account), lambda: [kube.apply(o) for o in render_trainer_identity(ns, account)],
+        once(("identity", ns, account), lambda: kube.apply_all(render_trainer_identity(ns, account)),
              ttl=IDENTITY_TTL_SECONDS)
         ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=trainer_image,
                             job_labels=obj["metadata"].get("labels") or {}, resume_from=result.resume_from)
         render = render_preflight if creates == PREFLIGHT_ATTEMPT else render_all
         once(("attempt", ns, name, obj["metadata"]["uid"], creates),
-             lambda: [kube.apply(child, owner=obj) for child in render(job.spec, ctx)])
+             lambda: kube.apply_all(render(job.spec, ctx), owner=obj))
     if result.delete_job:
         once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))

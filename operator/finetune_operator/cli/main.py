@@ -1,25 +1,31 @@
-"""`finetune`: validate, render and print the CRD for FineTuneJob specs, without a cluster.
+"""`finetune`: validate, render, print the CRD and run FineTuneJob specs, without a cluster.
 
-Exit codes: 0 ok, 1 the spec is invalid, 2 the file cannot be read or is not YAML.
+Exit codes: 0 ok; 1 `validate`/`render` found an invalid spec; 2 a file cannot be read or is not YAML (or the
+command line is wrong). `run` exits with the trainer's code (README: exit codes), 78 (InvalidConfig) for an
+invalid spec, like the trainer would.
 """
 
 import argparse
 import copy
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .api.constants import DEFAULT_TRAINER_IMAGE
-from .api.crd import crd
-from .api.errors import InvalidSpec
-from .manifests import ManifestError, dump_documents, load_documents, load_yaml
-from .render import RenderContext, render_all, render_trainer_identity
-from .validation import ValidatedJob, validate_job
+from .. import __version__
+from ..api import exit_codes
+from ..api.constants import DEFAULT_TRAINER_IMAGE
+from ..api.crd import crd_yaml
+from ..api.errors import InvalidSpec
+from ..api.transformers_names import TRANSFORMERS_VERSION
+from ..api.validation import ValidatedJob, validate_job
+from ..render import RenderContext, render_all, render_trainer_identity
+from .manifests import STDIN, ManifestError, dump_documents, load_documents, load_yaml
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+EXIT_RUN_INVALID = exit_codes.CONFIG_ERROR
+OUTPUT_FORMATS = ("text", "json", "yaml")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,15 +39,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="finetune", description="FineTuneJob tools (no cluster needed).")
+    parser.add_argument("--version", action="version",
+                        version=f"finetune {__version__} (TrainingArguments of transformers {TRANSFORMERS_VERSION})")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     v = sub.add_parser("validate", help="check FineTuneJob files; print every error with its field path and fix")
-    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("files", nargs="+", metavar="FILE", help=f"YAML files; {STDIN} reads standard input")
+    v.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text",
+                   help="text (default), or one json/yaml document listing each job's result")
     v.set_defaults(func=_validate)
-    r = sub.add_parser("render", help="print every child object of a FineTuneJob as a YAML stream")
-    r.add_argument("file", metavar="FILE")
-    r.add_argument("--namespace", default="default", help="namespace when the manifest has none")
+    r = sub.add_parser("render", help="print every child object of a FineTuneJob (like `helm template`)")
+    r.add_argument("file", metavar="FILE", help=f"a YAML file; {STDIN} reads standard input")
+    r.add_argument("-n", "--namespace", default="default", help="namespace when the manifest has none")
     r.add_argument("--attempt", type=int, default=1, help="attempt number to render (gang restarts)")
     r.add_argument("--image", default=DEFAULT_TRAINER_IMAGE, help="default trainer image")
+    r.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                   help="a YAML stream (default), or a JSON List as `kubectl get -o json` prints")
     r.set_defaults(func=_render)
     run = sub.add_parser("run", help="run a FineTuneJob on this machine (processes instead of pods)")
     run.add_argument("file", metavar="FILE")
@@ -57,29 +69,49 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> int:
     status = EXIT_OK
+    results = []
     for path in args.files:
         for doc in load_documents(path):
+            name = (doc.get("metadata") or {}).get("name", "?")
             try:
                 job = validate_job(doc)
             except InvalidSpec as exc:
-                name = (doc.get("metadata") or {}).get("name", "?")
-                print(f"{path}: {name}: INVALID\n{exc.summary()}", file=sys.stderr)
                 status = EXIT_INVALID
+                results.append({"file": path, "name": name, "valid": False,
+                                "errors": [_error_record(e) for e in exc.errors]})
+                if args.output == "text":
+                    print(f"{path}: {name}: INVALID\n{exc.summary()}", file=sys.stderr)
                 continue
-            print(f"{path}: {job.name}: valid\n{describe(job)}")
+            results.append({"file": path, "name": job.name, "valid": True, **summary(job)})
+            if args.output == "text":
+                print(f"{path}: {job.name}: valid\n{describe(job)}")
+    if args.output != "text":
+        sys.stdout.write(_dump({"results": results}, args.output))
     return status
+
+
+def _error_record(error: Any) -> dict[str, Any]:
+    return {"path": error.path, "value": error.value, "message": error.message, "fix": error.fix}
+
+
+def summary(job: ValidatedJob) -> dict[str, Any]:
+    """What the job will do, as data: the numbers `describe` prints."""
+    s, d, t = job.spec, job.spec.distributed, job.spec.training
+    return {
+        "namespace": job.namespace, "model": s.model.name, "method": s.method.type, "nodes": d.num_nodes,
+        "gpusPerNode": d.gpus_per_node, "processes": d.world_size, "strategy": _strategy(job),
+        "globalBatchSize": s.global_batch_size, "perDeviceTrainBatchSize": t.per_device_train_batch_size,
+        "gradientAccumulationSteps": t.gradient_accumulation_steps, "warnings": list(job.warnings),
+    }
 
 
 def describe(job: ValidatedJob) -> str:
     """What the job will do, in the numbers users get wrong most often: processes and global batch size."""
     s, d, t = job.spec, job.spec.distributed, job.spec.training
     device = f"{d.gpus_per_node} GPU(s)" if d.gpus_per_node else f"{d.cpu_processes_per_node} CPU process(es)"
-    strategy = d.strategy
-    if d.strategy == "deepspeed" and d.deepspeed is not None:
-        strategy += f" ZeRO-{d.deepspeed.zero_stage}"
     lines = [
         f"  model:      {s.model.name} ({s.method.type})",
-        f"  topology:   {d.num_nodes} node(s) x {device} = {d.world_size} process(es), {strategy}",
+        f"  topology:   {d.num_nodes} node(s) x {device} = {d.world_size} process(es), {_strategy(job)}",
         f"  batch:      global batch size {s.global_batch_size} = {t.per_device_train_batch_size} per device x "
         f"{t.gradient_accumulation_steps} accumulation x {d.world_size} process(es)",
     ]
@@ -87,9 +119,16 @@ def describe(job: ValidatedJob) -> str:
     return "\n".join(lines)
 
 
+def _strategy(job: ValidatedJob) -> str:
+    d = job.spec.distributed
+    if d.strategy == "deepspeed" and d.deepspeed is not None:
+        return f"{d.strategy} ZeRO-{d.deepspeed.zero_stage}"
+    return d.strategy
+
+
 def _render(args: argparse.Namespace) -> int:
     status = EXIT_OK
-    objects = []
+    objects: list[dict[str, Any]] = []
     for doc in load_documents(args.file):
         try:
             job = validate_job(doc, default_namespace=args.namespace)
@@ -103,8 +142,17 @@ def _render(args: argparse.Namespace) -> int:
             if obj not in objects:  # shared by every job of the namespace: once in the stream
                 objects.append(obj)
         objects += render_all(job.spec, ctx)
-    sys.stdout.write(dump_documents(objects))
+    if args.output == "json":
+        sys.stdout.write(_dump({"apiVersion": "v1", "kind": "List", "items": objects}, "json"))
+    else:
+        sys.stdout.write(dump_documents(objects))
     return status
+
+
+def _dump(doc: dict[str, Any], output: str) -> str:
+    if output == "json":
+        return json.dumps(doc, indent=2, default=str) + "\n"
+    return dump_documents([doc]).removeprefix("---\n")
 
 
 def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -134,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         job = validate_job(apply_overrides(docs[0], args.overrides), default_namespace="local")
     except InvalidSpec as exc:
         print(exc.summary(), file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_RUN_INVALID
     print(describe(job))
     return local_run.run(job, args.output or Path("runs") / job.name, port=args.port)
 
@@ -142,11 +190,6 @@ def _run(args: argparse.Namespace) -> int:
 def _crd(args: argparse.Namespace) -> int:
     sys.stdout.write(crd_yaml())
     return EXIT_OK
-
-
-def crd_yaml() -> str:
-    header = "# Generated from the pydantic models by `finetune crd`; do not edit by hand.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
 
 
 if __name__ == "__main__":

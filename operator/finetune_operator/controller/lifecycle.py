@@ -10,25 +10,28 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..api import constants as c
+from ..api import exit_codes
+from ..api.errors import InvalidSpec
+from ..api.status import TERMINAL_PHASES
+from ..api.validation import ValidatedJob
 from . import goodput
-from .api import constants as c
-from .api import exit_codes
-from .api.errors import InvalidSpec
-from .api.status import TERMINAL_PHASES
-from .observed import (attempt_of, classify_failure, format_time, has_condition, job_failed, job_succeeded,
-                       parse_time, ready_pods)
-from .validation import ValidatedJob
+from .observed import (
+    attempt_of,
+    classify_failure,
+    format_time,
+    has_condition,
+    job_failed,
+    job_succeeded,
+    parse_time,
+    ready_pods,
+)
+from .settings import Settings
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "nodes", "gpus",
                           "globalBatchSize", "startTime", "completionTime", "observedGeneration", "goodput",
                           "preflight")
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed")
-
-
-@dataclass(frozen=True)
-class Settings:
-    restart_backoff_seconds: float = 10.0  # doubled per restart
-    restart_backoff_max_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Plan:
     requeue_after: float | None = None
     restarted: bool = False  # this pass started a gang restart (for the restarts metric)
     create_preflight: bool = False  # apply the ConfigMap and the preflight Job (render/preflight.py)
+    stalled: bool = False  # this pass restarts a gang for lack of a heartbeat: the Stalled condition turns True
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)
@@ -105,7 +109,7 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         _advance(p, job, obs, settings)
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
-    _set_conditions(p.status, obs)
+    _set_conditions(p, obs)
     if p.status.get("phase") != previous_phase:
         kind = "Warning" if p.status.get("phase") in ("Failed", "Restarting") else "Normal"
         p.events.append(Event(kind, p.status.get("reason") or p.status["phase"],
@@ -212,8 +216,8 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         st.update(phase="Running", reason="Running", message=f"attempt {st['attempt']}: {nodes} node(s) running")
         _stall_check(p, job, obs, name)
     elif st.get("phase") != "Restarting" or ready:  # a restarted gang reads Restarting until its pods run
-        reason = st.get("reason") if st.get("phase") == "Pending" else "Pending"  # Created stays until Running
-        st.update(phase="Pending", reason=reason, message=f"attempt {st['attempt']}: {ready}/{nodes} node(s) running")
+        pending = st.get("reason") if st.get("phase") == "Pending" else "Pending"  # Created stays until Running
+        st.update(phase="Pending", reason=pending, message=f"attempt {st['attempt']}: {ready}/{nodes} node(s) running")
 
 
 def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, message: str, code: int | None) -> None:
@@ -227,11 +231,10 @@ def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, mess
     else:
         st["restarts"] = st.get("restarts", 0) + 1
         st["attempt"] = st["attempt"] + 1
-        p.restarted = True
+        p.restarted = True  # also while already Restarting: the backoff clock starts again
         st.update(phase="Restarting", reason=reason,
                   message=f"attempt {st['attempt'] - 1} failed ({message}); gang restart "
                           f"{st['restarts']}/{limit} resumes from the newest checkpoint")
-        st["_restarting_since"] = format_time(obs.now)
 
 
 def _stall_check(p: Plan, job: ValidatedJob, obs: Observed, workload: str) -> None:
@@ -247,7 +250,7 @@ def _stall_check(p: Plan, job: ValidatedJob, obs: Observed, workload: str) -> No
         return
     _failed_attempt(p, job, obs, "Stalled", f"no progress heartbeat for {int(silent)}s (stallTimeoutSeconds="
                     f"{timeout})", code=None)
-    p.status["_stalled"] = True
+    p.stalled = True
     p.delete_workloads.append(workload)
 
 
@@ -288,16 +291,15 @@ def _condition_time(status: dict[str, Any], kind: str) -> datetime | None:
     return None
 
 
-def _set_conditions(st: dict[str, Any], obs: Observed) -> None:
+def _set_conditions(p: Plan, obs: Observed) -> None:
+    st = p.status
     phase = st.get("phase")
-    stalled = st.pop("_stalled", False)
-    restarting_since = st.pop("_restarting_since", None)
     wanted = {
         "Created": bool(st.get("attempt")),
         "Running": phase == "Running",
         "Restarting": phase == "Restarting",
         "Suspended": phase in ("Suspended", "Queued"),
-        "Stalled": stalled or (phase == "Restarting" and has_condition({"status": obs.status}, "Stalled")),
+        "Stalled": p.stalled or (phase == "Restarting" and has_condition({"status": obs.status}, "Stalled")),
         "Succeeded": phase == "Succeeded",
         "Failed": phase == "Failed",
     }
@@ -309,7 +311,7 @@ def _set_conditions(st: dict[str, Any], obs: Observed) -> None:
         if before is None and value == "False":
             continue
         # A new failure while already Restarting restarts the backoff clock, though the condition stays True.
-        renewed = kind == "Restarting" and restarting_since is not None
+        renewed = kind == "Restarting" and p.restarted
         if before is None or before.get("status") != value or renewed:
             since = format_time(obs.now)
         else:

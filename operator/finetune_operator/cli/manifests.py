@@ -1,6 +1,7 @@
 """Reading FineTuneJob manifests from YAML files, with errors that name the file and line."""
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +20,21 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
 
 
+STDIN = "-"
+
+
 class ManifestError(Exception):
     """The file cannot be read or is not valid YAML (as opposed to a valid YAML with a bad spec)."""
 
 
 def load_documents(path: str) -> list[dict[str, Any]]:
-    """Every non-empty YAML document in `path` ('-' is not supported: specs are files users keep)."""
+    """Every non-empty YAML document in `path` ('-': standard input, e.g. `kubectl get ftj x -o yaml | ...`)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = sys.stdin.read() if path == STDIN else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
-        docs = [d for d in yaml.load_all(text, Loader=Loader) if d is not None]  # noqa: S506 - SafeLoader
+        docs = [d for d in yaml.load_all(text, Loader=Loader) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path

@@ -7,10 +7,11 @@ Each watch event is a freshly parsed document that nothing mutates afterwards, s
 values instead of copying them.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from .api import constants as c
+from ..api import constants as c
 
 
 def _pick(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:

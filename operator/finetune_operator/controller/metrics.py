@@ -4,7 +4,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from .api.status import PHASES
+from ..api.status import PHASES
 
 RECONCILE_SECONDS = Histogram("finetunejob_reconcile_duration_seconds", "Duration of one reconcile pass.",
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))

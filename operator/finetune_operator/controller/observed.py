@@ -4,8 +4,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-from .api import constants as c
-from .api import exit_codes
+from ..api import constants as c
+from ..api import exit_codes
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -56,7 +56,7 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
     """(exit code, reason, message) that best explains a failed attempt; permanent causes win over retryable ones.
 
     The trainer's termination message (JSON) carries the reason and message when it got that far."""
-    failures = []
+    failures: list[tuple[int | None, str, str]] = []
     for pod in pods:
         status = pod.get("status") or {}
         term = _terminated(pod)

@@ -12,12 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from .api.constants import API_VERSION, KIND, MAX_JOB_NAME_LENGTH
-from .api.errors import FieldError, InvalidSpec, SpecRuleErrors
-from .api.k8s_names import Labels
-from .api.spec import FineTuneJobSpec, run_rules, valid_sections
-from .api.training import MANAGED_TRAINING_ARGUMENTS
-from .training_arguments import training_argument_names
+from .constants import API_VERSION, KIND, MAX_JOB_NAME_LENGTH
+from .errors import FieldError, InvalidSpec, SpecRuleErrors
+from .k8s_names import Labels
+from .spec import FineTuneJobSpec, run_rules, valid_sections
+from .training import MANAGED_TRAINING_ARGUMENTS, RETIRED_TRAINING_ARGUMENTS
+from .transformers_names import TRAINING_ARGUMENT_NAMES, TRANSFORMERS_VERSION
 
 # The job name becomes a Service name (DNS-1035 label) and the prefix of pod hostnames.
 JOB_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -96,7 +96,7 @@ def pydantic_errors(exc: ValidationError, prefix: str, root: type[BaseModel]) ->
             out += [FieldError(_join(path, (e.path,)) if e.path else path, e.value, e.message, e.fix)
                     for e in rule_error.errors]
             continue
-        out.append(_from_pydantic(err, path, root, loc))
+        out.append(_from_pydantic(dict(err), path, root, loc))
     return out
 
 
@@ -212,16 +212,20 @@ def _check_extra_args(raw_spec: Any) -> list[FieldError]:
     extra = training.get("extraArgs") if isinstance(training, dict) else None
     if not isinstance(extra, dict):
         return []
-    known = training_argument_names()
-    settable = sorted(known - MANAGED_TRAINING_ARGUMENTS.keys())
+    settable = sorted(TRAINING_ARGUMENT_NAMES - MANAGED_TRAINING_ARGUMENTS.keys())
     errors = []
     for key, value in extra.items():
-        if key in known:
+        if key in TRAINING_ARGUMENT_NAMES:
             continue
-        close = difflib.get_close_matches(key, settable, n=3)
-        hint = f"did you mean {' or '.join(close)}? " if close else ""
-        errors.append(FieldError(f"spec.training.extraArgs.{key}", value, "not a TrainingArguments field",
-                                 f"{hint}valid names: {', '.join(settable)}"))
+        path = f"spec.training.extraArgs.{key}"
+        if key in RETIRED_TRAINING_ARGUMENTS:
+            errors.append(FieldError(path, value, f"not a TrainingArguments field in transformers "
+                                     f"{TRANSFORMERS_VERSION}", RETIRED_TRAINING_ARGUMENTS[key]))
+            continue
+        close = difflib.get_close_matches(key, settable, n=3, cutoff=0.6)
+        fix = f"did you mean {' or '.join(close)}?" if close else (
+            "see the TrainingArguments reference of transformers for the valid names")
+        errors.append(FieldError(path, value, "not a TrainingArguments field", fix))
     return errors
 
 

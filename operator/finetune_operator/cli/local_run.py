@@ -16,14 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .api import exit_codes
-from .api.constants import ENV_PET_MASTER_ADDR, ENV_PET_MASTER_PORT, ENV_PET_NODE_RANK
-from .render import RenderContext
-from .render.configmap import config_files
-from .render.env import trainer_env
-from .validation import ValidatedJob
+from ..api import constants as c
+from ..api import exit_codes
+from ..api.validation import ValidatedJob
+from ..render import RenderContext
+from ..render.configmap import config_files
+from ..render.env import trainer_env
+from .processes import kill_tree
+from .progress import PROGRESS_FILE, ProgressLine
 
-PROGRESS_FILE = "progress.jsonl"
 POLL_SECONDS = 0.5
 
 
@@ -55,16 +56,17 @@ def prepare(job: ValidatedJob, workdir: Path) -> tuple[Path, RenderContext]:
 
 def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank: int, port: int) -> dict[str, str]:
     """The rendered container env; what the downward API would fill in comes from here instead."""
+    # No pod here: the rendezvous and in-cluster variables of the shell that runs us must not leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "KUBERNETES_SERVICE"))}
     env.update({e["name"]: e["value"] for e in trainer_env(job.spec, ctx) if "value" in e})
     env.update({
-        ENV_PET_NODE_RANK: str(rank), ENV_PET_MASTER_ADDR: "127.0.0.1", ENV_PET_MASTER_PORT: str(port),
-        "FINETUNE_JOB_NAMESPACE": "local", "FINETUNE_POD_NAME": f"{job.name}-local-{rank}",
-        "FINETUNE_TERMINATION_LOG": str(workdir / "logs" / f"node-{rank}.result.json"),
-        # The rendered values point at pod volumes; locally everything lives under the run directory.
-        "HF_HOME": env.get("HF_HOME_LOCAL", str(Path.home() / ".cache" / "huggingface")),
-        "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "finetunejob" / "torch_extensions"),
-        "TRITON_CACHE_DIR": str(workdir / "cache" / "triton"),
+        c.ENV_PET_NODE_RANK: str(rank), c.ENV_PET_MASTER_ADDR: "127.0.0.1", c.ENV_PET_MASTER_PORT: str(port),
+        c.ENV_JOB_NAMESPACE: "local", c.ENV_POD_NAME: f"{job.name}-local-{rank}",
+        c.ENV_TERMINATION_LOG: str(workdir / "logs" / f"node-{rank}.result.json"),
+        # The rendered values point at pod volumes; locally the user's caches serve (a model is downloaded once).
+        c.ENV_HF_HOME: os.environ.get(c.ENV_HF_HOME, str(Path.home() / ".cache" / "huggingface")),
+        c.ENV_TORCH_EXTENSIONS_DIR: str(Path.home() / ".cache" / "finetunejob" / "torch_extensions"),
+        c.ENV_TRITON_CACHE_DIR: str(workdir / "cache" / "triton"),
     })
     return env
 
@@ -88,81 +90,6 @@ def start_nodes(job: ValidatedJob, workdir: Path, port: int | None = None,
                 start_new_session=True)
         nodes.append(Node(rank, process, result_file, log_file))
     return nodes
-
-
-class ProgressLine:
-    """Follows progress.jsonl and draws one line (a bar on a terminal, a line per record otherwise)."""
-
-    def __init__(self, path: Path, out: TextIO):
-        self.path, self.out = path, out
-        self.offset = path.stat().st_size if path.exists() else 0  # only this run's records
-        self.last: dict[str, Any] | None = None
-        self.tty = out.isatty()
-
-    def poll(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open(encoding="utf-8") as f:
-            f.seek(self.offset)
-            lines = f.readlines()
-            self.offset = f.tell()
-        for line in lines:
-            if line.endswith("\n"):
-                self.last = json.loads(line)
-                if not self.tty:
-                    print(render_progress(self.last), file=self.out, flush=True)
-        if self.tty and self.last is not None:
-            print("\r" + render_progress(self.last), end="", file=self.out, flush=True)
-
-    def close(self) -> None:
-        if self.tty and self.last is not None:
-            print(file=self.out)
-
-
-def render_progress(r: dict[str, Any], width: int = 24) -> str:
-    step, total = r.get("step", 0), r.get("maxSteps") or 0
-    done = int(width * step / total) if total else 0
-    parts = [f"[{'#' * done}{'.' * (width - done)}] {step}/{total}"]
-    if r.get("loss") is not None:
-        parts.append(f"loss {r['loss']:.4f}")
-    if r.get("learningRate") is not None:
-        parts.append(f"lr {r['learningRate']:.2e}")
-    if r.get("tokensPerSecond"):
-        parts.append(f"{r['tokensPerSecond']:.0f} tok/s")
-    if r.get("mfu") is not None:
-        parts.append(f"MFU {100 * r['mfu']:.1f}%")
-    if r.get("peakMemoryGiB") is not None:
-        parts.append(f"{r['peakMemoryGiB']:.1f} GiB")
-    if r.get("eta"):
-        parts.append(f"ETA {r['eta']}")
-    return "  ".join(parts)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc): torchrun puts its workers in sessions of their own, so neither
-    killing the launcher nor its process group reaches them."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signals a process and everything below it, leaves first (what a container's end does to its processes)."""
-    for target in [*reversed(descendants(pid)), pid]:
-        try:
-            os.kill(target, sig)
-        except ProcessLookupError:
-            pass
 
 
 def stop(nodes: list[Node], out: TextIO) -> None:

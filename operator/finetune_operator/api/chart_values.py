@@ -1,0 +1,101 @@
+"""The Helm chart's values, as a model: values.schema.json is generated from it (like the CRD from the API)."""
+
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from .constants import DEFAULT_METRICS_PORT, DEFAULT_TRAINER_IMAGE
+from .crd import structural_schema
+
+
+class _Values(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Image(_Values):
+    repository: str = Field(default="ghcr.io/finetunejob/operator", min_length=1, description="Operator image.")
+    tag: str = Field(default="", description="Image tag; empty means the chart's appVersion.")
+    pullPolicy: Literal["Always", "IfNotPresent", "Never"] = Field(default="IfNotPresent", description="Pull policy.")
+
+
+class Resources(_Values):
+    requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"},
+                                     description="Operator container requests.")
+    limits: dict[str, str] = Field(default_factory=lambda: {"memory": "512Mi"}, description="Operator limits.")
+
+
+class ServiceMonitor(_Values):
+    enabled: bool = Field(default=False, description="Create a Prometheus Operator ServiceMonitor for /metrics.")
+    interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="Extra labels, e.g. the release label your Prometheus selects.")
+
+
+class Metrics(_Values):
+    enabled: bool = Field(default=True, description="Serve Prometheus /metrics and create its Service.")
+    port: int = Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535, description="Port of /metrics.")
+    serviceMonitor: ServiceMonitor = Field(default_factory=ServiceMonitor, description="ServiceMonitor toggle.")
+
+
+class GrafanaDashboard(_Values):
+    enabled: bool = Field(default=False, description="A ConfigMap holding a Grafana dashboard of the operator "
+                          "metrics, labelled for Grafana's dashboard sidecar.")
+    labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"},
+                                   description="Labels the sidecar selects dashboards by.")
+
+
+class ServiceAccount(_Values):
+    annotations: dict[str, str] = Field(default_factory=dict,
+                                        description="Annotations of the operator's ServiceAccount (e.g. IRSA).")
+
+
+class EnvVar(_Values):
+    name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    value: str = Field(default="", description="Value.")
+
+
+class ChartValues(_Values):
+    nameOverride: str = Field(default="", max_length=40, description="Replaces 'operator' in resource names "
+                              "(<release>-<nameOverride>).")
+    fullnameOverride: str = Field(default="", max_length=52, description="Replaces the whole resource name.")
+    image: Image = Field(default_factory=Image, description="The operator image.")
+    imagePullSecrets: list[str] = Field(default_factory=list, description="Pull Secret names for the operator.")
+    trainerImage: str = Field(default=DEFAULT_TRAINER_IMAGE, min_length=1,
+                              description="Default trainer image for FineTuneJobs that do not set spec.pod.image.")
+    watchNamespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces the operator manages, with a Role in each; empty = all namespaces (ClusterRole).")
+    restartBackoffSeconds: float = Field(default=10, ge=0.1, le=3600,
+                                         description="First gang-restart backoff; doubles per restart (max 300 s).")
+    workers: int = Field(default=16, ge=1, le=256, description="Reconcile passes run at once.")
+    extraEnv: list[EnvVar] = Field(default_factory=list, description="Extra environment of the operator container.")
+    metrics: Metrics = Field(default_factory=Metrics, description="Prometheus /metrics endpoint and its Service.")
+    grafanaDashboard: GrafanaDashboard = Field(default_factory=GrafanaDashboard,
+                                               description="Grafana dashboard of the operator metrics.")
+    serviceAccount: ServiceAccount = Field(default_factory=ServiceAccount, description="The operator's identity.")
+    resources: Resources = Field(default_factory=Resources, description="Operator container resources.")
+    podAnnotations: dict[str, str] = Field(default_factory=dict, description="Operator pod annotations.")
+    podLabels: dict[str, str] = Field(default_factory=dict, description="Operator pod labels.")
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Operator pod node selector.")
+    affinity: dict[str, Any] = Field(default_factory=dict, description="Operator pod affinity.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Operator pod tolerations.")
+    priorityClassName: str = Field(default="", description="Operator pod priority class.")
+
+
+def values_schema() -> dict[str, Any]:
+    schema = structural_schema(ChartValues.model_json_schema(mode="validation"))
+    schema["$schema"] = "https://json-schema.org/draft-07/schema#"
+    return schema
+
+
+def values_yaml() -> str:
+    """values.yaml with each key's description as a comment (generated: edit the model, not the file)."""
+    lines = ["# Generated from finetune_operator/api/chart_values.py by ./hack/generate.sh; do not edit by hand.", ""]
+    defaults = ChartValues().model_dump(mode="json")
+    for name, info in ChartValues.model_fields.items():
+        lines.append(f"# {info.description}")
+        lines.append(yaml.safe_dump({name: defaults[name]}, sort_keys=False, width=120).rstrip())
+        lines.append("")
+    return "\n".join(lines)
+

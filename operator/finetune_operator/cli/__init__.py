@@ -1,0 +1,5 @@
+"""`finetune`: validate, render, crd and run FineTuneJob specs without a cluster."""
+
+from .main import main
+
+__all__ = ["main"]

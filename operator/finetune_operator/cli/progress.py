@@ -1,0 +1,55 @@
+"""The live progress line of `finetune run`, drawn from the trainer's progress.jsonl."""
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+PROGRESS_FILE = "progress.jsonl"
+
+
+class ProgressLine:
+    """Follows progress.jsonl and draws one line (a bar on a terminal, a line per record otherwise)."""
+
+    def __init__(self, path: Path, out: TextIO):
+        self.path, self.out = path, out
+        self.offset = path.stat().st_size if path.exists() else 0  # only this run's records
+        self.last: dict[str, Any] | None = None
+        self.tty = out.isatty()
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open(encoding="utf-8") as f:
+            f.seek(self.offset)
+            lines = f.readlines()
+            self.offset = f.tell()
+        for line in lines:
+            if line.endswith("\n"):
+                self.last = json.loads(line)
+                if not self.tty:
+                    print(render_progress(self.last), file=self.out, flush=True)
+        if self.tty and self.last is not None:
+            print("\r" + render_progress(self.last), end="", file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.tty and self.last is not None:
+            print(file=self.out)
+
+
+def render_progress(r: dict[str, Any], width: int = 24) -> str:
+    step, total = r.get("step", 0), r.get("maxSteps") or 0
+    done = int(width * step / total) if total else 0
+    parts = [f"[{'#' * done}{'.' * (width - done)}] {step}/{total}"]
+    if r.get("loss") is not None:
+        parts.append(f"loss {r['loss']:.4f}")
+    if r.get("learningRate") is not None:
+        parts.append(f"lr {r['learningRate']:.2e}")
+    if r.get("tokensPerSecond"):
+        parts.append(f"{r['tokensPerSecond']:.0f} tok/s")
+    if r.get("mfu") is not None:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if r.get("peakMemoryGiB") is not None:
+        parts.append(f"{r['peakMemoryGiB']:.1f} GiB")
+    if r.get("eta"):
+        parts.append(f"ETA {r['eta']}")
+    return "  ".join(parts)
