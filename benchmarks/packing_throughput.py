@@ -88,13 +88,13 @@ def baseline(model_dir: Path, rows: list, steps: int, work: Path, profile: Profi
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_trainer.data import tokenize_sft
+    from finetune_trainer.data import tokenize
 
     torch.set_num_threads(1)  # our runs use OMP_NUM_THREADS=1; the same budget for the baseline
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.pad_token = tokenizer.eos_token
     data_spec = FineTuneJobSpec.model_validate(spec(model_dir, rows, steps, False, profile)["spec"]).data
-    examples, _ = tokenize_sft(rows, data_spec, tokenizer)
+    examples = list(tokenize(rows, data_spec, tokenizer)[0])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="bfloat16" if profile.gpu else "float32")
     model.config.use_cache = False
     if profile.gpu:
@@ -120,11 +120,11 @@ def sample_lengths(model_dir: Path, rows: list, steps: int, profile: Profile) ->
     from transformers import AutoTokenizer
 
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_trainer.data import tokenize_sft
+    from finetune_trainer.data import tokenize
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data_spec = FineTuneJobSpec.model_validate(spec(model_dir, rows, steps, False, profile)["spec"]).data
-    examples, _ = tokenize_sft(rows, data_spec, tokenizer)
+    examples = list(tokenize(rows, data_spec, tokenizer)[0])
     return [len(e["input_ids"]) for e in examples]
 
 

@@ -26,6 +26,8 @@ fi
 if [[ ! -f "$venv/.light-$light" ]]; then
   echo "installing the operator's and the test tools' pins into $venv" >&2
   "${pip[@]}" -r "$root/requirements/operator.txt" -r "$root/requirements/dev.txt" -r "$root/requirements/trainer.txt"
+  "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps -d "$cache/test-data" \
+    -r "$root/requirements/test-data.txt"
   rm -f "$venv"/.light-* && touch "$venv/.light-$light"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$root"

@@ -33,8 +33,8 @@ def helm(control_plane, kubectl):
 
 @pytest.fixture(scope="module")
 def installed(helm, kubectl):
-    helm("install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--create-namespace", "--wait=false")
-    yield
+    proc = helm("install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--create-namespace", "--wait=false")
+    yield proc.stdout
     helm("uninstall", RELEASE, "--namespace", SYSTEM_NS, check=False)
 
 
@@ -195,3 +195,75 @@ def test_operator_pod_is_admitted_under_restricted_pod_security(helm, kubectl, n
     refused = kubectl.run("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr
 
+
+
+def template(helm, *sets: str) -> list[dict]:
+    args = [a for s in sets for a in ("--set", s)]
+    out = helm("template", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--kube-version", "1.36.0", *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def kind(docs: list[dict], name: str) -> dict:
+    return next(d for d in docs if d["kind"] == name)
+
+
+def test_image_tag_defaults_to_the_charts_app_version(helm):
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    container = kind(template(helm), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"ghcr.io/finetunejob/operator:{app_version}"
+    pinned = kind(template(helm, "image.tag=1.2.3"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert pinned["image"] == "ghcr.io/finetunejob/operator:1.2.3"
+
+
+def test_name_overrides_rename_every_operator_object(helm):
+    names = {d["metadata"]["name"] for d in template(helm, "nameOverride=ctl") if d["kind"] != "Service"}
+    assert {"ftj-ctl"} <= names and not any(n.endswith("-operator") for n in names)
+    full = template(helm, "fullnameOverride=finetune-controller")
+    assert kind(full, "Deployment")["metadata"]["name"] == "finetune-controller"
+    assert kind(full, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "finetune-controller"
+    binding = kind(full, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == binding["roleRef"]["name"] == "finetune-controller"
+
+
+def test_pod_placement_identity_and_env_values_reach_the_deployment(helm):
+    docs = template(helm, "podAnnotations.team=ml", "podLabels.cost-center=ml-42",
+                    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+                    ".matchExpressions[0].key=pool",
+                    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+                    ".matchExpressions[0].operator=Exists",
+                    "tolerations[0].key=dedicated", "tolerations[0].operator=Exists",
+                    "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/x",
+                    "extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=http://proxy:3128", "workers=4")
+    pod = kind(docs, "Deployment")["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"team": "ml"}
+    assert pod["metadata"]["labels"]["cost-center"] == "ml-42"
+    assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert pod["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["HTTPS_PROXY"] == "http://proxy:3128" and env[c.ENV_OPERATOR_WORKERS] == "4"
+    assert kind(docs, "ServiceAccount")["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}
+
+
+def test_service_monitor_and_dashboard_are_off_by_default_and_render_when_asked(helm):
+    kinds = [d["kind"] for d in template(helm)]
+    assert "ServiceMonitor" not in kinds and "ConfigMap" not in kinds
+    docs = template(helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom",
+                    "grafanaDashboard.enabled=true")
+    monitor = kind(docs, "ServiceMonitor")
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics"))
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    dashboard = kind(docs, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["finetunejob-operator.json"])["panels"]
+    assert any("finetunejob_jobs" in t["expr"] for p in panels for t in p["targets"])
+    no_metrics = [d["kind"] for d in template(helm, "metrics.enabled=false", "metrics.serviceMonitor.enabled=true")]
+    assert "ServiceMonitor" not in no_metrics
+
+
+def test_notes_tell_how_to_upgrade_the_crd(installed):
+    out = installed  # what `helm install` printed
+    assert "kubectl apply --server-side -f charts/finetunejob/crds/" in out
+    assert "kubectl get finetunejobs -w" in out

@@ -15,17 +15,19 @@ def spec(**kw) -> DataSpec:
 
 
 def learned_text(tokenizer, row, **kw) -> tuple[str, list[int], list[int]]:
-    ids, labels = D.tokenize_segments(D.row_segments(row, spec(**kw), tokenizer), tokenizer,
-                                      kw.get("trainOnPrompt", False))
+    ids, labels = D.RowEncoder.build(spec(**kw), tokenizer).encode(row)
     text = tokenizer.decode([t for t, lab in zip(ids, labels, strict=True) if lab != D.IGNORE_INDEX])
     return text, ids, labels
 
 
 def test_alpaca_with_chat_template_learns_only_the_answer_and_its_eos(tiny_tokenizer):
     text, ids, labels = learned_text(tiny_tokenizer, {"instruction": "Name a colour.", "output": "Red."})
-    assert text == "Red.</s>\n"
-    assert tiny_tokenizer.decode(ids).startswith("<s><|user|>\nName a colour.</s>")
-    assert labels[0] == D.IGNORE_INDEX  # BOS
+    assert text == "Red.</s>"
+    # What inference sees: the template's text, no BOS it does not write.
+    assert tiny_tokenizer.decode(ids) == "<|user|>\nName a colour.</s>\n<|assistant|>\nRed.</s>\n"
+    assert ids == tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red."}],
+        tokenize=True, return_dict=True)["input_ids"]
 
 
 def test_alpaca_input_column_joins_the_instruction(tiny_tokenizer):
@@ -41,7 +43,8 @@ def test_alpaca_without_chat_template_uses_the_alpaca_prompt(tiny_model_dir):
     tokenizer.chat_template = None
     text, ids, _ = learned_text(tokenizer, {"instruction": "What is 2 + 2?", "output": "4."})
     assert text == "4.</s>"
-    assert tokenizer.decode(ids) == "<s>### Instruction:\nWhat is 2 + 2?\n\n### Response:\n4.</s>"
+    assert tokenizer.decode(ids) == tokenizer.decode(
+        tokenizer("### Instruction:\nWhat is 2 + 2?\n\n### Response:\n4.")["input_ids"] + [tokenizer.eos_token_id])
 
 
 def test_sharegpt_multi_turn_masks_system_and_human(tiny_tokenizer):
@@ -49,29 +52,58 @@ def test_sharegpt_multi_turn_masks_system_and_human(tiny_tokenizer):
         {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"},
         {"from": "human", "value": "bye"}, {"from": "gpt", "value": "see you"}]}
     text, _, _ = learned_text(tiny_tokenizer, row, format="sharegpt")
-    assert text == "hello</s>\nsee you</s>\n"
+    assert text == "hello</s>see you</s>"
 
 
 def test_messages_format_with_column_mapping(tiny_tokenizer):
     row = {"chat": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
     text, _, _ = learned_text(tiny_tokenizer, row, format="messages", columns={"messages": "chat"})
-    assert text == "4</s>\n"
+    assert text == "4</s>"
 
 
-def test_prompt_completion(tiny_tokenizer):
+def test_openai_content_parts_are_joined_text(tiny_tokenizer):
+    parts = [{"type": "text", "text": "Name "}, {"type": "text", "text": "a colour."}]
+    row = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": [
+        {"type": "text", "text": "Red."}]}]}
+    text, ids, _ = learned_text(tiny_tokenizer, row, format="messages")
+    assert text == "Red.</s>" and "Name a colour." in tiny_tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize(("messages", "match"), [
+    ([{"role": "user", "content": None}, {"role": "assistant", "content": "x"}], r"message 1 \(user\) has no content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+      {"role": "assistant", "content": "x"}], r"content part 1: type 'image_url' is not supported"),
+    ([{"role": "robot", "content": "x"}], r"message 1 has an unknown role: 'robot'"),
+    ([{"role": "user", "content": 3}], r"content of type int"),
+], ids=["null-content", "image-part", "unknown-role", "number-content"])
+def test_unreadable_messages_are_data_errors_never_trained_as_repr(tiny_tokenizer, messages, match):
+    with pytest.raises(DataError, match=match):
+        learned_text(tiny_tokenizer, {"messages": messages}, format="messages")
+
+
+def test_prompt_completion_is_tokenized_in_one_call(tiny_tokenizer):
     text, ids, _ = learned_text(tiny_tokenizer, {"prompt": "The sky is", "completion": " blue."},
                                 format="prompt_completion")
     assert text == " blue.</s>"
-    assert tiny_tokenizer.decode(ids) == "<s>The sky is blue.</s>"
+    assert ids == tiny_tokenizer("The sky is blue.")["input_ids"] + [tiny_tokenizer.eos_token_id]
 
 
-def test_train_on_prompt_learns_everything_but_bos(tiny_tokenizer):
+def test_a_prompt_ending_in_a_space_is_not_split_where_one_call_would_not_split(tiny_tokenizer):
+    """'is ' + 'blue.' is the text 'is blue.': tokenized whole, the token carrying ' blue' is learned."""
+    _, ids, labels = learned_text(tiny_tokenizer, {"prompt": "The sky is ", "completion": "blue."},
+                                  format="prompt_completion")
+    assert ids == tiny_tokenizer("The sky is blue.")["input_ids"] + [tiny_tokenizer.eos_token_id]
+    learned = tiny_tokenizer.decode([t for t, lab in zip(ids, labels, strict=True) if lab != D.IGNORE_INDEX])
+    assert learned.endswith("blue.</s>") and "sky" not in learned
+
+
+def test_train_on_prompt_learns_everything(tiny_tokenizer):
     _, ids, labels = learned_text(tiny_tokenizer, {"instruction": "Hi.", "output": "Yo."}, trainOnPrompt=True)
-    assert labels[1:] == ids[1:] and labels[0] == D.IGNORE_INDEX
+    assert labels == ids
 
 
 def test_missing_column_is_a_data_error_naming_the_mapping(tiny_tokenizer):
-    with pytest.raises(DataError, match=r"no 'instruction' column .* map it with data.columns"):
+    with pytest.raises(DataError, match=r"no 'instruction' value .* map it with data.columns"):
         learned_text(tiny_tokenizer, {"question": "?", "output": "!"})
 
 
@@ -82,12 +114,12 @@ def test_unknown_sharegpt_role_is_a_data_error(tiny_tokenizer):
 
 def test_text_blocks_concatenate_with_eos_and_drop_the_tail(tiny_tokenizer):
     rows = [{"text": "one two three four five"}, {"text": "six seven eight nine ten"}] * 3
-    examples, stats = D.tokenize_text_blocks(rows, spec(format="text", blockSize=16), tiny_tokenizer)
+    examples, stats = D.tokenize(rows, spec(format="text", blockSize=16), tiny_tokenizer)
     stream = []
     for row in rows:
         stream += tiny_tokenizer(row["text"], add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
-    assert [e["input_ids"] for e in examples] == [stream[i:i + 16] for i in range(0, len(stream) - 15, 16)]
-    assert all(e["labels"] == e["input_ids"] for e in examples)
+    assert examples["input_ids"] == [stream[i:i + 16] for i in range(0, len(stream) - 15, 16)]
+    assert examples["labels"] == examples["input_ids"]
     assert stats.kept == len(stream) // 16 and stats.rows == 6
 
 
@@ -95,22 +127,22 @@ def test_text_blocks_concatenate_with_eos_and_drop_the_tail(tiny_tokenizer):
     ("truncate", 2, 1, 0), ("drop", 1, 0, 1)], ids=["truncate", "drop"])
 def test_truncation_policy_is_counted(tiny_tokenizer, policy, kept, truncated, dropped):
     rows = [{"instruction": "Hi.", "output": "Yo."}, {"instruction": "Hi.", "output": "word " * 40}]
-    examples, stats = D.tokenize_sft(rows, spec(maxLength=24, truncation=policy), tiny_tokenizer)
+    examples, stats = D.tokenize(rows, spec(maxLength=24, truncation=policy), tiny_tokenizer)
     assert (stats.kept, stats.truncated, stats.dropped_too_long) == (kept, truncated, dropped)
-    assert all(len(e["input_ids"]) <= 24 for e in examples)
+    assert len(examples) == kept and all(len(ids) <= 24 for ids in examples["input_ids"])
 
 
 def test_sample_whose_answer_is_truncated_away_is_dropped_and_counted(tiny_tokenizer):
     rows = [{"instruction": "word " * 40, "output": "Yo."}]
-    examples, stats = D.tokenize_sft(rows, spec(maxLength=16), tiny_tokenizer)
-    assert examples == [] and stats.dropped_no_target == 1
+    examples, stats = D.tokenize(rows, spec(maxLength=16), tiny_tokenizer)
+    assert len(examples) == 0 and stats.dropped_no_target == 1
 
 
 def test_padding_is_masked_by_attention_mask_not_by_token_id(tiny_tokenizer):
     """pad == eos: the real EOS at the end of an answer keeps its label; padding gets -100 and mask 0."""
     assert tiny_tokenizer.pad_token_id == tiny_tokenizer.eos_token_id
     rows = [{"instruction": "Hi.", "output": "Yo."}, {"instruction": "Name a colour.", "output": "Red is one."}]
-    examples, _ = D.tokenize_sft(rows, spec(), tiny_tokenizer)
+    examples = list(D.tokenize(rows, spec(), tiny_tokenizer)[0])
     batch = make_collator(tiny_tokenizer, packing=False, attn_implementation="sdpa")(examples)
     short = 0 if len(examples[0]["input_ids"]) < len(examples[1]["input_ids"]) else 1
     n = len(examples[short]["input_ids"])
@@ -131,7 +163,7 @@ def test_prepare_caches_by_content_and_reuses_the_cache(tiny_tokenizer, tmp_path
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized again despite a complete cache")
 
-    monkeypatch.setattr(D, "tokenize", no_tokenizing)
+    monkeypatch.setattr(D, "tokenize_parts", no_tokenizing)
     second = D.prepare(data, tiny_tokenizer, tmp_path / "cache", seed=1)
     assert second.train["input_ids"] == first.train["input_ids"]
     data_file.write_text(data_file.read_text() + "\n" + json.dumps({"instruction": "new", "output": "row"}))
@@ -148,3 +180,126 @@ def test_no_trainable_example_is_a_data_error(tiny_tokenizer, tmp_path):
 def test_missing_file_is_a_data_error(tiny_tokenizer, tmp_path):
     with pytest.raises(DataError, match="no data file"):
         D.prepare(spec(train=[{"path": str(tmp_path / "nope.jsonl")}]), tiny_tokenizer, tmp_path, seed=1)
+
+
+# --- permanent data problems name the file and the row -----------------------------------------------------------
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def test_malformed_jsonl_names_the_file_and_line(tiny_tokenizer, tmp_path):
+    good = json.dumps({"instruction": "Q", "output": "A"})
+    path = write(tmp_path / "train.jsonl", f"{good}\n{good}\n{{\"instruction\": \"Q\", \"output\": \n{good}\n")
+    with pytest.raises(DataError, match=r"train.jsonl, line 3: not valid JSON"):
+        D.prepare(spec(train=[{"path": path}]), tiny_tokenizer, tmp_path / "cache", seed=1)
+
+
+def test_empty_file_is_a_data_error_naming_it(tiny_tokenizer, tmp_path):
+    path = write(tmp_path / "empty.jsonl", "")
+    with pytest.raises(DataError, match=r"empty.jsonl: the file is empty"):
+        D.prepare(spec(train=[{"path": path}]), tiny_tokenizer, tmp_path / "cache", seed=1)
+
+
+def test_a_bad_row_names_its_file_and_row_number(tiny_tokenizer, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}] * 4
+    rows.append({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None}]})
+    (tmp_path / "data").mkdir()
+    write(tmp_path / "data" / "a.jsonl", json.dumps(rows[0]) + "\n")
+    path = write(tmp_path / "data" / "b.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"{path}, row 5: message 2 \(assistant\) has no content \(null\)"):
+        D.prepare(spec(format="messages", train=[{"path": str(tmp_path / "data")}]), tiny_tokenizer,
+                  tmp_path / "cache", seed=1)
+
+
+def test_validation_data_without_a_trainable_row_is_a_data_error(tiny_tokenizer, tmp_path):
+    data = spec(train=[{"inline": [{"instruction": "Q", "output": "A"}]}],
+                validation=[{"inline": [{"instruction": "word " * 50, "output": "x"}]}], maxLength=16)
+    with pytest.raises(DataError, match="no trainable example in the validation data"):
+        D.prepare(data, tiny_tokenizer, tmp_path, seed=1)
+
+
+def test_many_workers_tokenize_the_same_examples(tiny_tokenizer, tmp_path):
+    rows = [{"instruction": f"What is {a} plus {b}?", "output": f"{a + b}."} for a in range(40) for b in range(20)]
+    path = write(tmp_path / "train.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    one = D.prepare(spec(train=[{"path": path}]), tiny_tokenizer, tmp_path / "one", seed=1)
+    two = D.prepare(spec(train=[{"path": path}], preprocessingWorkers=2), tiny_tokenizer, tmp_path / "two", seed=1)
+    assert len(one.train) == len(rows) and one.train["input_ids"] == two.train["input_ids"]
+    assert one.stats == two.stats
+
+
+# --- continued pretraining on real text ---------------------------------------------------------------------------
+PROSE = "The fox ran.\nIt was quick.\n\nThe dog slept.\nIt was lazy.\n"
+CODE = "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n"
+
+
+@pytest.mark.parametrize(("split", "documents"), [
+    ("document", [PROSE, CODE]),
+    ("paragraph", ["The fox ran.\nIt was quick.", "The dog slept.\nIt was lazy.\n", "def add(a, b):\n    return a + b",
+                   "\nprint(add(1, 2))\n"]),
+], ids=["document", "paragraph"])
+def test_a_text_file_is_a_document_with_its_newlines(tiny_tokenizer, tmp_path, split, documents):
+    (tmp_path / "corpus").mkdir()
+    write(tmp_path / "corpus" / "a-prose.txt", PROSE)
+    write(tmp_path / "corpus" / "b-code.txt", CODE)
+    data = spec(format="text", blockSize=16, textSplit=split, train=[{"path": str(tmp_path / "corpus")}])
+    parts = D.load_rows(data.train, data)
+    assert [row["text"] for part in parts for row in part.rows] == documents
+    blocks, stats = D.tokenize(parts, data, tiny_tokenizer)
+    stream = []
+    for doc in documents:
+        stream += tiny_tokenizer(doc, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
+    assert blocks["input_ids"] == [stream[i:i + 16] for i in range(0, len(stream) - 15, 16)]
+    assert stream.count(tiny_tokenizer.eos_token_id) == len(documents)  # one EOS between documents, none per line
+    assert stats.rows == len(documents)
+
+
+def test_jsonl_text_rows_are_one_document_each(tiny_tokenizer, tmp_path):
+    path = write(tmp_path / "docs.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in (PROSE, CODE)))
+    data = spec(format="text", blockSize=16, train=[{"path": path}])
+    assert [r["text"] for p in D.load_rows(data.train, data) for r in p.rows] == [PROSE, CODE]
+
+
+def test_text_split_applies_to_format_text_only():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="textSplit applies to format text only"):
+        spec(textSplit="line")
+
+
+# --- the model's limits and what the trained model carries --------------------------------------------------------
+def test_a_sequence_longer_than_the_models_positions_is_refused(tiny_model_dir):
+    from transformers import AutoConfig
+
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_trainer.errors import ConfigError
+    from finetune_trainer.model import check_lengths
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    base = {"model": {"name": str(tiny_model_dir)}, "data": {"format": "text", "train": [{"inline": [{"text": "x"}]}]}}
+    job = FineTuneJobSpec.model_validate({**base, "data": {**base["data"], "blockSize": 8192}})
+    with pytest.raises(ConfigError, match=r"spec.data.blockSize is 8192 but .* max_position_embeddings 4096"):
+        check_lengths(job, config)
+    check_lengths(FineTuneJobSpec.model_validate({**base, "data": {**base["data"], "blockSize": 4096}}), config)
+
+
+def test_a_tokenizer_without_a_template_gets_one_that_ends_turns_with_its_eos(tiny_model_dir, tmp_path):
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_trainer.chat import DEFAULT_CHAT_TEMPLATE, ChatEncoder
+    from finetune_trainer.model import load_tokenizer
+
+    bare = tmp_path / "bare"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(bare)
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    job = FineTuneJobSpec.model_validate({"model": {"name": str(tiny_model_dir), "tokenizer": str(bare)},
+                                          "data": {"format": "messages", "train": [{"inline": [{"x": 1}]}]}})
+    loaded = load_tokenizer(job)
+    assert loaded.chat_template == DEFAULT_CHAT_TEMPLATE
+    encoder = ChatEncoder.for_tokenizer(loaded)
+    assert encoder.end_markers == (loaded.eos_token,)
+    ids, labels = encoder.encode([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    assert labels[-2] == loaded.eos_token_id  # the reply's EOS is learned (the newline after it is not)

@@ -22,7 +22,7 @@ def test_packed_logits_equal_unpacked(tiny_model_dir, tiny_tokenizer, attention)
             {"instruction": "What is two plus two?", "output": "Four, of course."},
             {"instruction": "Hi.", "output": "Hello there."}]
     spec = DataSpec.model_validate({"format": "alpaca", "train": [{"inline": rows}]})
-    examples, _ = D.tokenize_sft(rows, spec, tiny_tokenizer)
+    examples = list(D.tokenize(rows, spec, tiny_tokenizer)[0])
     packed = make_collator(tiny_tokenizer, packing=True, attn_implementation=attention)(examples)
     assert packed["input_ids"].shape[0] == 1  # one flattened row, no padding at all
     lengths = [len(e["input_ids"]) for e in examples]

@@ -8,6 +8,7 @@ from finetune_operator.api import constants as c
 from finetune_operator.api.validation import validate_job
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
 from finetune_operator.render.rbac import trainer_binding_name
+from finetune_operator.render.workload import render_workload
 from tests.builders import make_job
 
 CTX = RenderContext(name="test-job", namespace="ml", attempt=2, trainer_image="registry.local/trainer:1")
@@ -317,3 +318,11 @@ def test_preflight_job_is_one_small_cpu_pod_with_the_trainers_config_and_volumes
                                                **container["resources"]["limits"]})
     assert {"name": "data", "mountPath": "/data", "readOnly": False} in container["volumeMounts"]
     assert pod["serviceAccountName"] == "finetunejob-trainer" and pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_hub_downloads_are_cached_on_the_output_volume_across_attempts():
+    job = validate_job(make_job({"spec.output.claimName": "shared"}))
+    envs = [{e["name"]: e.get("value") for e in render_workload(job.spec, RenderContext(
+        name=job.name, namespace="d", attempt=attempt))["spec"]["template"]["spec"]["containers"][0]["env"]}
+        for attempt in (1, 2)]
+    assert envs[0]["HF_HOME"] == envs[1]["HF_HOME"] == "/output/.cache/huggingface"

@@ -31,17 +31,17 @@ def as_tuples(examples):
 
 def test_streamed_sft_examples_are_the_cached_paths_examples_one_shard_per_file(tmp_path, tiny_tokenizer):
     data, paths = spec(tmp_path, ROWS, files=3)
-    cached, stats = D.tokenize_sft(D.load_rows(data.train), data, tiny_tokenizer)
-    stream = tokenized_stream(D.load_rows(data.train, streaming=True), data, tiny_tokenizer)
+    cached, stats = D.tokenize(D.load_rows(data.train, data), data, tiny_tokenizer)
+    stream = tokenized_stream(D.load_rows(data.train, data, streaming=True), data, tiny_tokenizer)
     assert stream.n_shards == len(paths) == 3  # accelerate can hand each process its own files
     assert as_tuples(stream) == as_tuples(cached) and stats.kept == len(ROWS)
 
 
 def test_streamed_text_blocks_equal_the_cached_blocks(tmp_path, tiny_tokenizer):
     data, _ = spec(tmp_path, DOCS, format="text", blockSize=16)
-    cached, stats = D.tokenize_text_blocks(D.load_rows(data.train), data, tiny_tokenizer)
-    streamed = list(tokenized_stream(D.load_rows(data.train, streaming=True), data, tiny_tokenizer))
-    assert stats.kept > 5 and [e["input_ids"] for e in streamed] == [e["input_ids"] for e in cached]
+    cached, stats = D.tokenize(D.load_rows(data.train, data), data, tiny_tokenizer)
+    streamed = list(tokenized_stream(D.load_rows(data.train, data, streaming=True), data, tiny_tokenizer))
+    assert stats.kept > 5 and [e["input_ids"] for e in streamed] == cached["input_ids"]
     assert all(len(e["input_ids"]) == 16 and e["labels"] == e["input_ids"] for e in streamed)
 
 
@@ -51,8 +51,8 @@ def test_text_blocks_cut_as_they_go_match_cutting_the_whole_stream(tiny_tokenize
     for doc in DOCS:
         whole += tiny_tokenizer(doc["text"], add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
     expected = [whole[i:i + 16] for i in range(0, len(whole) - 15, 16)]
-    blocks, _ = D.tokenize_text_blocks(DOCS, data, tiny_tokenizer)
-    assert [b["input_ids"] for b in blocks] == expected
+    blocks, _ = D.tokenize(DOCS, data, tiny_tokenizer)
+    assert blocks["input_ids"] == expected
 
 
 def test_prepare_streaming_caps_shuffles_and_caches_nothing(tmp_path, tiny_tokenizer):
@@ -61,7 +61,7 @@ def test_prepare_streaming_caps_shuffles_and_caches_nothing(tmp_path, tiny_token
     prepared = prepare_streaming(data, tiny_tokenizer, seed=3)
     train = list(prepared.train)
     assert len(train) == 10 and len(list(prepared.eval)) == 3
-    in_file_order = list(tokenized_stream(D.load_rows(data.train, streaming=True).take(10), data, tiny_tokenizer))
+    in_file_order = list(tokenized_stream(D.load_rows(data.train, data, streaming=True), data, tiny_tokenizer).take(10))
     assert as_tuples(train) == as_tuples(in_file_order) and train != in_file_order  # same examples, shuffled
     assert not (tmp_path / ".cache").exists()
 
@@ -69,4 +69,4 @@ def test_prepare_streaming_caps_shuffles_and_caches_nothing(tmp_path, tiny_token
 def test_a_missing_text_column_is_a_data_error_when_streamed(tmp_path, tiny_tokenizer):
     data, _ = spec(tmp_path, [{"body": "x"}], format="text")
     with pytest.raises(D.DataError, match="no 'text' column"):
-        list(tokenized_stream(D.load_rows(data.train, streaming=True), data, tiny_tokenizer))
+        list(tokenized_stream(D.load_rows(data.train, data, streaming=True), data, tiny_tokenizer))

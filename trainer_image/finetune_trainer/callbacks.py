@@ -178,6 +178,21 @@ class GracefulStop(TrainerCallback):
         self.requested = signum
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.requested is not None:
+        # A collective decision: the signal reaches the ranks of a gang at different moments, and a rank that
+        # stops a step before the others leaves them waiting in a collective (or saving half a checkpoint). Every
+        # rank stops at the first step end at which any rank was asked to.
+        if self._anyone_asked(args):
+            self.requested = self.requested or signal.SIGTERM
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
+
+    def _anyone_asked(self, args) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        asked = self.requested is not None
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return asked
+        flag = torch.tensor([1 if asked else 0], dtype=torch.int32, device=args.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

@@ -1,10 +1,15 @@
-"""Data: sources -> rows -> segments -> token ids with labels; tokenized once and cached by content hash."""
+"""Data: sources -> rows -> token ids with labels, tokenized once with `datasets` (batched, in
+data.preprocessingWorkers processes, like transformers' run_clm.py) and cached by content hash.
+
+Every row keeps where it came from, so a bad row is a DataError naming its file and row number (exit 65: the data
+must change, retrying cannot help)."""
 
 import glob
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,12 +17,18 @@ from typing import Any
 from finetune_operator.api.data import DataSource, DataSpec
 
 from . import formats
+from .chat import IGNORE_INDEX, ChatEncoder
 from .errors import DataError
 
-IGNORE_INDEX = -100
 EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text",
-              ".text": "text"}
-CACHE_VERSION = "1"  # bump when tokenization changes, so stale caches are never reused
+              ".text": "text", ".md": "text"}
+CACHE_VERSION = "2"  # bump when tokenization changes, so stale caches are never reused
+# Past this many files a directory or glob is loaded as one dataset (rows then name the pattern, not the file).
+MAX_FILES_ONE_BY_ONE = 64
+# What happened to each row (the `status` column of the tokenized dataset).
+KEPT, TRUNCATED, DROPPED_TOO_LONG, DROPPED_NO_TARGET = 0, 1, 2, 3
+MAP_BATCH = 256
+__all__ = ["IGNORE_INDEX", "PreparedData", "TokenizeStats", "prepare", "load_rows", "sft_example", "text_blocks"]
 
 
 @dataclass
@@ -33,12 +44,32 @@ class TokenizeStats:
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
+    def count(self, status: int, ids: list[int], labels: list[int]) -> None:
+        self.rows += 1
+        if status == DROPPED_TOO_LONG:
+            self.dropped_too_long += 1
+        elif status == DROPPED_NO_TARGET:
+            self.dropped_no_target += 1
+        else:
+            self.kept += 1
+            self.truncated += status == TRUNCATED
+            self.tokens += len(ids)
+            self.trainable_tokens += sum(1 for t in labels if t != IGNORE_INDEX)
+
 
 @dataclass
 class PreparedData:
     train: Any
     eval: Any | None
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows of one file (or one hub split, or the inline rows), and how a message names them."""
+
+    name: str
+    rows: Any  # datasets.Dataset or IterableDataset
 
 
 # --- loading ----------------------------------------------------------------------------------------------------
@@ -54,111 +85,175 @@ def _files_of(path: str) -> list[str]:
     return found
 
 
-def load_source(source: DataSource, streaming: bool = False):
-    """One source as a datasets.Dataset (or IterableDataset when streaming)."""
+def load_source(source: DataSource, data: DataSpec, streaming: bool = False) -> list[Part]:
+    """One source as Parts: a file is a part (so a row names its file), a hub split or the inline rows are one."""
     import datasets
 
-    try:
-        if source.inline is not None:
-            rows = datasets.Dataset.from_list(list(source.inline))
-            return rows.to_iterable_dataset() if streaming else rows
-        if source.hub is not None:
-            hub = source.hub
-            return datasets.load_dataset(hub.name, hub.config, split=hub.split, revision=hub.revision,
+    if source.inline is not None:
+        rows = datasets.Dataset.from_list(list(source.inline))
+        return [Part("inline rows", rows.to_iterable_dataset() if streaming else rows)]
+    if source.hub is not None:
+        hub = source.hub
+        name = f"hub dataset {hub.name}" + (f" ({hub.config})" if hub.config else "") + f" split {hub.split}"
+        try:
+            rows = datasets.load_dataset(hub.name, hub.config, split=hub.split, revision=hub.revision,
                                          streaming=streaming)
-        files = _files_of(str(source.path))
-        kinds = {source.file_type or EXTENSIONS.get(Path(f).suffix) for f in files}
-        if None in kinds or len(kinds) != 1:
-            raise DataError(f"cannot tell the file type of {source.path} ({sorted(map(str, kinds))}); set fileType")
-        kind = "json" if kinds == {"jsonl"} else kinds.pop()
-        return datasets.load_dataset(kind, data_files=files, split="train", streaming=streaming)
-    except DataError:
-        raise
-    except Exception as exc:  # datasets raises many types for unreadable data; all are data errors to the user
-        raise DataError(f"cannot load {source.model_dump(exclude_none=True, by_alias=True)}: {exc}") from exc
+        except Exception as exc:  # datasets raises many types for unreachable or unreadable data
+            raise DataError(f"cannot load {name}: {exc}") from exc
+        return [Part(name, rows)]
+    files = _files_of(str(source.path))
+    kinds = {source.file_type or EXTENSIONS.get(Path(f).suffix) for f in files}
+    if None in kinds or len(kinds) != 1:
+        raise DataError(f"cannot tell the file type of {source.path} ({sorted(map(str, kinds))}); set fileType")
+    kind = kinds.pop()
+    groups = [[f] for f in files] if len(files) <= MAX_FILES_ONE_BY_ONE else [files]
+    return [Part(group[0] if len(group) == 1 else str(source.path), _load_files(group, kind, data, streaming))
+            for group in groups]
 
 
-def load_rows(sources: list[DataSource], streaming: bool = False):
+def _load_files(files: list[str], kind: str, data: DataSpec, streaming: bool):
     import datasets
 
-    parts = [load_source(s, streaming) for s in sources]
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    kwargs: dict[str, Any] = {}
+    if kind == "text":
+        # A text file is one document by default: newlines kept, one EOS after it (data.textSplit).
+        kwargs = {"sample_by": data.text_split, "keep_linebreaks": True}
+    loader = "json" if kind == "jsonl" else kind
+    for f in files:
+        if os.path.getsize(f) == 0:
+            raise DataError(f"{f}: the file is empty")
+    try:
+        rows = datasets.load_dataset(loader, data_files=files, split="train", streaming=streaming, **kwargs)
+    except Exception as exc:  # pyarrow's JSON errors carry no line number: find the bad line ourselves
+        if loader == "json":
+            for f in files:
+                _check_json_lines(f)
+        raise DataError(f"cannot read {', '.join(files[:3])}: {exc}") from exc
+    if not streaming and len(rows) == 0:
+        raise DataError(f"{', '.join(files[:3])}: no rows")
+    return rows
 
 
-# --- tokenization ----------------------------------------------------------------------------------------------
-def row_segments(row: dict[str, Any], data: DataSpec, tokenizer) -> formats.Segments:
-    eos = tokenizer.eos_token or ""
-    columns, fmt = data.columns, data.format
-    if fmt == "prompt_completion":
-        return formats.prompt_completion_segments(row, columns, eos)
-    if fmt == "alpaca" and not tokenizer.chat_template:
-        return formats.alpaca_plain_segments(row, columns, eos)
-    messages = {"alpaca": formats.alpaca_messages, "sharegpt": formats.sharegpt_messages,
-                "messages": formats.messages_messages}[fmt](row, columns)
-    template = tokenizer.chat_template or formats.DEFAULT_CHAT_TEMPLATE
-
-    def render(msgs, add_generation_prompt):
-        if not msgs:
-            return ""
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             chat_template=template)
-
-    return formats.chat_segments(messages, render)
+def _check_json_lines(path: str) -> None:
+    """Raises a DataError naming the first malformed line of a JSON Lines file (a .json array is left to datasets)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.read(1)
+        if first == "[":
+            return
+        f.seek(0)
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}, line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(value, dict):
+                raise DataError(f"{path}, line {number}: a row must be a JSON object, got {type(value).__name__}")
 
 
-def tokenize_segments(segments: formats.Segments, tokenizer, train_on_prompt: bool) -> tuple[list[int], list[int]]:
-    """Token ids and labels; untrainable segments get IGNORE_INDEX unless the whole sample is trained on."""
-    input_ids: list[int] = []
-    labels: list[int] = []
-    if tokenizer.bos_token_id is not None and not (segments and segments[0][0].startswith(tokenizer.bos_token)):
-        input_ids.append(tokenizer.bos_token_id)
-        labels.append(IGNORE_INDEX)
-    for text, trainable in segments:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        input_ids += ids
-        labels += ids if (trainable or train_on_prompt) else [IGNORE_INDEX] * len(ids)
-    return input_ids, labels
+def load_rows(sources: list[DataSource], data: DataSpec, streaming: bool = False) -> list[Part]:
+    return [part for s in sources for part in load_source(s, data, streaming)]
 
 
-def sft_example(row: dict[str, Any], data: DataSpec, tokenizer, stats: TokenizeStats) -> dict[str, list[int]] | None:
-    """One row -> token ids and labels, or None when it is dropped (too long under truncation drop, no target)."""
-    stats.rows += 1
-    ids, labels = tokenize_segments(row_segments(row, data, tokenizer), tokenizer, data.train_on_prompt)
+# --- one row -> ids and labels ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowEncoder:
+    """What turns a row into (ids, labels) for one data spec and tokenizer; picklable for worker processes."""
+
+    data: DataSpec
+    tokenizer: Any
+    chat: ChatEncoder | None
+
+    @classmethod
+    def build(cls, data: DataSpec, tokenizer: Any) -> "RowEncoder":
+        uses_template = data.format in ("sharegpt", "messages") or (data.format == "alpaca" and tokenizer.chat_template)
+        return cls(data, tokenizer, ChatEncoder.for_tokenizer(tokenizer) if uses_template else None)
+
+    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
+        fmt, columns = self.data.format, self.data.columns
+        if self.chat is not None:
+            return self.chat.encode(formats.CHAT_FORMATS[fmt](row, columns), self.data.train_on_prompt)
+        prompt, completion = (formats.alpaca_prompt if fmt == "alpaca" else formats.prompt_completion)(row, columns)
+        return encode_completion(prompt, completion, self.tokenizer, self.data.train_on_prompt)
+
+
+def encode_completion(prompt: str, completion: str, tokenizer: Any, train_on_prompt: bool = False
+                      ) -> tuple[list[int], list[int]]:
+    """prompt + completion tokenized in one call, as `tokenizer(text)` at inference (its BOS if it adds one), then
+    the real EOS; the completion and the EOS are learned (a token straddling the boundary is learned too)."""
+    from .chat import labels_from_spans
+
+    text = prompt + completion
+    encoded = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+    ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
+    if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+        ids.append(tokenizer.eos_token_id)
+        offsets.append((len(text), len(text) + 1))
+    spans = [(0, len(text) + 1)] if train_on_prompt else [(len(prompt), len(text) + 1)]
+    return ids, labels_from_spans(ids, offsets, spans)
+
+
+def fit(ids: list[int], labels: list[int], data: DataSpec) -> tuple[list[int], list[int], int]:
+    """maxLength and truncation applied: (ids, labels, status)."""
+    status = KEPT
     if len(ids) > data.max_length:
         if data.truncation == "drop":
-            stats.dropped_too_long += 1
-            return None
-        stats.truncated += 1
-        ids, labels = ids[: data.max_length], labels[: data.max_length]
-    trainable = sum(1 for t in labels if t != IGNORE_INDEX)
-    if trainable == 0:
-        stats.dropped_no_target += 1
-        return None
-    stats.kept += 1
-    stats.trainable_tokens += trainable
-    stats.tokens += len(ids)
-    return {"input_ids": ids, "labels": labels}
+            return [], [], DROPPED_TOO_LONG
+        ids, labels, status = ids[: data.max_length], labels[: data.max_length], TRUNCATED
+    if all(t == IGNORE_INDEX for t in labels):
+        return [], [], DROPPED_NO_TARGET
+    return ids, labels, status
 
 
-def tokenize_sft(rows, data: DataSpec, tokenizer) -> tuple[list[dict[str, list[int]]], TokenizeStats]:
-    stats = TokenizeStats()
-    examples = [e for e in (sft_example(row, data, tokenizer, stats) for row in rows) if e is not None]
-    return examples, stats
+def sft_example(row: dict[str, Any], encoder: RowEncoder, stats: TokenizeStats, where: str = "row"
+                ) -> dict[str, list[int]] | None:
+    """One row -> token ids and labels, or None when it is dropped (too long under truncation drop, no target)."""
+    try:
+        ids, labels = encoder.encode(row)
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from None
+    ids, labels, status = fit(ids, labels, encoder.data)
+    stats.count(status, ids, labels)
+    return {"input_ids": ids, "labels": labels} if status in (KEPT, TRUNCATED) else None
 
 
-def text_blocks(rows, data: DataSpec, tokenizer, stats: TokenizeStats) -> Iterator[dict[str, list[int]]]:
-    """Continued pretraining: every document + EOS, concatenated and cut into full blocks (the tail is dropped).
+def _sft_batch(batch: dict[str, list[Any]], indices: list[int], encoder: RowEncoder, name: str
+               ) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": []}
+    for index, values in zip(indices, zip(*batch.values(), strict=True), strict=True):
+        row = dict(zip(batch.keys(), values, strict=True))
+        try:
+            ids, labels = encoder.encode(row)
+        except DataError as exc:
+            raise DataError(f"{name}, row {index + 1}: {exc}") from None
+        ids, labels, status = fit(ids, labels, encoder.data)
+        out["input_ids"].append(ids)
+        out["labels"].append(labels)
+        out["status"].append(status)
+    return out
 
-    A generator holding less than one block plus one document, so a stream of any length is cut the same way."""
-    block = data.block_size or data.max_length
-    column = data.columns.text or "text"
+
+def _documents_batch(batch: dict[str, list[Any]], indices: list[int], tokenizer: Any, column: str, name: str
+                     ) -> dict[str, list[Any]]:
+    texts = batch.get(column)
+    if texts is None:
+        raise DataError(f"{name}: text rows have no '{column}' column (columns: {sorted(batch)}); "
+                        "map it with data.columns")
+    for index, text in zip(indices, texts, strict=True):
+        if not isinstance(text, str):
+            raise DataError(f"{name}, row {index + 1}: '{column}' is {type(text).__name__}, expected text")
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return {"input_ids": [doc + [tokenizer.eos_token_id] for doc in ids]}  # one EOS after every document
+
+
+def text_blocks(docs: Any, block: int, stats: TokenizeStats) -> Iterator[dict[str, list[int]]]:
+    """Continued pretraining: tokenized documents (each ending in EOS), concatenated and cut into full blocks (the
+    tail is dropped). Holds less than one block plus one document, so a corpus of any size is cut in bounded memory."""
     stream: list[int] = []
-    for row in rows:
+    for doc in docs:
         stats.rows += 1
-        text = row.get(column)
-        if text is None:
-            raise DataError(f"text row has no '{column}' column (columns: {sorted(row)}); map it with data.columns")
-        stream += tokenizer(str(text), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        stream += doc["input_ids"]
         full = len(stream) // block * block
         for i in range(0, full, block):
             stats.kept += 1
@@ -168,18 +263,35 @@ def text_blocks(rows, data: DataSpec, tokenizer, stats: TokenizeStats) -> Iterat
         del stream[:full]
 
 
-def tokenize_text_blocks(rows, data: DataSpec, tokenizer) -> tuple[list[dict[str, list[int]]], TokenizeStats]:
-    stats = TokenizeStats()
-    return list(text_blocks(rows, data, tokenizer, stats)), stats
+def tokenize_documents(part: Part, data: DataSpec, tokenizer: Any) -> Any:
+    """A text Part's documents as token ids, each followed by EOS (lazily, when the part is streamed)."""
+    kwargs: dict[str, Any] = {"batched": True, "batch_size": MAP_BATCH, "with_indices": True,
+                              "remove_columns": _columns(part.rows),
+                              "fn_kwargs": {"tokenizer": tokenizer, "column": data.columns.text or "text",
+                                            "name": part.name}}
+    if not _is_iterable(part.rows):
+        kwargs.update(num_proc=_workers(data, part.rows), desc=f"tokenizing {Path(part.name).name}")
+    return part.rows.map(_documents_batch, **kwargs)
 
 
-def tokenize(rows, data: DataSpec, tokenizer):
-    fn = tokenize_text_blocks if data.format == "text" else tokenize_sft
-    return fn(rows, data, tokenizer)
+def _is_iterable(rows: Any) -> bool:
+    import datasets
+
+    return isinstance(rows, datasets.IterableDataset)
+
+
+def _columns(rows: Any) -> list[str] | None:
+    names = getattr(rows, "column_names", None)
+    return list(names) if names else None
+
+
+def _workers(data: DataSpec, rows: Any) -> int | None:
+    workers = min(data.preprocessing_workers, max(len(rows) // MAP_BATCH, 1))
+    return workers if workers > 1 else None
 
 
 # --- the whole preparation, cached ------------------------------------------------------------------------------
-def cache_key(data: DataSpec, tokenizer) -> str:
+def cache_key(data: DataSpec, tokenizer: Any) -> str:
     """Hash of (data config, source contents or identities, tokenizer vocabulary and template)."""
     h = hashlib.sha256(CACHE_VERSION.encode())
     h.update(json.dumps(data.model_dump(mode="json", exclude={"preprocessing_workers"}), sort_keys=True).encode())
@@ -194,7 +306,88 @@ def cache_key(data: DataSpec, tokenizer) -> str:
     return h.hexdigest()[:20]
 
 
-def prepare(data: DataSpec, tokenizer, cache_dir: Path, seed: int) -> PreparedData:
+def _split(parts: list[Part], data: DataSpec, seed: int) -> tuple[list[Part], list[Part] | None]:
+    """validationSplitPercentage: held out of every part, so rows keep naming their file."""
+    if data.validation_split_percentage <= 0:
+        return parts, None
+    train, evaluation = [], []
+    for part in parts:
+        if len(part.rows) < 2:
+            train.append(part)
+            continue
+        split = part.rows.train_test_split(test_size=data.validation_split_percentage / 100, seed=seed)
+        train.append(Part(part.name, split["train"]))
+        evaluation.append(Part(part.name, split["test"]))
+    return train, evaluation
+
+
+def _take(parts: list[Part], limit: int | None) -> list[Part]:
+    if limit is None:
+        return parts
+    out = []
+    for part in parts:
+        if limit <= 0:
+            break
+        rows = part.rows.select(range(min(limit, len(part.rows))))
+        out.append(Part(part.name, rows))
+        limit -= len(rows)
+    return out
+
+
+def tokenize_parts(parts: list[Part], data: DataSpec, tokenizer: Any, scratch: Path) -> tuple[Any, TokenizeStats]:
+    """The parts as one tokenized Dataset (input_ids, labels) and what happened to their rows."""
+    import datasets
+
+    stats = TokenizeStats()
+    if data.format == "text":
+        block = data.block_size or data.max_length
+        docs = datasets.concatenate_datasets([tokenize_documents(p, data, tokenizer) for p in parts])
+        scratch.mkdir(parents=True, exist_ok=True)
+        blocks = datasets.Dataset.from_generator(
+            text_blocks, gen_kwargs={"docs": docs, "block": block, "stats": stats},
+            cache_dir=str(scratch), features=_features())
+        if stats.rows == 0:  # the generator ran in this process: count again if it came from a cache
+            stats.rows, stats.kept = len(docs), len(blocks)
+            stats.tokens = stats.trainable_tokens = len(blocks) * block
+        return blocks, stats
+    encoder = RowEncoder.build(data, tokenizer)
+    tokenized = []
+    for part in parts:
+        done = part.rows.map(_sft_batch, batched=True, batch_size=MAP_BATCH, with_indices=True,
+                             num_proc=_workers(data, part.rows), remove_columns=part.rows.column_names,
+                             fn_kwargs={"encoder": encoder, "name": part.name},
+                             desc=f"tokenizing {Path(part.name).name}")
+        for status, ids, labels in zip(done["status"], done["input_ids"], done["labels"], strict=True):
+            stats.count(status, ids, labels)
+        tokenized.append(done.filter(lambda s: s in (KEPT, TRUNCATED), input_columns="status")
+                         .remove_columns("status"))
+    return datasets.concatenate_datasets(tokenized), stats
+
+
+def tokenize(rows: list[dict[str, Any]] | list[Part], data: DataSpec, tokenizer: Any, scratch: Path | None = None
+             ) -> tuple[Any, TokenizeStats]:
+    """Rows (or Parts) tokenized as prepare() does, without its cache: for tests, benchmarks and the preflight."""
+    import tempfile
+
+    import datasets
+
+    parts = rows if rows and isinstance(rows[0], Part) else [Part("rows", datasets.Dataset.from_list(list(rows)))]
+    if scratch is not None:
+        return tokenize_parts(parts, data, tokenizer, scratch)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenized, stats = tokenize_parts(parts, data, tokenizer, Path(tmp))
+        return tokenized.flatten_indices() if len(tokenized) else tokenized, stats
+
+
+def _features():
+    import datasets
+
+    return datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                              "labels": datasets.Sequence(datasets.Value("int32"))})
+
+
+def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
+            on_progress: Callable[[str], None] | None = None) -> PreparedData:
     """Tokenizes train/eval (or loads them from the cache); call it on the main process first."""
     import datasets
 
@@ -204,37 +397,42 @@ def prepare(data: DataSpec, tokenizer, cache_dir: Path, seed: int) -> PreparedDa
         evaluation = datasets.load_from_disk(str(target / "eval")) if (target / "eval").exists() else None
         return PreparedData(train, evaluation, json.loads((target / "stats.json").read_text()))
 
-    rows = load_rows(data.train)
-    eval_rows = load_rows(data.validation) if data.validation else None
-    if eval_rows is None and data.validation_split_percentage > 0:
-        split = rows.train_test_split(test_size=data.validation_split_percentage / 100, seed=seed)
-        rows, eval_rows = split["train"], split["test"]
-    if data.max_train_samples is not None:
-        rows = rows.select(range(min(data.max_train_samples, len(rows))))
-    if eval_rows is not None and data.max_eval_samples is not None:
-        eval_rows = eval_rows.select(range(min(data.max_eval_samples, len(eval_rows))))
+    parts = load_rows(data.train, data)
+    eval_parts = load_rows(data.validation, data) if data.validation else None
+    if eval_parts is None:
+        parts, eval_parts = _split(parts, data, seed)
+    parts = _take(parts, data.max_train_samples)
+    if eval_parts is not None:
+        eval_parts = _take(eval_parts, data.max_eval_samples)
 
-    train_examples, train_stats = tokenize(rows, data, tokenizer)
-    if not train_examples:
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    if on_progress is not None:
+        on_progress("tokenizing the training data")
+    train, train_stats = tokenize_parts(parts, data, tokenizer, tmp / "scratch")
+    if len(train) == 0:
         raise DataError(f"no trainable example in the training data ({train_stats.as_dict()}); "
                         "check the format, the column mapping and maxLength")
     stats = {"train": train_stats.as_dict()}
-    train = datasets.Dataset.from_list(train_examples)
     evaluation = None
-    if eval_rows is not None:
-        eval_examples, eval_stats = tokenize(eval_rows, data, tokenizer)
+    if eval_parts:
+        if on_progress is not None:
+            on_progress("tokenizing the validation data")
+        evaluation, eval_stats = tokenize_parts(eval_parts, data, tokenizer, tmp / "scratch-eval")
         stats["eval"] = eval_stats.as_dict()
-        evaluation = datasets.Dataset.from_list(eval_examples) if eval_examples else None
+        if len(evaluation) == 0:
+            raise DataError(f"no trainable example in the validation data ({eval_stats.as_dict()}); "
+                            "check its format and columns, or remove it")
 
     # Written to a temporary directory and renamed, so a crash never leaves a half cache that looks complete.
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     train.save_to_disk(str(tmp / "train"))
     if evaluation is not None:
         evaluation.save_to_disk(str(tmp / "eval"))
     (tmp / "stats.json").write_text(json.dumps(stats))
+    shutil.rmtree(tmp / "scratch", ignore_errors=True)
+    shutil.rmtree(tmp / "scratch-eval", ignore_errors=True)
     (tmp / "complete").write_text("")
     try:
         tmp.rename(target)
     except OSError:  # another process won the race; its cache is equivalent
-        pass
-    return PreparedData(train, evaluation, stats)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return prepare(data, tokenizer, cache_dir, seed)  # the saved copy: memory-mapped, not the scratch files

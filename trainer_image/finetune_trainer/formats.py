@@ -1,25 +1,21 @@
-"""Each data format -> segments: a list of (text, trainable). Tokenizing segments separately is what lets the
-prompt, the user turns and the system prompt get label -100 while every assistant reply (and its EOS) is learned."""
+"""Each data format -> what the model is trained on: a conversation (a list of role/content messages, rendered by
+the chat template) or a prompt and a completion. Rows that cannot be read as their format are DataErrors that say
+what is wrong; the caller adds the file and the row."""
 
-from collections.abc import Callable
 from typing import Any
 
 from finetune_operator.api.data import ColumnMapping
 
 from .errors import DataError
 
-Segments = list[tuple[str, bool]]
 Message = dict[str, str]
 
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-# Used when the tokenizer has no chat template of its own (ChatML, the most common convention).
-DEFAULT_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+                  "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+                  "tool": "tool", "function_call": "assistant", "observation": "tool", "function": "tool"}
 
 
 def _col(columns: ColumnMapping, name: str) -> str:
@@ -30,31 +26,31 @@ def _field(row: dict[str, Any], column: str, required: bool = True) -> str:
     value = row.get(column)
     if value is None:
         if required:
-            raise DataError(f"row has no '{column}' column (columns: {sorted(row)}); map it with data.columns")
+            raise DataError(f"row has no '{column}' value (columns: {sorted(k for k in row if not k.startswith('_'))})"
+                            "; map it with data.columns")
         return ""
+    if not isinstance(value, str | int | float):
+        raise DataError(f"column '{column}' holds a {type(value).__name__}, expected text")
     return str(value)
 
 
-def chat_segments(messages: list[Message], render: Callable[..., str]) -> Segments:
-    """Splits a rendered conversation at message boundaries by rendering each prefix: the text that the
-    generation prompt adds is prompt, the assistant's own text (up to and including its end token) is trainable."""
-    segments: Segments = []
-    done = ""
-    for i, message in enumerate(messages):
-        if message["role"] == "assistant":
-            prompt = render(messages[:i], add_generation_prompt=True)
-            full = render(messages[: i + 1], add_generation_prompt=False)
-            if not prompt.startswith(done) or not full.startswith(prompt):
-                raise DataError("the chat template does not render conversations as growing prefixes; "
-                                "use format prompt_completion or another template")
-            segments += [(prompt[len(done):], False), (full[len(prompt):], True)]
-        else:
-            full = render(messages[: i + 1], add_generation_prompt=False)
-            if not full.startswith(done):
-                raise DataError("the chat template does not render conversations as growing prefixes")
-            segments.append((full[len(done):], False))
-        done = full
-    return [(text, trainable) for text, trainable in segments if text]
+def content_text(content: Any, where: str) -> str:
+    """A message's content as text: a string, or OpenAI-style parts [{"type": "text", "text": ...}] joined.
+    null, other part types (images, audio) and other values are errors: never trained as "None" or a repr."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        raise DataError(f"{where} has no content (null); give it text, or drop the message")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise DataError(f"{where}, content part {j + 1}: type {kind!r} is not supported (text only: "
+                                '{"type": "text", "text": "..."})')
+            texts.append(part["text"])
+        return "".join(texts)
+    raise DataError(f"{where} has content of type {type(content).__name__}; expected text or a list of text parts")
 
 
 def alpaca_messages(row: dict[str, Any], columns: ColumnMapping) -> list[Message]:
@@ -67,41 +63,49 @@ def alpaca_messages(row: dict[str, Any], columns: ColumnMapping) -> list[Message
                        {"role": "assistant", "content": _field(row, _col(columns, "output"))}]
 
 
-def alpaca_plain_segments(row: dict[str, Any], columns: ColumnMapping, eos: str) -> Segments:
+def alpaca_prompt(row: dict[str, Any], columns: ColumnMapping) -> tuple[str, str]:
+    """The classic Alpaca prompt and the response, for tokenizers without a chat template."""
     instruction = _field(row, _col(columns, "instruction"))
     extra = _field(row, _col(columns, "input"), required=False)
     prompt = (ALPACA_PROMPT_WITH_INPUT.format(instruction=instruction, input=extra) if extra
               else ALPACA_PROMPT.format(instruction=instruction))
-    return [(prompt, False), (_field(row, _col(columns, "output")) + eos, True)]
+    return prompt, _field(row, _col(columns, "output"))
 
 
 def sharegpt_messages(row: dict[str, Any], columns: ColumnMapping) -> list[Message]:
-    turns = row.get(_col(columns, "conversations"))
+    column = _col(columns, "conversations")
+    turns = row.get(column)
     if not isinstance(turns, list) or not turns:
-        raise DataError(f"sharegpt row needs a non-empty '{_col(columns, 'conversations')}' list")
+        raise DataError(f"sharegpt row needs a non-empty '{column}' list")
     messages = []
     system = _field(row, _col(columns, "system"), required=False)
     if system:
         messages.append({"role": "system", "content": system})
-    for turn in turns:
-        role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
+    for i, turn in enumerate(turns):
+        speaker = turn.get("from") if isinstance(turn, dict) else None
+        role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
         if role is None:
-            raise DataError(f"sharegpt turn has an unknown 'from': {turn.get('from')!r}")
-        messages.append({"role": role, "content": str(turn.get("value", ""))})
+            raise DataError(f"turn {i + 1} has an unknown 'from': {speaker!r} (known: {', '.join(SHAREGPT_ROLES)})")
+        messages.append({"role": role, "content": content_text(turn.get("value"), f"turn {i + 1} ({speaker})")})
     return messages
 
 
 def messages_messages(row: dict[str, Any], columns: ColumnMapping) -> list[Message]:
-    turns = row.get(_col(columns, "messages"))
+    column = _col(columns, "messages")
+    turns = row.get(column)
     if not isinstance(turns, list) or not turns:
-        raise DataError(f"messages row needs a non-empty '{_col(columns, 'messages')}' list")
+        raise DataError(f"messages row needs a non-empty '{column}' list")
     out = []
-    for turn in turns:
-        if turn.get("role") not in ("system", "user", "assistant", "tool"):
-            raise DataError(f"message has an unknown role: {turn.get('role')!r}")
-        out.append({"role": turn["role"], "content": str(turn.get("content", ""))})
+    for i, turn in enumerate(turns):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        if role not in ROLES:
+            raise DataError(f"message {i + 1} has an unknown role: {role!r} (known: {', '.join(ROLES)})")
+        out.append({"role": role, "content": content_text(turn.get("content"), f"message {i + 1} ({role})")})
     return out
 
 
-def prompt_completion_segments(row: dict[str, Any], columns: ColumnMapping, eos: str) -> Segments:
-    return [(_field(row, _col(columns, "prompt")), False), (_field(row, _col(columns, "completion")) + eos, True)]
+def prompt_completion(row: dict[str, Any], columns: ColumnMapping) -> tuple[str, str]:
+    return _field(row, _col(columns, "prompt")), _field(row, _col(columns, "completion"))
+
+
+CHAT_FORMATS = {"alpaca": alpaca_messages, "sharegpt": sharegpt_messages, "messages": messages_messages}

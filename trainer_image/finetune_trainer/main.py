@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,6 +94,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data):
 def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
     """The final model (adapter for LoRA) under final/, plus merged/ when asked; weights verified non-empty."""
     final = cfg.output_dir / "final"
+    # Inference wants the KV cache (training turned it off): the saved config must not say use_cache: false.
+    trainer.model.config.use_cache = True
     trainer.save_model(str(final))  # gathers ZeRO-3 / FSDP weights (16-bit gather is set in the presets)
     paths = {"model": str(final)}
     if trainer.args.should_save:
@@ -101,12 +104,12 @@ def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
         if not files or any(f.stat().st_size == 0 for f in files):
             raise TrainerError(f"the final model in {final} has no or empty weights")
         if cfg.spec.output.merge_adapter and cfg.spec.method.type in ("lora", "qlora"):
-            paths["merged"] = str(merge_adapter(cfg, final))
+            paths["merged"] = str(merge_adapter(cfg, final, tokenizer))
     trainer.accelerator.wait_for_everyone()
     return paths
 
 
-def merge_adapter(cfg: TrainerConfig, adapter_dir: Path) -> Path:
+def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
     """Reloads base + adapter from disk on CPU and merges: works the same whatever sharding trained them."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -116,7 +119,9 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path) -> Path:
                                                 dtype="auto")
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     target = cfg.output_dir / "merged"
+    merged.config.use_cache = True
     merged.save_pretrained(target)
+    tokenizer.save_pretrained(target)  # merged/ is a whole model: AutoTokenizer must load from it too
     return target
 
 
@@ -138,10 +143,12 @@ def run(config_path: str) -> dict[str, Any]:
                           "was saved and the next run resumes from it")
     paths = save_final(cfg, trainer, tokenizer)
     history = [h for h in trainer.state.log_history if "loss" in h]
+    evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
     return {
         "reason": exit_codes.reason(exit_codes.SUCCESS), "steps": trainer.state.global_step,
         "resumedFrom": resume, "finalLoss": history[-1]["loss"] if history else None,
-        "trainLoss": result.training_loss, "trainRuntimeSeconds": result.metrics.get("train_runtime"),
+        "trainLoss": result.training_loss, "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
+        "trainRuntimeSeconds": result.metrics.get("train_runtime"),
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,
         "distributedType": str(trainer.accelerator.distributed_type),
@@ -179,11 +186,19 @@ def write_result(code: int, summary: dict[str, Any]) -> None:
     Path(directory, f"result-{rank}.json").write_text(json.dumps({"exitCode": code, **summary}, default=str))
 
 
+def _stop_before_training(signum: int, _frame: Any) -> None:
+    """A stop while loading or tokenizing: nothing to save yet, so stop at once (exit 143, resumable), without a
+    traceback; a cached tokenization is written atomically, so a half one is never reused."""
+    raise Interrupted(f"stopped by signal {signum} before training started; nothing to save yet")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="finetune_trainer")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGINT):  # GracefulStop takes over once training runs
+        signal.signal(sig, _stop_before_training)
     code, summary, unexpected = outcome(lambda: run(args.config))
     if unexpected is not None:
         log.error("training failed", exc_info=unexpected)

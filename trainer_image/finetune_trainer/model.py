@@ -22,7 +22,26 @@ def load_tokenizer(spec: FineTuneJobSpec):
         # Safe only because padding is masked by the attention mask and labels, never by token id: the real EOS
         # keeps its label, so the model still learns to stop.
         tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None and spec.data.format in ("sharegpt", "messages"):
+        # Conversations need a template: ours (ChatML turns closed by the real EOS) is set on the tokenizer, so
+        # final/ carries the template the model was trained with and inference renders the same text.
+        from .chat import DEFAULT_CHAT_TEMPLATE
+
+        tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     return tokenizer
+
+
+def check_lengths(spec: FineTuneJobSpec, model_config: Any) -> None:
+    """A sequence longer than the model's positions trains garbage (or fails on the first long batch)."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    data = spec.data
+    field, length = ("spec.data.blockSize", data.block_size or data.max_length) if data.format == "text" else (
+        "spec.data.maxLength", data.max_length)
+    if data.format == "text" and data.block_size is None:
+        field = "spec.data.maxLength (the text block size when blockSize is unset)"
+    if isinstance(limit, int) and length > limit:
+        raise ConfigError(f"{field} is {length} but {spec.model.name} has max_position_embeddings {limit}; "
+                          f"use at most {limit}")
 
 
 def quantization_config(spec: FineTuneJobSpec, use_cpu: bool):
@@ -55,6 +74,7 @@ def load_model(spec: FineTuneJobSpec, use_cpu: bool):
         model = AutoModelForCausalLM.from_pretrained(m.name, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"cannot load model {m.name}: {exc}") from exc
+    check_lengths(spec, model.config)
     model.config.use_cache = False  # the KV cache is useless in training and breaks gradient checkpointing
     return apply_method(model, spec)
 

@@ -20,7 +20,7 @@ from typing import Any
 from finetune_operator.api.data import DataSource
 
 from .config import TrainerConfig, load_config
-from .data import TokenizeStats, load_source, sft_example, text_blocks
+from .data import Part, RowEncoder, TokenizeStats, load_source, sft_example, text_blocks, tokenize_documents
 from .errors import ConfigError, DataError, outcome
 from .launch import write_termination_message
 from .main import resume_checkpoint
@@ -32,7 +32,7 @@ ROWS_PER_SOURCE = 64
 def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
     from transformers import AutoConfig
 
-    from .model import load_tokenizer
+    from .model import check_lengths, load_tokenizer
 
     m = cfg.spec.model
     tokenizer = load_tokenizer(cfg.spec)
@@ -40,19 +40,24 @@ def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
         config = AutoConfig.from_pretrained(m.name, revision=m.revision, trust_remote_code=m.trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the model config of {m.name}: {exc}") from exc
+    check_lengths(cfg.spec, config)
     return {"modelType": config.model_type, "vocabSize": len(tokenizer)}, tokenizer
 
 
 def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) -> dict[str, Any]:
     data = cfg.spec.data
-    rows = load_source(source, streaming=True).take(ROWS_PER_SOURCE)
+    parts = [Part(p.name, p.rows.take(ROWS_PER_SOURCE)) for p in load_source(source, data, streaming=True)]
     stats = TokenizeStats()
     if data.format == "text":
-        sum(1 for _ in text_blocks(rows, data, tokenizer, stats))
+        for part in parts:
+            sum(1 for _ in text_blocks(tokenize_documents(part, data, tokenizer), data.block_size or data.max_length,
+                                       stats))
         if stats.rows == 0:
             raise DataError(f"{where} has no rows")
     else:
-        kept = sum(1 for row in rows if sft_example(row, data, tokenizer, stats) is not None)
+        encoder = RowEncoder.build(data, tokenizer)
+        kept = sum(1 for part in parts for i, row in enumerate(part.rows)
+                   if sft_example(row, encoder, stats, where=f"{part.name}, row {i + 1}") is not None)
         if kept == 0:
             raise DataError(f"none of the first {stats.rows} rows of {where} gives a trainable example "
                             f"({stats.as_dict()}); check the format, the column mapping and maxLength")

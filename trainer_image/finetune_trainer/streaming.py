@@ -12,43 +12,53 @@ from typing import Any
 
 from finetune_operator.api.data import DataSpec
 
-from .data import PreparedData, TokenizeStats, load_rows, sft_example, text_blocks
+from .data import Part, PreparedData, RowEncoder, TokenizeStats, load_rows, sft_example, text_blocks, tokenize_documents
 
 # Examples shuffled within this window (re-seeded every epoch by the Trainer's set_epoch); shard order is shuffled too.
 SHUFFLE_BUFFER = 10_000
 
 
-def tokenized_examples(parts: list[Any], data: DataSpec, tokenizer) -> Iterator[dict[str, list[int]]]:
+def tokenized_examples(parts: list[Part], data: DataSpec, tokenizer: Any) -> Iterator[dict[str, list[int]]]:
     """The examples of some shards of the row stream; the same tokenization as the cached (non-streaming) path."""
     stats = TokenizeStats()
+    if data.format == "text":
+        for part in parts:
+            yield from text_blocks(tokenize_documents(part, data, tokenizer), data.block_size or data.max_length,
+                                   stats)
+        return
+    encoder = RowEncoder.build(data, tokenizer)
     for part in parts:
-        if data.format == "text":
-            yield from text_blocks(part, data, tokenizer, stats)
-        else:
-            for row in part:
-                example = sft_example(row, data, tokenizer, stats)
-                if example is not None:
-                    yield example
+        for index, row in enumerate(part.rows):
+            example = sft_example(row, encoder, stats, where=f"{part.name}, row {index + 1}")
+            if example is not None:
+                yield example
 
 
-def tokenized_stream(rows: Any, data: DataSpec, tokenizer):
-    """An IterableDataset of token ids and labels with one shard per shard of `rows`."""
+def tokenized_stream(parts: list[Part], data: DataSpec, tokenizer: Any):
+    """An IterableDataset of token ids and labels with one shard per shard of every part."""
     import datasets
 
-    parts = [rows.shard(num_shards=rows.n_shards, index=i) for i in range(rows.n_shards)]
+    shards = [Part(part.name, part.rows.shard(num_shards=part.rows.n_shards, index=i))
+              for part in parts for i in range(part.rows.n_shards)]
     return datasets.IterableDataset.from_generator(
-        tokenized_examples, gen_kwargs={"parts": parts, "data": data, "tokenizer": tokenizer})
+        tokenized_examples, gen_kwargs={"parts": shards, "data": data, "tokenizer": tokenizer})
 
 
-def prepare_streaming(data: DataSpec, tokenizer, seed: int) -> PreparedData:
-    rows = load_rows(data.train, streaming=True)
-    if data.max_train_samples is not None:
-        rows = rows.take(data.max_train_samples)
-    train = tokenized_stream(rows, data, tokenizer).shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
+def _limited(parts: list[Part], limit: int | None) -> list[Part]:
+    return parts if limit is None else [Part(p.name, p.rows.take(limit)) for p in parts]
+
+
+def prepare_streaming(data: DataSpec, tokenizer: Any, seed: int) -> PreparedData:
+    train_parts = load_rows(data.train, data, streaming=True)
+    if data.max_train_samples is not None and len(train_parts) == 1:
+        train_parts = _limited(train_parts, data.max_train_samples)
+    train = tokenized_stream(train_parts, data, tokenizer)
+    shards = train.n_shards
+    if data.max_train_samples is not None and len(train_parts) > 1:
+        train = train.take(data.max_train_samples)
+    train = train.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
     evaluation = None
     if data.validation:
-        eval_rows = load_rows(data.validation, streaming=True)
-        if data.max_eval_samples is not None:
-            eval_rows = eval_rows.take(data.max_eval_samples)
-        evaluation = tokenized_stream(eval_rows, data, tokenizer)
-    return PreparedData(train, evaluation, {"streaming": {"trainShards": rows.n_shards}})
+        evaluation = tokenized_stream(_limited(load_rows(data.validation, data, streaming=True),
+                                                  data.max_eval_samples), data, tokenizer)
+    return PreparedData(train, evaluation, {"streaming": {"trainShards": shards}})

@@ -103,6 +103,12 @@ class DataSpec(ApiModel):
         le=1_048_576,
         description="text format: the concatenated corpus is cut into blocks of this many tokens (default maxLength).",
     )
+    text_split: Literal["document", "paragraph", "line"] = Field(
+        default="document",
+        description="text format, .txt files: one document per file (default), per paragraph (blank-line "
+        "separated) or per line. Newlines are kept and one EOS follows each document; JSONL/CSV/Parquet text rows "
+        "are one document each.",
+    )
     truncation: Literal["truncate", "drop"] = Field(
         default="truncate", description="What to do with SFT samples longer than maxLength; counts are reported."
     )
@@ -141,6 +147,9 @@ class DataSpec(ApiModel):
                     "remove packing",
                 )
             )
+        if self.text_split != "document" and self.format != "text":
+            errors.append(FieldError("textSplit", self.text_split, "textSplit applies to format text only",
+                                     "remove textSplit"))
         if self.train_on_prompt and self.format == "text":
             errors.append(
                 FieldError("trainOnPrompt", True, "format text has no prompt to mask", "remove trainOnPrompt")

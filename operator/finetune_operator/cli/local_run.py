@@ -132,7 +132,8 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
     if code == 0:
         rate = summary.get("tokensSeen", 0) / summary["trainRuntimeSeconds"] if summary.get(
             "trainRuntimeSeconds") else None
-        lines = [f"Succeeded: {summary.get('steps')} steps, final loss {summary.get('finalLoss')}",
+        lines = [f"Succeeded: {summary.get('steps')} steps, final loss {_number(summary.get('finalLoss'))}"
+                 + (f", eval loss {_number(summary['evalLoss'])}" if summary.get("evalLoss") is not None else ""),
                  f"  tokens/s:   {rate:.0f}" if rate else "",
                  f"  model:      {summary.get('model')}",
                  f"  merged:     {summary['merged']}" if summary.get("merged") else "",
@@ -142,6 +143,10 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
     reason = summary.get("reason") or exit_codes.reason(code)
     hint = " (run the same command again to resume)" if not exit_codes.is_permanent(code) else ""
     return f"{reason} (exit {code}): {summary.get('message', '')}{hint}\n  logs: {workdir / 'logs'}"
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def run(job: ValidatedJob, workdir: Path, out: TextIO = sys.stdout, port: int | None = None) -> int:

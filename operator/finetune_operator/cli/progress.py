@@ -14,6 +14,7 @@ class ProgressLine:
         self.path, self.out = path, out
         self.offset = path.stat().st_size if path.exists() else 0  # only this run's records
         self.last: dict[str, Any] | None = None
+        self.eval_loss: float | None = None  # the newest evaluation, shown on every later line
         self.tty = out.isatty()
 
     def poll(self) -> None:
@@ -24,10 +25,19 @@ class ProgressLine:
             lines = f.readlines()
             self.offset = f.tell()
         for line in lines:
-            if line.endswith("\n"):
-                self.last = json.loads(line)
-                if not self.tty:
-                    print(render_progress(self.last), file=self.out, flush=True)
+            if not line.endswith("\n"):
+                continue
+            record = json.loads(line)
+            same_step = self.last is not None and record.get("step") == self.last.get("step")
+            if record.get("evalLoss") is not None:
+                self.eval_loss = record["evalLoss"]
+            self.last = {**record, "evalLoss": self.eval_loss}
+            if self.tty:
+                continue
+            if same_step and record.get("evalLoss") is not None:  # an evaluation after the step's own record
+                print(f"  eval loss {record['evalLoss']:.4f} at step {record.get('step')}", file=self.out, flush=True)
+            elif not same_step:
+                print(render_progress(self.last), file=self.out, flush=True)
         if self.tty and self.last is not None:
             print("\r" + render_progress(self.last), end="", file=self.out, flush=True)
 
@@ -42,6 +52,8 @@ def render_progress(r: dict[str, Any], width: int = 24) -> str:
     parts = [f"[{'#' * done}{'.' * (width - done)}] {step}/{total}"]
     if r.get("loss") is not None:
         parts.append(f"loss {r['loss']:.4f}")
+    if r.get("evalLoss") is not None:
+        parts.append(f"eval {r['evalLoss']:.4f}")
     if r.get("learningRate") is not None:
         parts.append(f"lr {r['learningRate']:.2e}")
     if r.get("tokensPerSecond"):
