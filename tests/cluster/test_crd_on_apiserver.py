@@ -28,13 +28,17 @@ def test_kubectl_apply_every_example(kubectl, namespace, path):
 def test_get_finetunejobs_shows_printer_columns(kubectl, namespace):
     kubectl.run("apply", "-n", namespace, "-f", str(EXAMPLES[0]))
     name = yaml.safe_load(EXAMPLES[0].read_text())["metadata"]["name"]
-    status = {"phase": "Running", "nodes": "2/2", "gpus": 16, "attempt": 1,
-              "progress": {"step": 120, "maxSteps": 500, "percent": 24, "loss": 1.234, "eta": "12m"}}
+    status = {"phase": "Running", "reason": "Running", "nodes": "2/2", "gpus": 16, "attempt": 1,
+              "progress": {"step": 120, "maxSteps": 500, "percent": 24, "loss": 1.234, "eta": "12m",
+                           "peakMemoryGiB": 61.27}}
     kubectl.run("patch", "ftj", name, "-n", namespace, "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": status}))
     table = kubectl.run("get", "finetunejobs", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "NODES", "GPUS", "PROGRESS", "LOSS", "ETA", "AGE"]
-    assert table[1].split()[:7] == [name, "Running", "2/2", "16", "24", "1.234", "12m"]
+    assert table[0].split() == ["NAME", "PHASE", "NODES", "GPUS", "PROGRESS", "LOSS", "ETA", "REASON", "AGE"]
+    assert table[1].split()[:8] == [name, "Running", "2/2", "16", "24", "1.234", "12m", "Running"]
+    # The trainer's field names are the schema's: nothing it writes is pruned by the apiserver.
+    stored = kubectl.json("get", "ftj", name, "-n", namespace)["status"]["progress"]
+    assert stored["peakMemoryGiB"] == 61.27
     wide = kubectl.run("get", "ftj", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
     assert "ATTEMPT" in wide and "REASON" in wide
 

@@ -73,7 +73,8 @@ def wait_status(kubectl, namespace, predicate, timeout, op, runner):
 
 def progress_records(workdir):
     files = list((workdir / "pvc" / "shared").glob("*/progress.jsonl"))
-    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    return [r for r in records if r.get("phase") != "Preparing"]  # the data preparation's heartbeat
 
 
 def test_two_node_job_trains_and_reports(chart_operator, kubectl, control_plane, namespace, tiny_model_dir,

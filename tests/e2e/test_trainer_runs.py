@@ -33,7 +33,8 @@ def job(model_dir, **overrides):
 
 
 def progress(workdir):
-    return [json.loads(line) for line in (workdir / "output" / "progress.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (workdir / "output" / "progress.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("phase") != "Preparing"]  # the data preparation's heartbeat
 
 
 def losses_by_step(workdir):
@@ -99,6 +100,11 @@ def test_lora_adapter_merge_and_reload_give_the_same_outputs(tiny_model_dir, tmp
         merged_logits = merged(input_ids=ids).logits
     torch.testing.assert_close(merged_logits, adapted_logits, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(adapted_logits, base_logits, atol=1e-4)  # the adapter learned something
+    # merged/ is a whole model a user loads by path: its tokenizer is there, and inference keeps its KV cache.
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(result.summary["merged"]).chat_template
+    assert AutoConfig.from_pretrained(result.summary["merged"]).use_cache is True
 
 
 @pytest.mark.parametrize(("overrides", "code", "reason"), [

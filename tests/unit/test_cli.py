@@ -1,5 +1,6 @@
 """The `finetune` CLI: exit codes, every error printed, a parseable YAML stream."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,27 @@ def test_run_refuses_an_invalid_spec_with_the_trainers_permanent_code(tmp_path, 
     assert code == exit_codes.CONFIG_ERROR and exit_codes.is_permanent(code)
     assert "spec.distributed.numNodes" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_progress_line_says_what_preparation_does_and_prints_an_evaluation_once(tmp_path):
+    import io
+
+    from finetune_operator.cli.progress import ProgressLine
+
+    path = tmp_path / "progress.jsonl"
+    records = [{"phase": "Preparing", "message": "tokenizing the training data", "elapsedSeconds": 0},
+               {"phase": "Preparing", "message": "tokenizing the training data", "elapsedSeconds": 30},
+               {"step": 5, "maxSteps": 10, "loss": 1.5},
+               {"step": 5, "maxSteps": 10, "loss": 1.5, "evalLoss": 1.25},
+               {"step": 6, "maxSteps": 10, "loss": 1.4}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = io.StringIO()
+    ProgressLine(tmp_path / "none.jsonl", out).poll()
+    line = ProgressLine(path, out)
+    line.offset = 0
+    line.poll()
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["preparing: tokenizing the training data (0s)",
+                         "preparing: tokenizing the training data (30s)"]
+    assert lines[3] == "  eval loss 1.2500 at step 5" and len(lines) == 5
+    assert "eval 1.2500" in lines[4]  # later lines keep showing the newest evaluation

@@ -9,10 +9,12 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from finetune_operator.api import constants as c
+
 from . import checkpoints, throughput
 from .status_report import StatusReporter
 
-PROGRESS_FILE = "progress.jsonl"
+PROGRESS_FILE = c.PROGRESS_FILE
 
 
 def _utc_now() -> str:
@@ -90,7 +92,8 @@ class ProgressCallback(TrainerCallback):
     def _report(self, record: dict[str, Any], force: bool = False) -> None:
         if self.reporter is None:
             return
-        status: dict[str, Any] = {"progress": status_progress(record)}
+        # phase Training replaces the Preparing heartbeat, and the merge patch's null drops its message.
+        status: dict[str, Any] = {"progress": {**status_progress(record), "message": None}}
         if self.checkpoint is not None:
             status["checkpoint"] = self.checkpoint
         self.reporter.report(status, force=force)
@@ -105,7 +108,8 @@ def status_progress(record: dict[str, Any]) -> dict[str, Any]:
     losses to 4 significant digits, tokens/s to whole tokens. progress.jsonl keeps full precision."""
     percent = int(100 * record["step"] / record["maxSteps"]) if record.get("maxSteps") else None
     per_device = record.get("tokensPerSecondPerDevice")
-    progress = {"step": record["step"], "maxSteps": record["maxSteps"], "epoch": _significant(record.get("epoch"), 6),
+    progress = {"phase": "Training", "step": record["step"], "maxSteps": record["maxSteps"],
+                "epoch": _significant(record.get("epoch"), 6),
                 "percent": percent, "loss": _significant(record["loss"]),
                 "evalLoss": _significant(record.get("evalLoss")), "learningRate": _significant(record["learningRate"]),
                 "tokensPerSecond": None if record["tokensPerSecond"] is None else round(record["tokensPerSecond"]),

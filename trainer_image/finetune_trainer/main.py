@@ -34,17 +34,23 @@ def setup(config_path: str):
     return cfg, args
 
 
-def prepare_data(cfg: TrainerConfig, args, tokenizer):
+def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
     from .data import prepare
+    from .preparing import PreparingHeartbeat, rank_zero_first
 
     if cfg.spec.data.streaming:
         from .streaming import prepare_streaming
 
         return prepare_streaming(cfg.spec.data, tokenizer, args.seed)
 
-    # Rank 0 tokenizes and caches; the others wait, then load the cache instead of tokenizing inside a collective.
-    with args.main_process_first(desc="tokenize", local=False):
-        return prepare(cfg.spec.data, tokenizer, cfg.output_dir / ".cache" / "tokenized", args.seed)
+    # Rank 0 tokenizes and caches, reporting a heartbeat; the others wait, then load the cache instead of
+    # tokenizing inside a collective.
+    cache = cfg.output_dir / ".cache" / "tokenized"
+    with rank_zero_first(args.process_index, args.world_size):
+        if args.process_index != 0:
+            return prepare(cfg.spec.data, tokenizer, cache, args.seed)
+        with PreparingHeartbeat(cfg.output_dir, reporter) as heartbeat:
+            return prepare(cfg.spec.data, tokenizer, cache, args.seed, on_progress=heartbeat.update)
 
 
 def resume_checkpoint(cfg: TrainerConfig) -> str | None:
@@ -71,14 +77,11 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
     return resume
 
 
-def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data):
+def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
     from transformers import Trainer
 
     from .callbacks import CheckpointMarkerCallback, GracefulStop, NanWatchdog, ProgressCallback
     from .collators import make_collator
-    from .status_report import StatusReporter
-
-    reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
                                 cfg.spec.resources.peak_tflops_per_gpu)
     watchdog = NanWatchdog()
@@ -129,11 +132,14 @@ def run(config_path: str) -> dict[str, Any]:
     from .model import load_model, load_tokenizer, trainable_parameters
 
     cfg, args = setup(config_path)
+    from .status_report import StatusReporter
+
     tokenizer = load_tokenizer(cfg.spec)
-    data = prepare_data(cfg, args, tokenizer)
+    reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
+    data = prepare_data(cfg, args, tokenizer, reporter)
     model = load_model(cfg.spec, use_cpu=args.use_cpu)
     trainable, total = trainable_parameters(model)
-    trainer, watchdog, stop = build_trainer(cfg, args, tokenizer, model, data)
+    trainer, watchdog, stop = build_trainer(cfg, args, tokenizer, model, data, reporter)
     resume = resume_checkpoint(cfg)
     result = trainer.train(resume_from_checkpoint=resume)
     if watchdog.diverged_at is not None:

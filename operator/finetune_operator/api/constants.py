@@ -49,6 +49,9 @@ TMP_VOLUME: Final = "tmp"
 SHM_VOLUME: Final = "dshm"
 TRAINER_VOLUMES: Final = (CONFIG_VOLUME, OUTPUT_VOLUME, CACHE_VOLUME, TMP_VOLUME, SHM_VOLUME)
 
+# The trainer's progress records (JSON Lines) in the output directory: what `finetune run` draws and tests read.
+PROGRESS_FILE: Final = "progress.jsonl"
+
 CONTAINER_NAME: Final = "trainer"
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 DEFAULT_RENDEZVOUS_PORT: Final = 29500

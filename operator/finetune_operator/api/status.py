@@ -24,6 +24,9 @@ class Condition(ApiModel):
 
 
 class Progress(ApiModel):
+    phase: Literal["Preparing", "Training"] | None = Field(
+        default=None, description="Preparing: loading and tokenizing the data (heartbeat every 30 s); Training.")
+    message: str | None = Field(default=None, max_length=1024, description="What the preparation is doing.")
     step: int = Field(default=0, ge=0, description="Optimizer steps completed.")
     max_steps: int | None = Field(default=None, ge=0, description="Total optimizer steps of the run.")
     epoch: float | None = Field(default=None, ge=0, description="Fractional epoch reached.")

@@ -4,7 +4,9 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-PROGRESS_FILE = "progress.jsonl"
+from ..api.constants import PROGRESS_FILE
+
+__all__ = ["PROGRESS_FILE", "ProgressLine", "render_progress"]
 
 
 class ProgressLine:
@@ -28,7 +30,8 @@ class ProgressLine:
             if not line.endswith("\n"):
                 continue
             record = json.loads(line)
-            same_step = self.last is not None and record.get("step") == self.last.get("step")
+            same_step = (self.last is not None and record.get("step") is not None
+                         and record.get("step") == self.last.get("step"))
             if record.get("evalLoss") is not None:
                 self.eval_loss = record["evalLoss"]
             self.last = {**record, "evalLoss": self.eval_loss}
@@ -47,6 +50,8 @@ class ProgressLine:
 
 
 def render_progress(r: dict[str, Any], width: int = 24) -> str:
+    if r.get("phase") == "Preparing":
+        return f"preparing: {r.get('message', '')} ({r.get('elapsedSeconds', 0)}s)"
     step, total = r.get("step", 0), r.get("maxSteps") or 0
     done = int(width * step / total) if total else 0
     parts = [f"[{'#' * done}{'.' * (width - done)}] {step}/{total}"]

@@ -1,0 +1,81 @@
+"""What a user finally gets: `finetune run` on a chat dataset gives a model that stops (it emits its EOS after
+the reply), and continued pretraining reads real text files (prose and code, several paragraphs)."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+from tests.support.trainer_run import TEST_ENV
+
+COLOURS = [("Name a colour.", "Red."), ("Name a fruit.", "A pear."), ("Say hi.", "Hello there!"),
+           ("Count to three.", "One, two, three.")]
+PROSE = ("The quick brown fox jumps over the lazy dog.\nThe dog did not move.\n\n"
+         "Cats and dogs are animals. Fish swim in the sea.\nThe sky is blue on a clear day.\n") * 3
+CODE = ("def add(a, b):\n    \"\"\"Two plus two is four.\"\"\"\n    return a + b\n\n\n"
+        "class Counter:\n    def __init__(self):\n        self.n = 0\n\n    def tick(self):\n        self.n += 1\n") * 3
+
+
+def finetune_run(spec: dict, workdir) -> tuple[int, str]:
+    doc = {"apiVersion": "finetunejob.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "e2e-data"},
+           "spec": spec}
+    path = workdir / "job.yaml"
+    path.write_text(json.dumps(doc))
+    argv = [sys.executable, "-m", "finetune_operator", "run", str(path), "--output", str(workdir / "run")]
+    env = {**TEST_ENV, "PATH": "/usr/bin:/bin", "HOME": str(workdir)}
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_a_chat_model_trained_from_a_tokenizer_without_a_template_learns_to_stop(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from finetune_trainer.chat import DEFAULT_CHAT_TEMPLATE
+    from finetune_trainer.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "bare-model", chat_template=False)
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in COLOURS]
+    code, out = finetune_run({
+        "model": {"name": str(model_dir), "dtype": "float32"},
+        "data": {"format": "messages", "maxLength": 64, "train": [{"inline": rows}]},
+        "method": {"type": "full"},
+        "training": {"maxSteps": 80, "learningRate": 0.005, "perDeviceTrainBatchSize": 4, "precision": "fp32",
+                     "optim": "adamw_torch", "lrScheduler": "constant", "loggingSteps": 10, "seed": 1},
+        "distributed": {"numNodes": 1, "gpusPerNode": 0},
+        "checkpoints": {"saveStrategy": "no"}, "runPolicy": {"backoffLimit": 0}}, tmp_path)
+    assert code == 0, out[-3000:]
+    final = tmp_path / "run" / "output" / "final"
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert tokenizer.chat_template == DEFAULT_CHAT_TEMPLATE  # final/ carries the template it was trained with
+    model = AutoModelForCausalLM.from_pretrained(final, dtype="float32").eval()
+    for question, answer in COLOURS:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            generated = model.generate(**prompt, max_new_tokens=24, do_sample=False,
+                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+        new = generated[0, prompt["input_ids"].shape[1]:].tolist()
+        assert tokenizer.eos_token_id in new, f"{question!r}: never stopped: {tokenizer.decode(new)!r}"
+        assert tokenizer.decode(new[:new.index(tokenizer.eos_token_id)]) == answer
+
+
+def test_continued_pretraining_on_text_files(tiny_model_dir, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "notes.txt").write_text(PROSE)
+    (corpus / "counter.py.txt").write_text(CODE)
+    code, out = finetune_run({
+        "model": {"name": str(tiny_model_dir), "dtype": "float32"},
+        "data": {"format": "text", "blockSize": 32, "train": [{"path": str(corpus)}]},
+        "method": {"type": "full"},
+        "training": {"maxSteps": 12, "learningRate": 0.003, "perDeviceTrainBatchSize": 2, "precision": "fp32",
+                     "optim": "adamw_torch", "loggingSteps": 1, "seed": 1},
+        "distributed": {"numNodes": 1, "gpusPerNode": 0}, "checkpoints": {"saveStrategy": "no"}}, tmp_path)
+    assert code == 0, out[-3000:]
+    summary = json.loads((tmp_path / "run" / "logs" / "node-0.result.json").read_text())
+    assert summary["data"]["train"]["rows"] == 2  # two files, two documents (not one per line)
+    records = [json.loads(line) for line in (tmp_path / "run" / "output" / "progress.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r.get("loss") is not None]
+    assert losses[-1] < losses[0]
+    assert "Succeeded: 12 steps" in out
