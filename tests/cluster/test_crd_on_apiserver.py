@@ -60,10 +60,11 @@ def test_status_is_a_subresource(kubectl, namespace):
     ({"spec.data.train": []}, "spec.data.train: Invalid value"),
     ({"spec.resources.memory": "lots"}, "spec.resources.memory: Invalid value"),
     ({"spec.distributed.numNode": 2}, 'unknown field "spec.distributed.numNode"'),
+    ({"metadata.name": "a" * 63}, "metadata.name must be at most 48 characters"),
 ], ids=["num-nodes-zero", "string-for-integer", "unknown-strategy", "empty-model", "no-train-data",
-        "bad-quantity", "unknown-field"])
+        "bad-quantity", "unknown-field", "name-too-long"])
 def test_apiserver_refuses_schema_violations(kubectl, namespace, overrides, expected):
-    job = make_job({**overrides, "metadata.namespace": namespace, "metadata.name": "bad"})
+    job = make_job({"metadata.name": "bad", **overrides, "metadata.namespace": namespace})
     proc = kubectl.run("apply", "-f", "-", input=json.dumps(job), check=False)
     assert proc.returncode != 0
     assert expected in proc.stderr, proc.stderr

@@ -328,3 +328,64 @@ def test_a_failed_preflight_fails_the_job_with_the_trainers_reason_and_no_attemp
 def test_without_preflight_nothing_changes():
     p = plan(job(), observe())
     assert p.create_attempt == 1 and not p.create_preflight and "preflight" not in p.status
+
+
+# --- the phase keeps its word ----------------------------------------------------------------------------------
+def test_a_gang_finishing_node_by_node_stays_running():
+    finishing = {**workload(1), "status": {"conditions": [], "ready": 1, "succeeded": 1}}
+    p = plan(job(), Observed(name="test-job", namespace="ns", generation=3, labels={}, status=running_status(),
+                             workloads=[finishing], pods=[], now=T0))
+    assert (p.status["phase"], p.status["nodes"]) == ("Running", "2/2") and p.events == []
+
+
+def test_resuming_without_kueue_reads_resuming_not_queued():
+    suspended = {**running_status(), "phase": "Suspended", "reason": "Suspended"}
+    p = plan(job(), observe(suspended, [workload(1, suspend=True)], []))
+    assert p.suspend_workload == ("test-job-a1", False)
+    assert (p.status["phase"], p.status["reason"]) == ("Pending", "Resuming")
+
+
+def test_nodes_come_from_the_running_attempt_not_from_an_edited_spec():
+    two_node_attempt = {**workload(1), "spec": {"suspend": False, "parallelism": 2}}
+    p = plan(job(**{"spec.distributed.numNodes": 3}), observe(running_status(), [two_node_attempt], [pod(0), pod(1)]))
+    assert (p.status["phase"], p.status["nodes"]) == ("Running", "2/2")
+
+
+def test_conditions_keep_their_own_reason():
+    failed = [pod(0, "Failed", 137, "OOMKilled"), pod(1)]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
+    by_type = {cd["type"]: cd for cd in p.status["conditions"]}
+    assert by_type["Created"]["reason"] == "Created" and "attempt 2 created" in by_type["Created"]["message"]
+    assert by_type["Restarting"]["reason"] == "OOMKilled"
+
+
+@pytest.mark.parametrize(("kubelet_reason", "expected"), [("OOMKilled", "OOMKilled"), ("Error", "Killed")],
+                         ids=["kubelet-oom", "sigkill"])
+def test_exit_137_is_oomkilled_only_when_the_kubelet_says_so(kubelet_reason, expected):
+    failed = [pod(0, "Failed", 137, kubelet_reason), pod(1)]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
+    assert p.status["reason"] == expected
+
+
+def test_a_long_trainer_message_reaches_the_status_readable():
+    from finetune_trainer.launch import termination_message
+
+    summary = {"exitCode": 1, "reason": "Error", "message": "RuntimeError: " + "the gradients exploded " * 400,
+               "data": {"train": {"rows": 1}}, "steps": 3}
+    text = termination_message(summary)
+    assert len(text) <= 4000 and json.loads(text)["message"].endswith("…")
+    failed = [pod(0, "Failed", 1, "Error", message=text), pod(1)]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
+    assert "RuntimeError: the gradients exploded" in p.status["message"] and "\\" not in p.status["message"]
+    assert len(p.status["message"]) < 700
+
+
+def test_a_crash_without_a_result_is_explained_by_the_workers_last_error_line():
+    from finetune_trainer.launch import aggregate
+
+    tail = ["Traceback (most recent call last):\n", '  File "x.py", line 3, in <module>\n',
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "\n",
+            "[rank0]: some torchrun epilogue\n"]
+    code, summary = aggregate([], 1, tail)
+    assert code == 1 and summary["message"] == ("torchrun exited with 1: torch.OutOfMemoryError: CUDA out of memory. "
+                                                "Tried to allocate 2.00 GiB")

@@ -38,4 +38,6 @@ def outcome(run: Callable[[], dict[str, Any]], prefix: str = "") -> tuple[int, d
     except TrainerError as exc:
         return exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": f"{prefix}{exc}"}, None
     except Exception as exc:
-        return 1, {"reason": "Error", "message": f"{prefix}{type(exc).__name__}: {exc}"}, exc
+        # A CUDA OOM is retryable like any crash, but says what it is (the kubelet never sees it: no OOM kill).
+        reason = "OOMKilled" if type(exc).__name__ == "OutOfMemoryError" else "Error"
+        return 1, {"reason": reason, "message": f"{prefix}{type(exc).__name__}: {exc}"}, exc

@@ -10,13 +10,16 @@
 """
 
 import argparse
+import collections
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +28,7 @@ from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
 
 MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
+STDERR_TAIL_LINES = 60
 EXIT_DNS_TIMEOUT = exit_codes.RENDEZVOUS_DNS_TIMEOUT
 
 
@@ -52,7 +56,7 @@ def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = s
             time.sleep(interval)
 
 
-def aggregate(results: list[dict], torchrun_code: int) -> tuple[int, dict]:
+def aggregate(results: list[dict], torchrun_code: int, tail: list[str] | None = None) -> tuple[int, dict]:
     """A permanent code from any worker wins (config > data > diverged), then any failure, then torchrun's own."""
     for code in (exit_codes.CONFIG_ERROR, exit_codes.DATA_ERROR, exit_codes.DIVERGED):
         for result in results:
@@ -62,35 +66,72 @@ def aggregate(results: list[dict], torchrun_code: int) -> tuple[int, dict]:
         if result.get("exitCode", 0) != 0:
             return int(result["exitCode"]), result
     if torchrun_code != 0:
+        why = last_error(tail or [])
         return torchrun_code, {"reason": exit_codes.reason(torchrun_code),
-                               "message": f"torchrun exited with {torchrun_code} (a worker crashed or was killed)"}
+                               "message": f"torchrun exited with {torchrun_code}: " + (why or "a worker crashed or was "
+                                                                                     "killed before reporting")}
     ranked = sorted(results, key=lambda r: r.get("worldSize") is None)
     return exit_codes.SUCCESS, ranked[0] if ranked else {"reason": "Succeeded"}
 
 
+# A Python exception line ("ValueError: ...", "torch.OutOfMemoryError: CUDA out of memory ...") or a fatal signal.
+ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt)|RuntimeError|Segmentation fault|Killed)\b.*")
+
+
+def last_error(lines: list[str]) -> str | None:
+    """The line of the workers' output that explains a crash: the last exception line, else the last line."""
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    for line in reversed(lines):
+        if ERROR_LINE.match(line):
+            return exit_codes.short(line)
+    return exit_codes.short(lines[-1]) if lines else None
+
+
+def termination_message(summary: dict) -> str:
+    """The summary as JSON within the kubelet's 4 KiB: fields dropped and the message shortened at a word, never
+    cut mid-JSON (an unparseable message reaches the FineTuneJob as an escaped blob)."""
+    text = json.dumps(summary, default=str)
+    if len(text) <= MAX_TERMINATION_MESSAGE:
+        return text
+    kept = {k: summary.get(k) for k in ("exitCode", "reason", "message", "steps", "finalLoss") if k in summary}
+    limit = MAX_TERMINATION_MESSAGE - len(json.dumps({**kept, "message": ""}, default=str)) - 64
+    kept["message"] = exit_codes.short(str(kept.get("message") or ""), max(limit, 80))
+    return json.dumps(kept, default=str)
+
+
 def write_termination_message(summary: dict) -> None:
     path = Path(os.environ.get(c.ENV_TERMINATION_LOG, c.TERMINATION_MESSAGE_PATH))
-    text = json.dumps(summary, default=str)
-    if len(text) > MAX_TERMINATION_MESSAGE:
-        text = json.dumps({k: summary.get(k) for k in ("exitCode", "reason", "message", "steps", "finalLoss")},
-                          default=str)[:MAX_TERMINATION_MESSAGE]
+    text = termination_message(summary)
     try:
         path.write_text(text)
     except OSError:
         pass  # not in a pod (no termination log): the summary is also on stdout
 
 
-def run_torchrun(argv: list[str], result_dir: Path) -> int:
-    """Runs torchrun as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every worker cleanly."""
+def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | None = None) -> int:
+    """Runs torchrun as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every worker cleanly. Its
+    stderr is passed through (the pod log) and its last lines kept in `tail`, to explain a crash."""
     env = {**os.environ, c.ENV_RESULT_DIR: str(result_dir)}
-    child = subprocess.Popen(argv, env=env)
+    child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+
+    def relay() -> None:
+        assert child.stderr is not None
+        for line in child.stderr:
+            sys.stderr.write(line)
+            if tail is not None:
+                tail.append(line)
+
+    reader = threading.Thread(target=relay, name="stderr", daemon=True)
+    reader.start()
 
     def forward(signum, _frame):
         child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return child.wait()
+        code = child.wait()
+        reader.join(timeout=10)
+        return code
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -112,9 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_DNS_TIMEOUT
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="finetune-results-") as tmp:
-        torchrun_code = run_torchrun(torchrun_argv(args.config), Path(tmp))
+        tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
+        torchrun_code = run_torchrun(torchrun_argv(args.config), Path(tmp), tail)
         results = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("result-*.json"))]
-    code, summary = aggregate(results, torchrun_code)
+    code, summary = aggregate(results, torchrun_code, list(tail))
     write_termination_message({**summary, "exitCode": code})
     return code
 

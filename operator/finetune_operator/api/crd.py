@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .constants import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from .constants import GROUP, KIND, MAX_JOB_NAME_LENGTH, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from .spec import FineTuneJobSpec
 from .status import FineTuneJobStatus
 
@@ -65,6 +65,13 @@ def crd() -> dict[str, Any]:
                             "description": "FineTuneJob fine-tunes a language model on one or more nodes with the "
                             "Hugging Face Trainer; the operator runs it as gang-restarted Indexed Jobs.",
                             "required": ["spec"],
+                            # Pod hostnames <name>-a<attempt>-<index> must fit a DNS label: refused at apply
+                            # time by the apiserver, not later by the operator.
+                            "x-kubernetes-validations": [{
+                                "rule": f"self.metadata.name.size() <= {MAX_JOB_NAME_LENGTH}",
+                                "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters: pod "
+                                           "hostnames <name>-a<attempt>-<index> must fit in 63",
+                            }],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

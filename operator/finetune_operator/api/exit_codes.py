@@ -1,7 +1,8 @@
 """The trainer's exit-code contract, shared with the operator (which decides retry vs fail from it).
 
-Codes follow sysexits.h where one fits. Anything not listed as permanent is retryable: OOMKilled (137), a
-collective/NCCL timeout, a lost node, a DNS failure at start-up.
+Codes follow sysexits.h where one fits. Anything not listed as permanent is retryable: a kill (137: SIGKILL, which
+is an OOM kill only when the kubelet says OOMKilled), a collective/NCCL timeout, a lost node, a DNS failure at
+start-up.
 """
 
 from typing import Final
@@ -21,7 +22,7 @@ REASONS: Final = {
     CONFIG_ERROR: "InvalidConfig",
     DIVERGED: "LossDiverged",
     INTERRUPTED: "Interrupted",
-    137: "OOMKilled",
+    137: "Killed",  # SIGKILL: the kubelet's OOMKilled reason, when it gives one, wins (controller/observed.py)
 }
 
 
@@ -32,3 +33,12 @@ def is_permanent(code: int) -> bool:
 
 def reason(code: int) -> str:
     return REASONS.get(code, "Error")
+
+
+def short(text: str, limit: int = 400) -> str:
+    """`text` on one line, cut at a word boundary to at most `limit` characters (an Event or a column, not a log)."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 1].rsplit(" ", 1)[0]
+    return cut + "…"

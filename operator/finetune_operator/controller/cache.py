@@ -27,10 +27,11 @@ def slim_finetunejob(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch Job: its name and labels (attempt), spec.suspend, status.conditions and its count of ready pods."""
+    """A batch Job: its name, labels (attempt) and creation time, spec.suspend and parallelism (the attempt's
+    nodes), status.conditions and its counts of ready and succeeded pods."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    return {"metadata": _pick(body.get("metadata") or {}, "name", "labels", "deletionTimestamp"),
-            "spec": {"suspend": spec.get("suspend")}, "status": _pick(status, "conditions", "ready")}
+    return {"metadata": _pick(body.get("metadata") or {}, "name", "labels", "deletionTimestamp", "creationTimestamp"),
+            "spec": _pick(spec, "suspend", "parallelism"), "status": _pick(status, "conditions", "ready", "succeeded")}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
 from . import goodput
 from .observed import (
+    attempt_nodes,
     attempt_of,
     classify_failure,
     format_time,
@@ -25,6 +26,7 @@ from .observed import (
     job_succeeded,
     parse_time,
     ready_pods,
+    succeeded_pods,
 )
 from .settings import Settings
 
@@ -190,7 +192,7 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
 def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) -> None:
     spec, st = job.spec, p.status
     name = workload["metadata"]["name"]
-    nodes = spec.distributed.num_nodes
+    nodes = attempt_nodes(workload, spec.distributed.num_nodes)  # the running attempt's topology, not an edit's
     queued = bool(obs.labels.get(c.LABEL_KUEUE_QUEUE))
     want_suspend = spec.run_policy.suspend
     is_suspended = bool((workload.get("spec") or {}).get("suspend"))
@@ -199,7 +201,10 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
     elif not want_suspend and is_suspended and not queued:
         p.suspend_workload = (name, False)  # Kueue-managed workloads are unsuspended by Kueue, never by us
     ready = ready_pods(workload)
-    st["nodes"] = f"{ready}/{nodes}"
+    # Pods that finished their work still count: a gang whose first node exits a moment before the others is
+    # finishing, not Pending again.
+    running = ready + succeeded_pods(workload)
+    st["nodes"] = f"{min(running, nodes)}/{nodes}"
     if job_succeeded(workload):
         _finish(p, obs, "Succeeded", "Succeeded", f"attempt {st['attempt']} completed on {nodes} node(s)")
     elif job_failed(workload):
@@ -209,15 +214,20 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
     elif want_suspend:
         st.update(phase="Suspended", reason="Suspended", message="suspended by spec.runPolicy.suspend; "
                   "checkpoints are kept and the job resumes from the newest one")
-    elif is_suspended:
-        st.update(phase="Queued", reason="Queued", message="waiting for Kueue to admit the workload" if queued
-                  else "waiting for the workload to be unsuspended")
-    elif ready == nodes:
-        st.update(phase="Running", reason="Running", message=f"attempt {st['attempt']}: {nodes} node(s) running")
+    elif is_suspended and queued:
+        st.update(phase="Queued", reason="Queued", message="waiting for Kueue to admit the workload")
+    elif is_suspended:  # our own unsuspend (spec.runPolicy.suspend cleared) is on its way
+        st.update(phase="Pending", reason="Resuming", message=f"attempt {st['attempt']}: resuming from the newest "
+                  "checkpoint")
+    elif running >= nodes:
+        if st.get("phase") != "Running" or ready == nodes:
+            st.update(phase="Running", reason="Running",
+                      message=f"attempt {st['attempt']}: {nodes} node(s) running")
         _stall_check(p, job, obs, name)
     elif st.get("phase") != "Restarting" or ready:  # a restarted gang reads Restarting until its pods run
         pending = st.get("reason") if st.get("phase") == "Pending" else "Pending"  # Created stays until Running
-        st.update(phase="Pending", reason=pending, message=f"attempt {st['attempt']}: {ready}/{nodes} node(s) running")
+        st.update(phase="Pending", reason=pending,
+                  message=f"attempt {st['attempt']}: {min(running, nodes)}/{nodes} node(s) running")
 
 
 def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, message: str, code: int | None) -> None:
@@ -316,11 +326,24 @@ def _set_conditions(p: Plan, obs: Observed) -> None:
             since = format_time(obs.now)
         else:
             since = before.get("lastTransitionTime")
+        reason, message = _condition_text(kind, st)
         conditions.append({
             "type": kind, "status": value,
-            "reason": (st.get("reason") or phase or kind) if value == "True" else (before or {}).get("reason", kind),
-            "message": (st.get("message") or "") if value == "True" else "",
+            "reason": reason if value == "True" else (before or {}).get("reason", kind),
+            "message": message if value == "True" else "",
             "lastTransitionTime": since,
             "observedGeneration": obs.generation,
         })
     st["conditions"] = conditions
+
+
+def _condition_text(kind: str, st: dict[str, Any]) -> tuple[str, str]:
+    """A condition keeps its own reason: Created says the attempt was created, not why the job now waits; the
+    conditions that describe the current phase carry the phase's reason and message."""
+    if kind == "Created":
+        return "Created", f"attempt {st.get('attempt')} created"
+    if kind == "Stalled":
+        return "Stalled", "no progress heartbeat within spec.runPolicy.stallTimeoutSeconds"
+    if kind in ("Running", "Succeeded"):
+        return kind, st.get("message") or ""
+    return st.get("reason") or kind, st.get("message") or ""

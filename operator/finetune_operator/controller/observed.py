@@ -45,6 +45,17 @@ def ready_pods(job: dict[str, Any]) -> int:
     return int((job.get("status") or {}).get("ready") or 0)
 
 
+def succeeded_pods(job: dict[str, Any]) -> int:
+    """Pods of the Job that finished with exit 0 (a gang finishing node by node)."""
+    return int((job.get("status") or {}).get("succeeded") or 0)
+
+
+def attempt_nodes(job: dict[str, Any], default: int) -> int:
+    """The nodes an attempt runs (its Job's parallelism): an edited spec.distributed applies from the next one."""
+    value = (job.get("spec") or {}).get("parallelism")
+    return int(value) if isinstance(value, int) and value > 0 else default
+
+
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         if cs.get("name") == c.CONTAINER_NAME:
@@ -63,14 +74,14 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
         if term is not None and term.get("exitCode", 0) != 0:
             code = int(term["exitCode"])
             reason, message = exit_codes.reason(code), term.get("message") or ""
-            if term.get("reason") == "OOMKilled":
-                reason = "OOMKilled"
             try:
                 detail = json.loads(message)
                 reason, message = detail.get("reason", reason), detail.get("message", message)
             except (json.JSONDecodeError, AttributeError, TypeError):
                 pass
-            failures.append((code, reason, f"{pod['metadata']['name']}: {message or reason}"))
+            if term.get("reason") == "OOMKilled":  # the kubelet's word, over anything the trainer could say
+                reason = "OOMKilled"
+            failures.append((code, reason, f"{pod['metadata']['name']}: {exit_codes.short(message or reason)}"))
         elif status.get("phase") == "Failed":
             failures.append((None, status.get("reason") or "PodFailed",
                              f"{pod['metadata']['name']}: {status.get('message') or status.get('reason') or 'failed'}"))
