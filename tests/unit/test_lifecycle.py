@@ -389,3 +389,85 @@ def test_a_crash_without_a_result_is_explained_by_the_workers_last_error_line():
     code, summary = aggregate([], 1, tail)
     assert code == 1 and summary["message"] == ("torchrun exited with 1: torch.OutOfMemoryError: CUDA out of memory. "
                                                 "Tried to allocate 2.00 GiB")
+
+
+# --- a cluster that says why ------------------------------------------------------------------------------------
+def unschedulable(i, message="0/500 nodes are available: 500 Insufficient nvidia.com/gpu."):
+    return {"metadata": {"name": f"test-job-a1-{i}-x"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
+
+
+def image_pull_failing(i):
+    return {"metadata": {"name": f"test-job-a1-{i}-x"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"name": "trainer", "image": "registry.invalid/trainer:1", "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": "Back-off pulling image \"registry.invalid/trainer:1\""}}}]}}
+
+
+QUOTA_EVENT = {"reason": "FailedCreate", "type": "Warning", "lastTimestamp": "2026-01-01T11:59:55Z",
+               "message": "Error creating: pods \"test-job-a1-0-abc\" is forbidden: exceeded quota: gpu-quota, "
+                          "requested: requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=0, limited: "
+                          "requests.nvidia.com/gpu=4"}
+
+
+def waiting_look(pods, events=(), age=20, status=None, spec=None, **kw):
+    created = {**workload(1), "metadata": {**workload(1)["metadata"], "creationTimestamp": ts(T0 - timedelta(
+        seconds=age))}, "spec": {"suspend": False, "parallelism": 2}}
+    ready = sum(1 for p in pods if p["status"]["phase"] == "Running")
+    created["status"] = {"conditions": [], "ready": ready}
+    status = status or {"phase": "Pending", "reason": "Created", "attempt": 1, "restarts": 0, "startTime": ts(T0)}
+    obs = Observed(name="test-job", namespace="ns", generation=3, labels={}, status=status, workloads=[created],
+                   pods=list(pods), now=T0, events=list(events), looked=True)
+    return plan(spec or job(), obs, SETTINGS)
+
+
+@pytest.mark.parametrize(("pods", "events", "reason", "says"), [
+    ([unschedulable(0), unschedulable(1)], [], "Unschedulable", "500 Insufficient nvidia.com/gpu"),
+    ([], [QUOTA_EVENT], "QuotaExceeded", "exceeded quota: gpu-quota"),
+    ([image_pull_failing(0), pod(1)], [], "ImagePullFailed", "registry.invalid/trainer:1"),
+    ([], [{**QUOTA_EVENT, "message": "Error creating: admission webhook denied the request"}], "PodFailedToStart",
+     "admission webhook denied"),
+], ids=["unschedulable", "quota", "image-pull", "failed-create"])
+def test_a_waiting_gang_says_why_with_one_event(pods, events, reason, says):
+    p = waiting_look(pods, events)
+    assert (p.status["phase"], p.status["reason"]) == ("Pending", reason) and says in p.status["message"]
+    waiting = next(cd for cd in p.status["conditions"] if cd["type"] == "Waiting")
+    assert waiting["status"] == "True" and waiting["reason"] == reason and says in waiting["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", reason)]
+    assert p.requeue_after == 15.0  # no pod watch: look again soon
+    again = waiting_look(pods, events, status=p.status)
+    assert again.events == [] and again.status == p.status  # one Event per change, not per look
+
+
+def test_the_reason_clears_when_the_gang_runs():
+    p = waiting_look([unschedulable(0), unschedulable(1)])
+    running = plan(job(), observe(p.status, [workload(1)], [pod(0), pod(1)]))
+    assert (running.status["phase"], running.status["reason"]) == ("Running", "Running")
+    assert {cd["type"]: cd["status"] for cd in running.status["conditions"]}["Waiting"] == "False"
+
+
+def test_within_the_grace_nothing_is_read_and_the_next_look_is_scheduled():
+    p = waiting_look([], age=4)
+    assert p.status["reason"] == "Created" and p.requeue_after == pytest.approx(6.0)
+
+
+def test_a_partial_gang_is_torn_down_after_the_schedule_timeout_and_retried_apart_from_failures():
+    spec = job(**{"spec.runPolicy.scheduleTimeoutSeconds": 60, "spec.runPolicy.backoffLimit": 0})
+    p = waiting_look([pod(0), unschedulable(1)], age=61, spec=spec)
+    assert p.delete_workloads == ["test-job-a1"]
+    st = p.status
+    assert (st["phase"], st["reason"], st["attempt"], st["restarts"], st["scheduleRetries"]) == (
+        "Restarting", "ScheduleTimeout", 2, 0, 1)
+    assert "1/2 node(s) ran within scheduleTimeoutSeconds=60" in st["message"] and "Insufficient" in st["message"]
+    assert not p.restarted  # not a failure: backoffLimit 0 did not fail the job
+    later = plan(spec, observe(st, [], [], now=T0 + timedelta(seconds=11)), SETTINGS)
+    assert later.create_attempt == 2
+
+
+def test_kueue_jobs_are_never_torn_down_for_scheduling():
+    spec = job(**{"spec.runPolicy.scheduleTimeoutSeconds": 60, "metadata.labels": {c.LABEL_KUEUE_QUEUE: "q"}})
+    created = {**workload(1), "metadata": {**workload(1)["metadata"], "creationTimestamp": ts(T0 - timedelta(
+        seconds=600))}, "spec": {"suspend": False, "parallelism": 2}, "status": {"conditions": [], "ready": 1}}
+    obs = Observed(name="test-job", namespace="ns", generation=3, labels={c.LABEL_KUEUE_QUEUE: "q"},
+                   status={"phase": "Pending", "attempt": 1, "restarts": 0}, workloads=[created], pods=[], now=T0,
+                   looked=True)
+    assert plan(spec, obs, SETTINGS).delete_workloads == []

@@ -48,4 +48,8 @@ app.kubernetes.io/component: operator
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Why a gang waits: the Job controller's FailedCreate events (quota), listed only for waiting jobs.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["list"]
 {{- end -}}

@@ -25,6 +25,13 @@ class RunPolicy(ApiModel):
         "config load, every data source gives trainable examples and the output volume is writable; a failure "
         "fails the job at once (DataError, InvalidConfig) without having held the gang's GPUs.",
     )
+    schedule_timeout_seconds: int | None = Field(
+        default=600, ge=1,
+        description="A gang not fully running this long after its attempt was created (some pods unschedulable, "
+        "over quota, an image that cannot be pulled) is torn down so its pods stop holding GPUs, and retried after "
+        "a backoff; counted in status.scheduleRetries, not against backoffLimit. Jobs queued through Kueue are left "
+        "to Kueue. Unset to wait forever.",
+    )
     stall_timeout_seconds: int | None = Field(
         default=1800, ge=60,
         description="Restart an attempt whose progress heartbeat is older than this; unset disables the watchdog.",

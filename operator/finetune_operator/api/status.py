@@ -9,7 +9,7 @@ from .base import ApiModel
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 TERMINAL_PHASES = ("Succeeded", "Failed")
-ConditionType = Literal["Created", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed"]
+ConditionType = Literal["Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed"]
 
 
 class Condition(ApiModel):
@@ -80,6 +80,8 @@ class FineTuneJobStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list, description="Latest observations of the job's state.")
     attempt: int = Field(default=0, ge=0, description="Current attempt (1 for the first run).")
     restarts: int = Field(default=0, ge=0, description="Gang restarts so far (counted against backoffLimit).")
+    schedule_retries: int = Field(default=0, ge=0, description="Partial gangs torn down after "
+                                  "runPolicy.scheduleTimeoutSeconds and retried (not counted against backoffLimit).")
     nodes: str | None = Field(default=None, max_length=32, description="Nodes running / nodes requested, e.g. 2/2.")
     gpus: int | None = Field(default=None, ge=0, description="GPUs requested by one attempt.")
     global_batch_size: int | None = Field(default=None, ge=1, description="Sequences per optimizer step.")

@@ -19,6 +19,7 @@ class Kube:
         self.ftj = self.dyn.resources.get(api_version=c.API_VERSION, kind=c.KIND)
         self.jobs = self.dyn.resources.get(api_version="batch/v1", kind="Job")
         self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
+        self.events = self.dyn.resources.get(api_version="v1", kind="Event")
 
     @classmethod
     def from_environment(cls, connections: int = 16) -> "Kube":
@@ -49,6 +50,12 @@ class Kube:
     def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Every attempt's pods of one job: read when an attempt failed or a restart waits for the old gang."""
         return self.pods.get(namespace=namespace, label_selector=f"{c.LABEL_JOB}={name}").to_dict()["items"]
+
+    def list_job_events(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """Events about one batch Job (FailedCreate: quota, admission): read only while its gang waits."""
+        selector = f"involvedObject.kind=Job,involvedObject.name={job}"
+        items: list[dict[str, Any]] = self.events.get(namespace=namespace, field_selector=selector).to_dict()["items"]
+        return items
 
     def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None) -> None:
         """Server-side apply, with the owner reference set for a job's children (not for namespace

@@ -17,6 +17,7 @@ from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
 from . import goodput
 from .observed import (
+    WAITING_REASONS,
     attempt_nodes,
     attempt_of,
     classify_failure,
@@ -27,13 +28,18 @@ from .observed import (
     parse_time,
     ready_pods,
     succeeded_pods,
+    waiting_reason,
 )
 from .settings import Settings
 
-OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "nodes", "gpus",
-                          "globalBatchSize", "startTime", "completionTime", "observedGeneration", "goodput",
-                          "preflight")
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed")
+OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "scheduleRetries",
+                          "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
+                          "goodput", "preflight")
+CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed")
+# A gang not fully running this long after its Job was created is looked at (its pods, its Job's events) to say
+# why; then every WAIT_RECHECK_SECONDS while it waits. No pod watch: only waiting jobs cost reads.
+WAIT_GRACE_SECONDS = 10.0
+WAIT_RECHECK_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,10 @@ class Observed:
     # Pods of earlier attempts still running (even terminating): a new gang must not start beside them, or two
     # attempts would write checkpoints into the same directory at once. Pods that ended do not count.
     old_pods: int = 0
+    # Events of the current attempt's Job (FailedCreate: a ResourceQuota, an admission webhook), read with its
+    # pods only while the gang waits past WAIT_GRACE_SECONDS.
+    events: list[dict[str, Any]] = field(default_factory=list)
+    looked: bool = False  # pods and events were read this pass (else an earlier pass's waiting reason stands)
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,7 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     restarted: bool = False  # this pass started a gang restart (for the restarts metric)
+    rescheduled: bool = False  # this pass gave up on a partial gang (scheduleTimeoutSeconds): retried, not failed
     create_preflight: bool = False  # apply the ConfigMap and the preflight Job (render/preflight.py)
     stalled: bool = False  # this pass restarts a gang for lack of a heartbeat: the Stalled condition turns True
 
@@ -89,6 +100,17 @@ def only_cosmetic(before: dict[str, Any], after: dict[str, Any]) -> bool:
         conditions = [{k: v for k, v in cd.items() if k != "message"} for cd in st.get("conditions") or []]
         return {**{k: v for k, v in st.items() if k not in COSMETIC_FIELDS}, "conditions": conditions}
     return essence(before) == essence(after)
+
+
+def gang_waiting(workload: dict[str, Any], now: datetime) -> bool:
+    """The attempt's Job exists, is neither finished nor suspended, not every node runs, and it was created more
+    than WAIT_GRACE_SECONDS ago: worth reading its pods and events to say why."""
+    if _finished(workload) or (workload.get("spec") or {}).get("suspend"):
+        return False
+    if ready_pods(workload) + succeeded_pods(workload) >= attempt_nodes(workload, 1):
+        return False
+    created = parse_time((workload.get("metadata") or {}).get("creationTimestamp"))
+    return created is not None and (now - created).total_seconds() >= WAIT_GRACE_SECONDS
 
 
 def backoff(settings: Settings, restarts: int) -> float:
@@ -112,8 +134,9 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     _set_conditions(p, obs)
-    if p.status.get("phase") != previous_phase:
-        kind = "Warning" if p.status.get("phase") in ("Failed", "Restarting") else "Normal"
+    waits = p.status.get("phase") == "Pending" and p.status.get("reason") in WAITING_REASONS
+    if p.status.get("phase") != previous_phase or (waits and p.status.get("reason") != obs.status.get("reason")):
+        kind = "Warning" if p.status.get("phase") in ("Failed", "Restarting") or waits else "Normal"
         p.events.append(Event(kind, p.status.get("reason") or p.status["phase"],
                               p.status.get("message") or f"phase {p.status['phase']}"))
     return p
@@ -173,7 +196,8 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
     st = p.status
     if st.get("phase") == "Restarting":
         since = _condition_time(obs.status, "Restarting") or obs.now
-        wait = (since + timedelta(seconds=backoff(settings, st.get("restarts", 0))) - obs.now).total_seconds()
+        retries = st.get("scheduleRetries", 0) if st.get("reason") == "ScheduleTimeout" else st.get("restarts", 0)
+        wait = (since + timedelta(seconds=backoff(settings, retries)) - obs.now).total_seconds()
         if wait > 0:
             p.requeue(wait)
             return
@@ -224,10 +248,51 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
             st.update(phase="Running", reason="Running",
                       message=f"attempt {st['attempt']}: {nodes} node(s) running")
         _stall_check(p, job, obs, name)
-    elif st.get("phase") != "Restarting" or ready:  # a restarted gang reads Restarting until its pods run
-        pending = st.get("reason") if st.get("phase") == "Pending" else "Pending"  # Created stays until Running
-        st.update(phase="Pending", reason=pending,
-                  message=f"attempt {st['attempt']}: {min(running, nodes)}/{nodes} node(s) running")
+    else:
+        _waiting(p, job, obs, workload, min(running, nodes), nodes)
+
+
+def _waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int, nodes: int) -> None:
+    """Not every node runs: say why (from the pods and the Job's events, once they were read), give up on a
+    partial gang after scheduleTimeoutSeconds, and look again soon: no pod watch tells us when things change."""
+    st = p.status
+    why = waiting_reason(obs.pods, obs.events)
+    created = parse_time((workload.get("metadata") or {}).get("creationTimestamp"))
+    age = (obs.now - created).total_seconds() if created is not None else 0.0
+    timeout = job.spec.run_policy.schedule_timeout_seconds
+    queued = bool(obs.labels.get(c.LABEL_KUEUE_QUEUE))
+    if timeout and not queued and created is not None and age >= timeout:
+        _schedule_timeout(p, job, obs, workload, running, nodes, why)
+        return
+    p.requeue(WAIT_RECHECK_SECONDS if age >= WAIT_GRACE_SECONDS else WAIT_GRACE_SECONDS - age)
+    if timeout and not queued and created is not None:
+        p.requeue(timeout - age)
+    if why is not None:
+        st.update(phase="Pending", reason=why[0], message=f"attempt {st['attempt']}: {running}/{nodes} node(s) "
+                  f"running; {why[1]}")
+    elif not obs.looked and st.get("phase") == "Pending" and st.get("reason") in WAITING_REASONS:
+        return  # not looked at this pass: the reason found last time stands until the next look
+    elif st.get("phase") != "Restarting" or running:  # a restarted gang reads Restarting until its pods run
+        keep = st.get("reason") if st.get("phase") == "Pending" and st.get("reason") not in WAITING_REASONS else None
+        st.update(phase="Pending", reason=keep or "Pending",
+                  message=f"attempt {st['attempt']}: {running}/{nodes} node(s) running")
+
+
+def _schedule_timeout(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int,
+                      nodes: int, why: tuple[str, str] | None) -> None:
+    """A partial gang holds GPUs and trains nothing: tear it down, retry with backoff. Counted in scheduleRetries,
+    not against backoffLimit (nothing failed); Kueue-managed jobs are left to Kueue."""
+    st = p.status
+    timeout = job.spec.run_policy.schedule_timeout_seconds
+    st["scheduleRetries"] = st.get("scheduleRetries", 0) + 1
+    st["attempt"] = st["attempt"] + 1
+    p.delete_workloads.append(workload["metadata"]["name"])
+    detail = f"; {why[1]}" if why else ""
+    st.update(phase="Restarting", reason="ScheduleTimeout",
+              message=f"attempt {st['attempt'] - 1}: {running}/{nodes} node(s) ran within scheduleTimeoutSeconds="
+                      f"{timeout}{detail}; its pods were deleted to free their GPUs, retry "
+                      f"{st['scheduleRetries']} starts after a backoff")
+    p.rescheduled = True
 
 
 def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, message: str, code: int | None) -> None:
@@ -306,6 +371,7 @@ def _set_conditions(p: Plan, obs: Observed) -> None:
     phase = st.get("phase")
     wanted = {
         "Created": bool(st.get("attempt")),
+        "Waiting": phase == "Pending" and st.get("reason") in WAITING_REASONS,
         "Running": phase == "Running",
         "Restarting": phase == "Restarting",
         "Suspended": phase in ("Suspended", "Queued"),
@@ -321,7 +387,7 @@ def _set_conditions(p: Plan, obs: Observed) -> None:
         if before is None and value == "False":
             continue
         # A new failure while already Restarting restarts the backoff clock, though the condition stays True.
-        renewed = kind == "Restarting" and p.restarted
+        renewed = kind == "Restarting" and (p.restarted or p.rescheduled)
         if before is None or before.get("status") != value or renewed:
             since = format_time(obs.now)
         else:

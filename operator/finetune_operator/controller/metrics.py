@@ -5,12 +5,15 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from ..api.status import PHASES
+from .observed import WAITING_REASONS
 
 RECONCILE_SECONDS = Histogram("finetunejob_reconcile_duration_seconds", "Duration of one reconcile pass.",
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 RESTARTS = Counter("finetunejob_gang_restarts_total", "Gang restarts started, by reason.", ["reason"])
 API_ERRORS = Counter("finetunejob_api_errors_total", "Reconcile passes that failed on an API call.", ["status"])
 JOBS = Gauge("finetunejob_jobs", "FineTuneJobs seen by this operator, by phase.", ["phase"])
+WAITING = Gauge("finetunejob_jobs_waiting", "Pending FineTuneJobs by why their gang waits (Unschedulable, "
+                "QuotaExceeded, ImagePullFailed, CreateContainerError, PodFailedToStart).", ["reason"])
 # status.goodput's increments as this operator writes them (a restarted operator starts the counters again).
 GPU_HOURS = Counter("finetunejob_gpu_hours_total", "GPU-hours of ended running periods of gangs.")
 RESTART_DOWNTIME = Counter("finetunejob_restart_downtime_seconds_total",
@@ -27,23 +30,32 @@ def count_goodput(before: dict[str, Any] | None, after: dict[str, Any] | None) -
             counter.inc(delta)
 
 
-class PhaseTracker:
-    """The last phase of every job, so the gauge counts jobs, not reconcile passes."""
+class JobTracker:
+    """The last value (a phase, a waiting reason) of every job, so a gauge counts jobs, not reconcile passes."""
 
-    def __init__(self) -> None:
-        self.phases: dict[tuple[str, str], str] = {}
-        for name in PHASES:
-            JOBS.labels(name).set(0)
+    def __init__(self, gauge: Gauge, values: tuple[str, ...]) -> None:
+        self.gauge = gauge
+        self.values: dict[tuple[str, str], str] = {}
+        for name in values:
+            gauge.labels(name).set(0)
 
-    def set(self, key: tuple[str, str], phase: str | None) -> None:
-        before = self.phases.pop(key, None) if phase is None else self.phases.get(key)
-        if before == phase:
+    def set(self, key: tuple[str, str], value: str | None) -> None:
+        before = self.values.pop(key, None) if value is None else self.values.get(key)
+        if before == value:
             return
-        if phase is not None:
-            self.phases[key] = phase
-            JOBS.labels(phase).inc()
+        if value is not None:
+            self.values[key] = value
+            self.gauge.labels(value).inc()
         if before is not None:
-            JOBS.labels(before).dec()
+            self.gauge.labels(before).dec()
+
+
+def phase_tracker() -> JobTracker:
+    return JobTracker(JOBS, PHASES)
+
+
+def waiting_tracker() -> JobTracker:
+    return JobTracker(WAITING, WAITING_REASONS)
 
 
 def serve(port: int) -> None:

@@ -89,3 +89,38 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
         return None, "PodFailed", "a node of the attempt failed and its pod is gone"
     failures.sort(key=lambda f: (not exit_codes.is_permanent(f[0] or 0), f[0] is None))
     return failures[0]
+
+
+# Why a gang waits, from its pods and its Job's events, most specific first.
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+CREATE_CONTAINER_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+WAITING_REASONS = ("ImagePullFailed", "CreateContainerError", "Unschedulable", "QuotaExceeded", "PodFailedToStart")
+
+
+def waiting_reason(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) that explains why an attempt's pods do not all run, or None when nothing says why yet:
+    an image that cannot be pulled, a container that cannot be created, a pod the scheduler cannot place (with its
+    message, e.g. "0/500 nodes are available: 500 Insufficient nvidia.com/gpu"), or a pod the Job controller could
+    not create (a ResourceQuota: QuotaExceeded)."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        name = (pod.get("metadata") or {}).get("name", "a pod")
+        for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in IMAGE_PULL_REASONS:
+                return "ImagePullFailed", exit_codes.short(
+                    f"{name}: {waiting['reason']}: {waiting.get('message') or cs.get('image', '')}")
+            if waiting.get("reason") in CREATE_CONTAINER_REASONS:
+                return "CreateContainerError", exit_codes.short(
+                    f"{name}: {waiting['reason']}: {waiting.get('message') or ''}")
+    for pod in pods:
+        for cd in (pod.get("status") or {}).get("conditions") or []:
+            if cd.get("type") == "PodScheduled" and cd.get("status") == "False" and cd.get("reason") == "Unschedulable":
+                return "Unschedulable", exit_codes.short(cd.get("message") or "the scheduler cannot place a pod")
+    failed = [e for e in events if e.get("reason") == "FailedCreate"]
+    if failed:
+        newest = max(failed, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        message = newest.get("message") or ""
+        reason = "QuotaExceeded" if "exceeded quota" in message else "PodFailedToStart"
+        return reason, exit_codes.short(message)
+    return None

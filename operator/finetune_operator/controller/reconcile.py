@@ -22,7 +22,7 @@ from ..render.preflight import PREFLIGHT_ATTEMPT, render_preflight
 from .cache import Snapshot
 from .expectations import Expectations
 from .kube import Kube
-from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, only_cosmetic, plan
+from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, gang_waiting, only_cosmetic, plan
 from .merge_patch import merge_patch
 from .observed import attempt_of, job_failed, pod_ended
 from .settings import Settings
@@ -89,18 +89,24 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
     attempt = status.get("attempt") or 0
     # The preflight (attempt 0) is looked at like the current attempt as long as it decides what happens next.
     looked_at = (attempt, 0) if status.get("preflight") in (None, "Running") else (attempt,)
+    now = datetime.now(UTC)
+    current = next((w for w in view.workloads if attempt_of(w) == attempt), None)
+    waiting = current is not None and gang_waiting(current, now)
     pods = view.pods
     if pods is None:
-        # Pods matter only when an attempt failed (which node, which exit code) or a restart waits for the old
-        # gang to stop; everything else is in the Job's status. One list then, instead of a watch on every pod.
+        # Pods matter only when an attempt failed (which node, which exit code), a restart waits for the old gang
+        # to stop, or a gang waits (why); everything else is in the Job's status. One list then, instead of a
+        # watch on every pod of the cluster.
         current_failed = any(job_failed(w) for w in view.workloads if attempt_of(w) in looked_at)
-        pods = kube.list_pods(view.namespace, view.name) if current_failed or status.get(
+        pods = kube.list_pods(view.namespace, view.name) if current_failed or waiting or status.get(
             "phase") == "Restarting" else []
+    events = kube.list_job_events(view.namespace, current["metadata"]["name"]) if waiting and current else []
     observed = Observed(
         name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
         labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
-        pods=[p for p in pods if attempt_of(p) in looked_at], now=datetime.now(UTC),
+        pods=[p for p in pods if attempt_of(p) in looked_at], now=now,
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
+        events=events, looked=waiting,
     )
     return job, plan(job, observed, settings)
 

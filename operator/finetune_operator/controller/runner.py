@@ -24,6 +24,7 @@ from . import metrics
 from .cache import Snapshot, slim_finetunejob
 from .expectations import Expectations
 from .kube import Kube
+from .observed import WAITING_REASONS
 from .reconcile import EventSink, Pass, reconcile
 from .settings import Settings
 
@@ -49,7 +50,7 @@ class Controller:
         # Our last status write per job, until the watch delivers it: (resourceVersion before, the object after).
         self.written: dict[Key, tuple[str, dict[str, Any]]] = {}
         self.timers: dict[Key, asyncio.TimerHandle] = {}
-        self.phases = metrics.PhaseTracker()
+        self.phases, self.waiting = metrics.phase_tracker(), metrics.waiting_tracker()
 
     async def reconcile(self, key: Key, indexes: dict[str, Any] | None = None, gather: float = 0.0) -> None:
         """Runs passes for `key` until no event arrived during the last one; concurrent callers just mark it."""
@@ -96,6 +97,7 @@ class Controller:
             metrics.count_goodput(done.goodput_before, (done.written.get("status") or {}).get("goodput"))
         result = done.plan
         self.phases.set(key, result.status.get("phase") if result is not None else None)
+        self.waiting.set(key, waiting_reason_of(result.status) if result is not None else None)
         if result is not None and result.restarted:
             metrics.RESTARTS.labels(result.status.get("reason") or "Unknown").inc()
         if result is not None and result.requeue_after is not None:
@@ -134,6 +136,7 @@ class Controller:
         if key in self.timers:
             self.timers.pop(key).cancel()
         self.phases.set(key, None)
+        self.waiting.set(key, None)
         if namespace_empty:
             self.expectations.forget_matching(lambda k: isinstance(k, tuple) and k[:2] == ("identity", key[0]))
 
@@ -143,3 +146,8 @@ class Controller:
             timer.cancel()
         self.timers.clear()
         self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def waiting_reason_of(status: dict[str, Any]) -> str | None:
+    reason = status.get("reason")
+    return reason if status.get("phase") == "Pending" and reason in WAITING_REASONS else None

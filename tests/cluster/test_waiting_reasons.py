@@ -1,0 +1,118 @@
+"""A cluster that says why: on the real control plane, a gang that cannot run reads its reason in `kubectl get ftj`
+(REASON), in its conditions and in one Warning Event from the operator, within seconds, with no pod watch; a
+partial gang is torn down after runPolicy.scheduleTimeoutSeconds and runs once capacity appears."""
+
+import json
+import time
+
+import pytest
+
+from finetune_operator.api import constants as c
+from tests.builders import make_job
+from tests.support.controlplane import fake_gpu_node, free_port
+from tests.support.operator_process import OperatorProcess
+
+POOL = "test.finetunejob.dev/pool"
+
+
+@pytest.fixture(scope="module")
+def operator(kubectl, control_plane):
+    op = OperatorProcess(control_plane.kubeconfig, control_plane.work / "operator-waiting.log", restart_backoff=1,
+                         metrics_port=free_port()).start()
+    yield op
+    op.stop()
+
+
+def submit(kubectl, ns, name, **overrides):
+    doc = make_job({"metadata.name": name, "metadata.namespace": ns, "spec.distributed.numNodes": 2, **overrides})
+    kubectl.run("apply", "-f", "-", input=json.dumps(doc))
+
+
+def wait_status(kubectl, ns, name, predicate, op, timeout=60.0):
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = kubectl.json("get", "ftj", name, "-n", ns).get("status") or {}
+        if predicate(last):
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"not reached in {timeout}s: {last}\n{op.log_tail(30)}")
+
+
+def warning_events(kubectl, ns, name):
+    items = kubectl.json("get", "events", "-n", ns, "--field-selector",
+                         f"involvedObject.kind=FineTuneJob,involvedObject.name={name}")["items"]
+    return [e for e in items if e["type"] == "Warning"]
+
+
+def reason_column(kubectl, ns, name):
+    table = kubectl.run("get", "ftj", name, "-n", ns).stdout.splitlines()
+    return dict(zip(table[0].split(), table[1].split(), strict=False))["REASON"]
+
+
+def test_more_gpus_per_node_than_any_node_has_reads_unschedulable(kubectl, operator, namespace):
+    submit(kubectl, namespace, "too-big", **{"spec.distributed.numNodes": 1, "spec.distributed.gpusPerNode": 16})
+    started = time.monotonic()
+    st = wait_status(kubectl, namespace, "too-big", lambda s: s.get("reason") == "Unschedulable", operator)
+    assert time.monotonic() - started < 40  # within seconds of the grace, not minutes
+    assert st["phase"] == "Pending" and "Insufficient nvidia.com/gpu" in st["message"]
+    waiting = next(cd for cd in st["conditions"] if cd["type"] == "Waiting")
+    assert waiting["status"] == "True" and waiting["reason"] == "Unschedulable"
+    assert reason_column(kubectl, namespace, "too-big") == "Unschedulable"
+    time.sleep(20)  # later looks (every 15 s) find the same reason: no second Event
+    events = [e for e in warning_events(kubectl, namespace, "too-big") if e["reason"] == "Unschedulable"]
+    assert len(events) == 1 and events[0]["count"] in (None, 1), events
+    assert events[0]["source"].get("component") == c.MANAGED_BY  # From: finetunejob-operator, not kopf
+
+
+def test_a_resource_quota_reads_quota_exceeded(kubectl, operator, namespace):
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu-quota", "namespace": namespace},
+             "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}}
+    kubectl.run("apply", "-f", "-", input=json.dumps(quota))
+    submit(kubectl, namespace, "over-quota", **{"spec.distributed.gpusPerNode": 8})
+    st = wait_status(kubectl, namespace, "over-quota", lambda s: s.get("reason") == "QuotaExceeded", operator)
+    assert "exceeded quota: gpu-quota" in st["message"] and st["nodes"] == "0/2"
+    assert reason_column(kubectl, namespace, "over-quota") == "QuotaExceeded"
+
+
+@pytest.fixture
+def pool_nodes(kubectl):
+    """Fake GPU nodes of a pool no other test uses (its jobs select it), removed afterwards."""
+    created = []
+
+    def add(name):
+        node = fake_gpu_node(name)
+        node["metadata"]["labels"][POOL] = "waiting"
+        kubectl.run("apply", "-f", "-", input=json.dumps(node))
+        kubectl.run("wait", "--for=condition=Ready", "--timeout=60s", f"node/{name}")
+        if kubectl.json("get", "node", name)["spec"].get("taints"):
+            kubectl.run("patch", "node", name, "--type=json", "-p", '[{"op": "remove", "path": "/spec/taints"}]')
+        created.append(name)
+
+    yield add
+    for name in created:
+        kubectl.run("delete", "node", name, "--wait=false", check=False)
+
+
+def test_a_partial_gang_frees_its_gpus_after_the_schedule_timeout_and_runs_when_capacity_appears(
+        kubectl, operator, namespace, pool_nodes):
+    pool_nodes("pool-gpu-0")
+    submit(kubectl, namespace, "partial", **{"spec.distributed.gpusPerNode": 8,
+                                             "spec.pod.nodeSelector": {POOL: "waiting"},
+                                             "spec.runPolicy.scheduleTimeoutSeconds": 20,
+                                             "spec.runPolicy.backoffLimit": 0})
+    st = wait_status(kubectl, namespace, "partial", lambda s: s.get("nodes") == "1/2"
+                     and s.get("reason") == "Unschedulable", operator)
+    st = wait_status(kubectl, namespace, "partial", lambda s: s.get("reason") == "ScheduleTimeout", operator)
+    assert (st["scheduleRetries"], st["restarts"]) == (1, 0) and "scheduleTimeoutSeconds=20" in st["message"]
+
+    def attempt_one_pods():
+        items = kubectl.json("get", "pods", "-n", namespace, "-l", f"{c.LABEL_JOB}=partial,{c.LABEL_ATTEMPT}=1")
+        return items["items"]
+
+    deadline = time.monotonic() + 60
+    while attempt_one_pods() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert attempt_one_pods() == []  # no pod of the partial gang holds a GPU any more
+    pool_nodes("pool-gpu-1")
+    st = wait_status(kubectl, namespace, "partial", lambda s: s.get("phase") == "Running", operator, timeout=120)
+    assert st["nodes"] == "2/2" and st["restarts"] == 0 and st["attempt"] >= 2
