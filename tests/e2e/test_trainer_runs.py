@@ -183,3 +183,43 @@ def test_streaming_on_two_nodes_trains_evaluates_and_tokenizes_nothing_ahead(tin
     assert s["tokensSeen"] > 0 and (tmp_path / "run" / "output" / "final" / "model.safetensors").stat().st_size > 0
     assert [r["step"] for r in progress(tmp_path / "run") if r.get("evalLoss") is not None] == [3, 6]
     assert not (tmp_path / "run" / "output" / ".cache" / "tokenized").exists()  # streamed: nothing tokenized ahead
+
+
+@pytest.mark.parametrize("repeat", range(3))
+def test_a_stop_signal_on_one_node_stops_every_rank_at_the_same_step_with_one_checkpoint(tiny_model_dir, tmp_path,
+                                                                                       repeat):
+    """A pod deletion or preemption reaches the nodes of a gang at different moments (here: only node 1). The
+    ranks agree on the stop step (an all-reduce of the stop flag at every step end), so every rank saves the same
+    complete checkpoint and exits 143; none waits in a collective the other left, none redoes a step."""
+    import random
+    import signal
+    import time
+
+    from finetune_operator.api.validation import validate_job
+    from finetune_operator.cli.local_run import start_nodes
+    from finetune_operator.cli.processes import kill_tree
+    from tests.support.trainer_run import TEST_ENV
+
+    doc = job(tiny_model_dir, **{"spec.distributed": {"numNodes": 2, "gpusPerNode": 0},
+                                 "spec.training.maxSteps": 100000, "spec.checkpoints.saveSteps": 100000})
+    nodes = start_nodes(validate_job(doc), tmp_path, extra_env=TEST_ENV)
+    try:
+        progress_file = tmp_path / "output" / "progress.jsonl"
+        wanted = 3 + random.Random(repeat).randrange(6)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (
+                progress_file.exists() and progress_file.read_text().count('"step"') >= wanted):
+            time.sleep(0.1)
+        time.sleep(random.Random(repeat).random() * 0.3)  # anywhere within a step
+        nodes[1].process.send_signal(signal.SIGTERM)
+        codes = [n.process.wait(timeout=300) for n in nodes]
+    finally:
+        for n in nodes:
+            if n.process.poll() is None:
+                kill_tree(n.process.pid)
+    logs = [n.log_file.read_text()[-2000:] for n in nodes]
+    assert codes == [exit_codes.INTERRUPTED] * 2, logs
+    steps = {json.loads(n.result_file.read_text())["message"].split(" at step ")[1].split(";")[0] for n in nodes}
+    (checkpoint,) = (tmp_path / "output").glob("checkpoint-*")
+    assert steps == {checkpoint.name.split("-")[1]}  # one stop step for both ranks, and its checkpoint
+    assert (checkpoint / "FINETUNE_COMPLETE").exists()
