@@ -66,16 +66,50 @@ class ChatEncoder:
             return self._render(folded), folded
 
     def encode(self, messages: list[Message], train_on_prompt: bool = False) -> tuple[list[int], list[int]]:
-        text, rendered = self.render(messages)
+        return self.encode_many([messages], train_on_prompt)[0]
+
+    def encode_many(self, conversations: list[list[Message]], train_on_prompt: bool = False
+                    ) -> list[tuple[list[int], list[int]]]:
+        """Several conversations, rendered and tokenized in one call each (the tokenizer's batch encoding)."""
         if self.generation_marked:
-            out = self.tokenizer.apply_chat_template(rendered, chat_template=self.template, tokenize=True,
-                                                     return_dict=True, return_assistant_tokens_mask=True)
-            ids = list(out["input_ids"])
-            labels = [t if m else IGNORE_INDEX for t, m in zip(ids, out["assistant_masks"], strict=True)]
-        else:
-            encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            ids = list(encoded["input_ids"])
-            labels = labels_from_spans(ids, encoded["offset_mapping"], self.assistant_spans(text, rendered))
+            return [self._encode_marked(messages, train_on_prompt) for messages in conversations]
+        rendered = self.render_many(conversations)
+        texts = [text for text, _ in rendered]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        out = []
+        if backend is not None:  # the Rust tokenizer itself: what tokenizer(texts) runs, minus Python conversions
+            for (text, messages), encoding in zip(rendered, backend.encode_batch(texts, add_special_tokens=False),
+                                                  strict=True):
+                ids = encoding.ids
+                out.append((ids, list(ids) if train_on_prompt else
+                            labels_of_encoding(encoding, self.assistant_spans(text, messages))))
+            return out
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        for (text, messages), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"],
+                                                  strict=True):
+            ids = list(ids)
+            out.append((ids, list(ids) if train_on_prompt else
+                        labels_from_spans(ids, offsets, self.assistant_spans(text, messages))))
+        return out
+
+    def render_many(self, conversations: list[list[Message]]) -> list[tuple[str, list[Message]]]:
+        """One render call for all (the template compiled once); one by one when the template refuses one."""
+        from jinja2 import TemplateError
+
+        if len(conversations) < 2:
+            return [self.render(messages) for messages in conversations]
+        try:
+            texts = self.tokenizer.apply_chat_template(conversations, chat_template=self.template, tokenize=False)
+        except TemplateError:  # one of them was refused: render one by one to fold it or to say which
+            return [self.render(messages) for messages in conversations]
+        return list(zip((str(t) for t in texts), conversations, strict=True))
+
+    def _encode_marked(self, messages: list[Message], train_on_prompt: bool) -> tuple[list[int], list[int]]:
+        _, rendered = self.render(messages)
+        out = self.tokenizer.apply_chat_template(rendered, chat_template=self.template, tokenize=True,
+                                                 return_dict=True, return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        labels = [t if m else IGNORE_INDEX for t, m in zip(ids, out["assistant_masks"], strict=True)]
         return ids, (list(ids) if train_on_prompt else labels)
 
     def assistant_spans(self, text: str, messages: list[Message]) -> list[tuple[int, int]]:
@@ -162,14 +196,31 @@ def fold_system(messages: list[Message]) -> list[Message] | None:
     return [first, *messages[2:]]
 
 
-def labels_from_spans(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+def labels_of_encoding(encoding: Any, spans: list[tuple[int, int]]) -> list[int]:
+    """labels_from_spans for a tokenizers Encoding: each span's first and last token by character lookup, so the
+    cost is per span, not per token."""
+    ids = encoding.ids
+    labels = [IGNORE_INDEX] * len(ids)
+    for start, end in spans:
+        first, last = encoding.char_to_token(start), encoding.char_to_token(end - 1) if end > start else None
+        if first is None or last is None:  # a character no token covers (normalized away): the general way
+            return labels_from_spans(ids, encoding.offsets, spans)
+        labels[first:last + 1] = ids[first:last + 1]
+    return labels
+
+
+def labels_from_spans(ids: list[int], offsets: Any, spans: list[tuple[int, int]]) -> list[int]:
     """A token is learned when its characters overlap a trainable span (a SentencePiece "▁word" token that starts
     with the prompt's space and carries the reply's first word is learned: the model must produce it)."""
-    labels = [IGNORE_INDEX] * len(ids)
-    for i, (token, (start, end)) in enumerate(zip(ids, offsets, strict=True)):
-        if any(start < span_end and end > span_start for span_start, span_end in spans):
-            labels[i] = token
-    return labels
+    import numpy as np
+
+    if not ids:
+        return []
+    bounds = np.asarray(offsets, dtype=np.int64).reshape(len(ids), 2)
+    learned = np.zeros(len(ids), dtype=bool)
+    for start, end in spans:
+        learned |= (bounds[:, 0] < end) & (bounds[:, 1] > start)
+    return np.where(learned, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()
 
 
 def _locate(text: str, content: str, cursor: int) -> tuple[int, int] | None:

@@ -177,6 +177,26 @@ class RowEncoder:
         prompt, completion = (formats.alpaca_prompt if fmt == "alpaca" else formats.prompt_completion)(row, columns)
         return encode_completion(prompt, completion, self.tokenizer, self.data.train_on_prompt)
 
+    def encode_batch(self, rows: list[dict[str, Any]], where: list[str]) -> list[tuple[list[int], list[int]]]:
+        """Rows encoded together (conversations tokenized in one call); a bad row is a DataError naming `where`."""
+        if self.chat is None:
+            return [_named(where[i], self.encode, row) for i, row in enumerate(rows)]
+        fmt, columns = self.data.format, self.data.columns
+        conversations = [_named(where[i], formats.CHAT_FORMATS[fmt], row, columns) for i, row in enumerate(rows)]
+        try:
+            return self.chat.encode_many(conversations, self.data.train_on_prompt)
+        except DataError:  # a template refused one of them: say which
+            for i, conversation in enumerate(conversations):
+                _named(where[i], self.chat.encode, conversation)
+            raise
+
+
+def _named(where: str, fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from None
+
 
 def encode_completion(prompt: str, completion: str, tokenizer: Any, train_on_prompt: bool = False
                       ) -> tuple[list[int], list[int]]:
@@ -201,7 +221,7 @@ def fit(ids: list[int], labels: list[int], data: DataSpec) -> tuple[list[int], l
         if data.truncation == "drop":
             return [], [], DROPPED_TOO_LONG
         ids, labels, status = ids[: data.max_length], labels[: data.max_length], TRUNCATED
-    if all(t == IGNORE_INDEX for t in labels):
+    if labels.count(IGNORE_INDEX) == len(labels):
         return [], [], DROPPED_NO_TARGET
     return ids, labels, status
 
@@ -220,17 +240,15 @@ def sft_example(row: dict[str, Any], encoder: RowEncoder, stats: TokenizeStats, 
 
 def _sft_batch(batch: dict[str, list[Any]], indices: list[int], encoder: RowEncoder, name: str
                ) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": []}
-    for index, values in zip(indices, zip(*batch.values(), strict=True), strict=True):
-        row = dict(zip(batch.keys(), values, strict=True))
-        try:
-            ids, labels = encoder.encode(row)
-        except DataError as exc:
-            raise DataError(f"{name}, row {index + 1}: {exc}") from None
+    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": [], "trainable": []}
+    rows = [dict(zip(batch.keys(), values, strict=True)) for values in zip(*batch.values(), strict=True)]
+    encoded = encoder.encode_batch(rows, [f"{name}, row {index + 1}" for index in indices])
+    for ids, labels in encoded:
         ids, labels, status = fit(ids, labels, encoder.data)
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["status"].append(status)
+        out["trainable"].append(len(labels) - labels.count(IGNORE_INDEX))
     return out
 
 
@@ -357,10 +375,10 @@ def tokenize_parts(parts: list[Part], data: DataSpec, tokenizer: Any, scratch: P
                              num_proc=_workers(data, part.rows), remove_columns=part.rows.column_names,
                              fn_kwargs={"encoder": encoder, "name": part.name},
                              desc=f"tokenizing {Path(part.name).name}")
-        for status, ids, labels in zip(done["status"], done["input_ids"], done["labels"], strict=True):
-            stats.count(status, ids, labels)
-        tokenized.append(done.filter(lambda s: s in (KEPT, TRUNCATED), input_columns="status")
-                         .remove_columns("status"))
+        _count(stats, done)
+        kept = done.filter(lambda status: [s in (KEPT, TRUNCATED) for s in status], input_columns="status",
+                           batched=True, batch_size=4096)
+        tokenized.append(kept.remove_columns(["status", "trainable"]))
     return datasets.concatenate_datasets(tokenized), stats
 
 
@@ -377,6 +395,23 @@ def tokenize(rows: list[dict[str, Any]] | list[Part], data: DataSpec, tokenizer:
     with tempfile.TemporaryDirectory() as tmp:
         tokenized, stats = tokenize_parts(parts, data, tokenizer, Path(tmp))
         return tokenized.flatten_indices() if len(tokenized) else tokenized, stats
+
+
+def _count(stats: TokenizeStats, done: Any) -> None:
+    """Row outcomes and token counts from the tokenized columns, as arrays (never the whole dataset as lists)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    status = np.asarray(done.data.column("status"))
+    kept = (status == KEPT) | (status == TRUNCATED)
+    stats.rows += len(status)
+    stats.kept += int(kept.sum())
+    stats.truncated += int((status == TRUNCATED).sum())
+    stats.dropped_too_long += int((status == DROPPED_TOO_LONG).sum())
+    stats.dropped_no_target += int((status == DROPPED_NO_TARGET).sum())
+    stats.trainable_tokens += int(np.asarray(done.data.column("trainable"))[kept].sum())
+    lengths = np.asarray(pc.list_value_length(done.data.column("input_ids")).fill_null(0))
+    stats.tokens += int(lengths[kept].sum())
 
 
 def _features():
