@@ -86,3 +86,31 @@ def test_an_explicit_user_path_must_verify(tmp_path):
 
     with pytest.raises(ConfigError, match="unusable checkpoint"):
         resume_checkpoint(trainer_config(tmp_path, resume=str(tmp_path / "checkpoint-5")))
+
+
+def test_a_checkpoint_another_method_produced_is_refused_with_the_difference(tmp_path):
+    """A FineTuneJob re-created under its name with LoRA r 16 finds the old job's r 8 checkpoint: not resumed
+    (it would crash on shapes and burn retries), a permanent InvalidConfig that says what differs and the fix."""
+    from types import SimpleNamespace
+
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_trainer import checkpoints as ck
+    from finetune_trainer.errors import ConfigError
+    from finetune_trainer.main import resume_checkpoint
+
+    def spec(r):
+        return FineTuneJobSpec.model_validate({"model": {"name": "/models/m"}, "method": {"type": "lora",
+                                               "lora": {"r": r}}, "data": {"format": "text",
+                                                                           "train": [{"inline": [{"text": "x"}]}]}})
+
+    directory = tmp_path / "checkpoint-40"
+    directory.mkdir()
+    (directory / "adapter_model.safetensors").write_bytes(b"x" * 16)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": 40}))
+    ck.mark_complete(directory, ck.provenance(spec(8)))
+    assert ck.incompatibility(directory, spec(8)) is None
+    cfg = SimpleNamespace(spec=spec(16), output_dir=tmp_path, resume_from=None)
+    with pytest.raises(ConfigError, match=r"produced by another model or method \(method: .*\"r\": 8.*\"r\": 16"):
+        resume_checkpoint(cfg)
+    cfg.spec = spec(8)
+    assert resume_checkpoint(cfg) == str(directory)

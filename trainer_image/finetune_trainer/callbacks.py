@@ -136,9 +136,11 @@ def _peak_memory_gib() -> float | None:
 class CheckpointMarkerCallback(TrainerCallback):
     """After each save: verify the checkpoint and mark it complete (rank 0), then tell the progress callback."""
 
-    def __init__(self, output_dir: Path, progress: ProgressCallback | None = None):
+    def __init__(self, output_dir: Path, progress: ProgressCallback | None = None,
+                 producer: dict[str, Any] | None = None):
         self.output_dir = output_dir
         self.progress = progress
+        self.producer = producer  # what made the checkpoint (checkpoints.provenance), recorded in its marker
 
     def on_save(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -146,7 +148,8 @@ class CheckpointMarkerCallback(TrainerCallback):
         directory = self.output_dir / f"checkpoint-{state.global_step}"
         if not directory.is_dir():
             return
-        checkpoints.mark_complete(directory)  # raises IncompleteCheckpoint: a save that lost weights is fatal
+        # Raises IncompleteCheckpoint: a save that lost weights is fatal.
+        checkpoints.mark_complete(directory, self.producer)
         if self.progress is not None:
             self.progress.checkpoint = {"step": state.global_step, "path": str(directory)}
 

@@ -5,6 +5,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 COMPLETE_MARKER = "FINETUNE_COMPLETE"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -36,9 +37,37 @@ def verify(directory: Path) -> dict:
             "bytes": sum(f.stat().st_size for f in files)}
 
 
-def mark_complete(directory: Path) -> dict:
+def provenance(spec: Any) -> dict[str, Any]:
+    """What produced a checkpoint, as far as resuming it depends on: the base model and the method (LoRA shapes,
+    quantization). Recorded in every completion marker."""
+    return {"model": spec.model.name, "revision": spec.model.revision, "quantization": spec.model.quantization,
+            "method": spec.method.model_dump(mode="json", by_alias=True, exclude_none=True)}
+
+
+def produced_by(directory: Path) -> dict[str, Any] | None:
+    """The provenance a completion marker recorded (None for markers written before provenance was recorded)."""
+    try:
+        return json.loads((directory / COMPLETE_MARKER).read_text()).get("producedBy")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def incompatibility(directory: Path, spec: Any) -> str | None:
+    """Why the checkpoint cannot be resumed by this spec (another model, another method or shapes), or None."""
+    recorded, wanted = produced_by(directory), provenance(spec)
+    if recorded is None:
+        return None
+    changed = [key for key in wanted if recorded.get(key) != wanted[key]]
+    if not changed:
+        return None
+    return "; ".join(f"{key}: checkpoint {json.dumps(recorded.get(key))}, this job {json.dumps(wanted[key])}"
+                     for key in changed)
+
+
+def mark_complete(directory: Path, producer: dict[str, Any] | None = None) -> dict:
     """Verifies, then writes the marker by rename, so a crash mid-write never leaves a marker that lies."""
-    summary = {**verify(directory), "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    summary = {**verify(directory), "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               **({"producedBy": producer} if producer is not None else {})}
     tmp = directory / f".{COMPLETE_MARKER}.tmp"
     tmp.write_text(json.dumps(summary))
     os.replace(tmp, directory / COMPLETE_MARKER)

@@ -62,6 +62,7 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
     if resume == "auto":
         found = checkpoints.newest_complete(cfg.output_dir)
         if found is not None:
+            _compatible(found, cfg)
             return str(found)
         if cfg.resume_from:
             try:
@@ -74,7 +75,18 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
         checkpoints.verify(Path(resume))
     except checkpoints.IncompleteCheckpoint as exc:
         raise ConfigError(f"checkpoints.resume points at an unusable checkpoint: {exc}") from exc
+    _compatible(Path(resume), cfg)
     return resume
+
+
+def _compatible(checkpoint: Path, cfg: TrainerConfig) -> None:
+    """A FineTuneJob deleted and created again under its name (or an edited output path) finds checkpoints another
+    model or method produced: resuming would crash on shapes, or silently train the wrong thing. Permanent."""
+    why = checkpoints.incompatibility(checkpoint, cfg.spec)
+    if why is not None:
+        raise ConfigError(f"the checkpoint {checkpoint} was produced by another model or method ({why}); it is "
+                          "not resumed. Delete the output directory's checkpoints, set checkpoints.resume: never, "
+                          "or give the job another name or output.subPath")
 
 
 def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
@@ -87,7 +99,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
     watchdog = NanWatchdog()
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()
-    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress), progress, watchdog, stop]
+    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress, checkpoints.provenance(cfg.spec)), progress,
+                 watchdog, stop]
     trainer = Trainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
                       data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
                       processing_class=tokenizer, callbacks=callbacks)
@@ -141,6 +154,9 @@ def run(config_path: str) -> dict[str, Any]:
     trainable, total = trainable_parameters(model)
     trainer, watchdog, stop = build_trainer(cfg, args, tokenizer, model, data, reporter)
     resume = resume_checkpoint(cfg)
+    if resume is not None and reporter is not None:  # say what this attempt restored from (kubectl get -o yaml)
+        step = checkpoints.step_of(Path(resume)) or 0
+        reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": resume}}, force=True)
     result = trainer.train(resume_from_checkpoint=resume)
     if watchdog.diverged_at is not None:
         raise LossDiverged(f"loss/grad norm became {watchdog.value} at step {watchdog.diverged_at}")

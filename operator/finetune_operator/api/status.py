@@ -70,6 +70,9 @@ class Goodput(ApiModel):
 class CheckpointRef(ApiModel):
     step: int = Field(ge=0, description="Global step of the newest complete checkpoint.")
     path: str = Field(max_length=4096, description="Its directory inside the output volume.")
+    restored_from: str | None = Field(default=None, max_length=4096, description="The checkpoint the running "
+                                      "attempt resumed from (resume: auto resumes only one that the same model and "
+                                      "method produced).")
 
 
 class FineTuneJobStatus(ApiModel):
