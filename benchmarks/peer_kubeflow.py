@@ -5,12 +5,13 @@ creation throughput (jobs/s until every pod of every job exists), apply -> pods-
 latency (p50/p99), the controller's peak RSS, and its writes per job (apiserver audit log).
 
 training-operator is the upstream Go module built by `go install` (benchmarks/peers.sh, cached outside the work
-tree); its PyTorchJob CRD comes from the same module. It runs with its webhook server up (certs self-generated) and
-no ValidatingWebhookConfiguration, so creates are not slowed by a webhook either side. Our pods are created by the
-Job controller (kube-controller-manager), training-operator creates its pods itself: writes are counted for the
-controller under test only, and pods-exist is what a user waits for in both cases.
+tree); its PyTorchJob CRD comes from the same module. It runs with its webhook server up (certs self-generated,
+mounted as its pod would) and a ValidatingWebhookConfiguration with no webhooks, so creates are not slowed by a
+webhook on either side. Our pods are created by the Job controller (kube-controller-manager), training-operator
+creates its pods itself: writes are counted for the controller under test only, and pods-exist is what a user
+waits for in both cases. kwok runs init containers (PyTorchJob workers have one) as a kubelet would.
 
-Usage: .venv/bin/python benchmarks/peer_kubeflow.py [--jobs 300] [--nodes 150] [--out FILE]
+Usage: .venv/bin/python benchmarks/peer_kubeflow.py [--jobs 300] [--nodes 300] [--out FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tests.support.operator_process import OperatorProcess  # noqa: E402
 
 KF_VERSION = "v1.8.1"
 KF_JOB_LABEL = "training.kubeflow.org/job-name"
+CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # controller-runtime's default, as its pod mounts it
 REPLICAS = 4
 
 
@@ -127,7 +129,7 @@ def measure(name: str, cp: ControlPlane, api, namespace: str, job_label: str, su
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=300)
-    parser.add_argument("--nodes", type=int, default=150)
+    parser.add_argument("--nodes", type=int, default=300)
     parser.add_argument("--submitters", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path)
@@ -140,7 +142,6 @@ def main() -> None:
                                                         "--max-requests-inflight=800"]).start()
     try:
         from kubernetes import client, config
-        from kubernetes.dynamic import DynamicClient
 
         api = config.new_client_from_config(str(cp.kubeconfig))
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
@@ -148,15 +149,39 @@ def main() -> None:
         env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig)}
         subprocess.run([kubectl, "apply", "--server-side", "-f", str(ROOT / "crds" / "finetunejob.yaml"), "-f",
                         str(kf_crd)], env=env, check=True, capture_output=True)
+        subprocess.run([kubectl, "wait", "--for=condition=Established", "--timeout=60s",
+                        f"crd/{c.PLURAL}.{c.GROUP}", "crd/pytorchjobs.kubeflow.org"], env=env, check=True,
+                       capture_output=True)
         scale.add_nodes(api, args.nodes)
         for ns in ("ours", "kubeflow-jobs", "kubeflow"):
             core.create_namespace({"metadata": {"name": ns}})
         core.create_namespaced_secret("kubeflow", {"metadata": {"name": "training-operator-webhook-cert"}})
+        # Its cert rotator waits until it has injected its CA into this configuration; with no webhooks in it the
+        # apiserver calls none (our CRD has none either), and the operator starts.
+        client.AdmissionregistrationV1Api(api).create_validating_webhook_configuration(
+            {"metadata": {"name": "validator.training-operator.kubeflow.org"}, "webhooks": []})
         time.sleep(2)
 
         def start_ours():
             op = OperatorProcess(cp.audited_kubeconfig, cp.work / "operator.log", workers=16).start()
             return op.stop, op.proc.pid
+
+        def mount_webhook_certs() -> None:
+            """What the kubelet does in its pod: the cert Secret, once its rotator filled it, appears as files in
+            the webhook server's cert dir (the operator starts its controllers only then)."""
+            import base64
+            import shutil
+
+            shutil.rmtree(CERT_DIR, ignore_errors=True)
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                data = core.read_namespaced_secret("training-operator-webhook-cert", "kubeflow").data or {}
+                if {"ca.crt", "tls.crt", "tls.key"} <= set(data):
+                    CERT_DIR.mkdir(parents=True, exist_ok=True)
+                    for key, value in data.items():
+                        (CERT_DIR / key).write_bytes(base64.b64decode(value))
+                    return
+                time.sleep(0.5)
 
         def start_kubeflow():
             log = (cp.work / "training-operator.log").open("ab")
@@ -166,6 +191,7 @@ def main() -> None:
                                      f"--webhook-server-port={free_port()}", "--controller-threads=16"],
                                     env={**os.environ, "KUBECONFIG": str(cp.audited_kubeconfig),
                                          "MY_POD_NAMESPACE": "kubeflow"}, stdout=log, stderr=subprocess.STDOUT)
+            mount_webhook_certs()
 
             def stop() -> None:
                 proc.terminate()
@@ -173,7 +199,6 @@ def main() -> None:
                 log.close()
             return stop, proc.pid
 
-        pytorchjobs = DynamicClient(api).resources.get(api_version="kubeflow.org/v1", kind="PyTorchJob")
         figures = {
             "finetunejob-operator": measure(
                 "ftj", cp, api, "ours", c.LABEL_JOB,
@@ -182,7 +207,8 @@ def main() -> None:
                 start_ours, args.jobs, args.submitters, args.timeout),
             f"kubeflow training-operator {KF_VERSION}": measure(
                 "ptj", cp, api, "kubeflow-jobs", KF_JOB_LABEL,
-                lambda job: pytorchjobs.create(body=pytorchjob(job, "kubeflow-jobs")),
+                lambda job: custom.create_namespaced_custom_object("kubeflow.org", "v1", "kubeflow-jobs",
+                                                                   "pytorchjobs", pytorchjob(job, "kubeflow-jobs")),
                 start_kubeflow, args.jobs, args.submitters, args.timeout),
         }
     finally:

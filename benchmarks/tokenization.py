@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--text-mb", type=int, default=200)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--kinds", default="chat,text", help="which data to run: chat, text or both")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--measure", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--kind", choices=("chat", "text"), help=argparse.SUPPRESS)
@@ -210,6 +211,8 @@ def main() -> None:
               f"({text.stat().st_size / 2**20:.0f} MiB); {args.workers} worker(s); cpus: {os.cpu_count()}")
         figures: dict[str, dict[str, dict]] = {}
         for kind, data in (("chat", chat), ("text", text)):
+            if kind not in args.kinds.split(","):
+                continue
             figures[kind] = {m: run_one(m, kind, data, model, args.workers, work) for m in METHODS}
             base = figures[kind]["run_clm"]["rowsPerSecond"]
             print(f"\n{kind:<5}{'method':<10}{'rows/s':>10}{'seconds':>9}{'peak RSS MiB':>14}{'vs run_clm':>12}")

@@ -32,7 +32,10 @@ AUDIT_POLICY = {
 # the controller manager) would measure client-go's throttle, not the operator.
 CLIENT_QPS = ["--kube-api-qps=300", "--kube-api-burst=600"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-KWOK_STAGES = ("node/fast/node-initialize.yaml", "pod/general/pod-create.yaml", "pod/general/pod-ready.yaml")
+# A kubelet runs init containers first (Kubeflow PyTorchJob workers have one): the general stages do that too.
+KWOK_STAGES = ("node/fast/node-initialize.yaml", "pod/general/pod-create.yaml",
+               "pod/general/pod-init-container-running.yaml", "pod/general/pod-init-container-completed.yaml",
+               "pod/general/pod-ready.yaml")
 OUR_STAGES = ("pod-fail-on-request.yaml", "pod-delete-after-checkpoint.yaml")
 
 

@@ -375,10 +375,12 @@ def tokenize_parts(parts: list[Part], data: DataSpec, tokenizer: Any, scratch: P
                              num_proc=_workers(data, part.rows), remove_columns=part.rows.column_names,
                              fn_kwargs={"encoder": encoder, "name": part.name},
                              desc=f"tokenizing {Path(part.name).name}")
+        before = stats.kept
         _count(stats, done)
-        kept = done.filter(lambda status: [s in (KEPT, TRUNCATED) for s in status], input_columns="status",
-                           batched=True, batch_size=4096)
-        tokenized.append(kept.remove_columns(["status", "trainable"]))
+        if stats.kept - before < len(done):  # some rows were dropped: a filter pass (skipped in the usual case)
+            done = done.filter(lambda status: [s in (KEPT, TRUNCATED) for s in status], input_columns="status",
+                               batched=True, batch_size=4096)
+        tokenized.append(done.remove_columns(["status", "trainable"]))
     return datasets.concatenate_datasets(tokenized), stats
 
 
@@ -459,7 +461,8 @@ def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
                             "check its format and columns, or remove it")
 
     # Written to a temporary directory and renamed, so a crash never leaves a half cache that looks complete.
-    train.save_to_disk(str(tmp / "train"))
+    writers = data.preprocessing_workers if data.preprocessing_workers > 1 and len(train) > 10_000 else None
+    train.save_to_disk(str(tmp / "train"), num_proc=writers)
     if evaluation is not None:
         evaluation.save_to_disk(str(tmp / "eval"))
     (tmp / "stats.json").write_text(json.dumps(stats))
