@@ -370,10 +370,13 @@ def tokenize_parts(parts: list[Part], data: DataSpec, tokenizer: Any, scratch: P
         return blocks, stats
     encoder = RowEncoder.build(data, tokenizer)
     tokenized = []
-    for part in parts:
+    scratch.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(parts):
+        # Written straight into the scratch directory: prepare() keeps these files as the cache (no rewrite).
         done = part.rows.map(_sft_batch, batched=True, batch_size=MAP_BATCH, with_indices=True,
                              num_proc=_workers(data, part.rows), remove_columns=part.rows.column_names,
                              fn_kwargs={"encoder": encoder, "name": part.name},
+                             cache_file_name=str(scratch / f"part-{i:05d}.arrow"),
                              desc=f"tokenizing {Path(part.name).name}")
         before = stats.kept
         _count(stats, done)
@@ -416,6 +419,36 @@ def _count(stats: TokenizeStats, done: Any) -> None:
     stats.tokens += int(lengths[kept].sum())
 
 
+FILES_MANIFEST = "arrow-files.json"
+
+
+def _persist(dataset: Any, directory: Path, owned: Path) -> None:
+    """The tokenized dataset under `directory`: its own arrow files moved there when it is nothing but whole files
+    we wrote (the usual case: no rewrite of hundreds of MB), else a save_to_disk copy."""
+    files = [Path(f["filename"]) for f in dataset.cache_files]
+    if dataset._indices is None and files and all(owned in f.parents for f in files):
+        directory.mkdir(parents=True)
+        names = []
+        for n, f in enumerate(files):
+            name = f"{n:05d}.arrow"
+            shutil.move(str(f), directory / name)
+            names.append(name)
+        (directory / FILES_MANIFEST).write_text(json.dumps({"files": names, "columns": dataset.column_names}))
+        return
+    dataset.save_to_disk(str(directory))
+
+
+def _load(directory: Path) -> Any:
+    import datasets
+
+    manifest = directory / FILES_MANIFEST
+    if not manifest.exists():
+        return datasets.load_from_disk(str(directory))
+    spec = json.loads(manifest.read_text())
+    parts = [datasets.Dataset.from_file(str(directory / name)) for name in spec["files"]]
+    return datasets.concatenate_datasets(parts).select_columns(spec["columns"])
+
+
 def _features():
     import datasets
 
@@ -426,12 +459,11 @@ def _features():
 def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
             on_progress: Callable[[str], None] | None = None) -> PreparedData:
     """Tokenizes train/eval (or loads them from the cache); call it on the main process first."""
-    import datasets
 
     target = cache_dir / cache_key(data, tokenizer)
     if (target / "complete").exists():
-        train = datasets.load_from_disk(str(target / "train"))
-        evaluation = datasets.load_from_disk(str(target / "eval")) if (target / "eval").exists() else None
+        train = _load(target / "train")
+        evaluation = _load(target / "eval") if (target / "eval").exists() else None
         return PreparedData(train, evaluation, json.loads((target / "stats.json").read_text()))
 
     parts = load_rows(data.train, data)
@@ -461,10 +493,9 @@ def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
                             "check its format and columns, or remove it")
 
     # Written to a temporary directory and renamed, so a crash never leaves a half cache that looks complete.
-    writers = data.preprocessing_workers if data.preprocessing_workers > 1 and len(train) > 10_000 else None
-    train.save_to_disk(str(tmp / "train"), num_proc=writers)
+    _persist(train, tmp / "train", tmp)
     if evaluation is not None:
-        evaluation.save_to_disk(str(tmp / "eval"))
+        _persist(evaluation, tmp / "eval", tmp)
     (tmp / "stats.json").write_text(json.dumps(stats))
     shutil.rmtree(tmp / "scratch", ignore_errors=True)
     shutil.rmtree(tmp / "scratch-eval", ignore_errors=True)
