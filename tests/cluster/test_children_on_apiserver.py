@@ -22,15 +22,16 @@ def children(doc, namespace, attempt=1):
 
 
 def apply(kubectl, objects, *extra):
-    stream = "\n---\n".join(json.dumps(o) for o in objects)
+    # YAML documents: kubectl's stream decoder silently drops a JSON document past 4 KiB after a "---" separator.
+    stream = "---\n".join(yaml.safe_dump(o) for o in objects)
     return kubectl.run("apply", "--server-side", "--field-manager=finetunejob-test", *extra, "-f", "-", input=stream)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_rendered_child_passes_server_side_dry_run(kubectl, namespace, path):
     objects = children(yaml.safe_load(path.read_text()), namespace)
-    out = apply(kubectl, objects, "--dry-run=server").stdout
-    assert out.count("serverside-applied (server dry run)") == len(objects), out
+    proc = apply(kubectl, objects, "--dry-run=server")
+    assert proc.stdout.count("serverside-applied (server dry run)") == len(objects), proc.stdout + proc.stderr
 
 
 def wait_for(predicate, timeout=60.0, interval=0.5):

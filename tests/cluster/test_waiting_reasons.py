@@ -45,8 +45,10 @@ def warning_events(kubectl, ns, name):
 
 
 def reason_column(kubectl, ns, name):
-    table = kubectl.run("get", "ftj", name, "-n", ns).stdout.splitlines()
-    return dict(zip(table[0].split(), table[1].split(), strict=False))["REASON"]
+    """The REASON cell of `kubectl get ftj` (columns are aligned under their header; empty cells are blank)."""
+    header, row = kubectl.run("get", "ftj", name, "-n", ns).stdout.splitlines()[:2]
+    start = header.index("REASON")
+    return row[start:].split()[0]
 
 
 def test_more_gpus_per_node_than_any_node_has_reads_unschedulable(kubectl, operator, namespace):
@@ -60,14 +62,19 @@ def test_more_gpus_per_node_than_any_node_has_reads_unschedulable(kubectl, opera
     assert reason_column(kubectl, namespace, "too-big") == "Unschedulable"
     time.sleep(20)  # later looks (every 15 s) find the same reason: no second Event
     events = [e for e in warning_events(kubectl, namespace, "too-big") if e["reason"] == "Unschedulable"]
-    assert len(events) == 1 and events[0]["count"] in (None, 1), events
-    assert events[0]["source"].get("component") == c.MANAGED_BY  # From: finetunejob-operator, not kopf
+    assert len(events) == 1 and events[0].get("count") in (None, 1), events
+    source = (events[0].get("source") or {}).get("component") or events[0].get("reportingComponent")
+    assert source == c.MANAGED_BY, events[0]  # From: finetunejob-operator, not kopf
 
 
 def test_a_resource_quota_reads_quota_exceeded(kubectl, operator, namespace):
     quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu-quota", "namespace": namespace},
              "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}}
     kubectl.run("apply", "-f", "-", input=json.dumps(quota))
+    deadline = time.monotonic() + 30  # enforced once the quota controller has computed its usage
+    while not kubectl.json("get", "resourcequota", "gpu-quota", "-n", namespace).get("status", {}).get("hard"):
+        assert time.monotonic() < deadline, "the ResourceQuota was never processed"
+        time.sleep(0.3)
     submit(kubectl, namespace, "over-quota", **{"spec.distributed.gpusPerNode": 8})
     st = wait_status(kubectl, namespace, "over-quota", lambda s: s.get("reason") == "QuotaExceeded", operator)
     assert "exceeded quota: gpu-quota" in st["message"] and st["nodes"] == "0/2"
@@ -100,8 +107,13 @@ def test_a_partial_gang_frees_its_gpus_after_the_schedule_timeout_and_runs_when_
                                              "spec.pod.nodeSelector": {POOL: "waiting"},
                                              "spec.runPolicy.scheduleTimeoutSeconds": 20,
                                              "spec.runPolicy.backoffLimit": 0})
-    st = wait_status(kubectl, namespace, "partial", lambda s: s.get("nodes") == "1/2"
-                     and s.get("reason") == "Unschedulable", operator)
+    try:
+        st = wait_status(kubectl, namespace, "partial", lambda s: s.get("nodes") == "1/2"
+                         and s.get("reason") == "Unschedulable", operator)
+    except AssertionError:
+        pods = kubectl.run("get", "pods", "-n", namespace, "-o", "wide").stdout
+        nodes = kubectl.run("get", "nodes", "--show-labels").stdout
+        raise AssertionError(pods + nodes) from None
     st = wait_status(kubectl, namespace, "partial", lambda s: s.get("reason") == "ScheduleTimeout", operator)
     assert (st["scheduleRetries"], st["restarts"]) == (1, 0) and "scheduleTimeoutSeconds=20" in st["message"]
 

@@ -85,8 +85,9 @@ class ControlPlane:
             self._write_kubeconfig(self.audited_kubeconfig, AUDITED_TOKEN)
             self._start("kube-controller-manager", [
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0",
+                # resourcequota-controller: a ResourceQuota is enforced only once it has computed its usage.
                 "--controllers=garbage-collector-controller,job-controller,namespace-controller,"
-                "serviceaccount-controller,persistentvolume-binder-controller",
+                "serviceaccount-controller,persistentvolume-binder-controller,resourcequota-controller",
                 "--concurrent-job-syncs=20", *CLIENT_QPS,
             ])
             self._start("kube-scheduler", [

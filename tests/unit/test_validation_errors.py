@@ -295,3 +295,16 @@ def test_nan_and_infinity_are_refused_with_a_fix():
             validate_job(make_job({"spec.training.learningRate": value}))
         (error,) = refused.value.errors
         assert error.path == "spec.training.learningRate" and "finite number" in error.message and error.fix
+
+
+def test_a_value_nested_thousands_deep_is_an_error_not_a_crash():
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):
+        node["x"] = {}
+        node = node["x"]
+    doc = make_job()
+    doc["spec"].setdefault("training", {})["extraArgs"] = {"deep": deep}  # set after the builder's deepcopy
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(doc)
+    assert any("nested more than 64 levels" in e.message for e in info.value.errors)

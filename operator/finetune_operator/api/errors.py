@@ -1,9 +1,12 @@
 """FieldError: one problem in a FineTuneJob, with the path, the offending value, the rule and the fix."""
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 MAX_VALUE_CHARS = 80
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, MAX_VALUE_CHARS, MAX_VALUE_CHARS
 
 
 @dataclass(frozen=True)
@@ -15,11 +18,17 @@ class FieldError:
     message: str
     fix: str = ""
 
+    def value_text(self) -> str:
+        """The value as shown to a person: a 10,000-item list or a value nested 5,000 deep is shortened."""
+        if self.value is None:
+            return "unset"
+        value = _SHORT.repr(self.value)
+        if len(value) > MAX_VALUE_CHARS:
+            value = f"{value[:MAX_VALUE_CHARS]}..."
+        return value
+
     def render(self) -> str:
-        value = repr(self.value) if self.value is not None else "unset"
-        if len(value) > MAX_VALUE_CHARS:  # a 10,000-item list must not become a 10,000-item message
-            value = f"{value[:MAX_VALUE_CHARS]}... ({len(value)} characters)"
-        text = f"{self.path}: {self.message} (got {value})"
+        text = f"{self.path}: {self.message} (got {self.value_text()})"
         return f"{text}; fix: {self.fix}" if self.fix else text
 
 

@@ -153,23 +153,32 @@ _RANGE_OPERATORS = {
 
 TOP_LEVEL_KEYS = ("apiVersion", "kind", "metadata", "spec", "status")
 INT64_MAX = 2**63 - 1
+MAX_NESTING = 64
 FINITE_FIX = "write a finite number (NaN and infinity have no JSON spelling)"
 _LABELS = TypeAdapter(Labels)
 
 
 def _unstorable_numbers(value: Any, path: str) -> list[FieldError]:
     """Numbers Kubernetes cannot store, free-form fields included (extraArgs, inline rows): NaN and Infinity (no
-    JSON spelling) and integers beyond int64 (the apiserver would read them as floats and refuse them)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return [FieldError(path, value, "must be a finite number", FINITE_FIX)]
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
-        return [FieldError(path, value, "is beyond the 64-bit integer range Kubernetes stores",
-                           f"use a value between -{INT64_MAX} and {INT64_MAX}")]
-    if isinstance(value, dict):
-        return [e for k, v in value.items() for e in _unstorable_numbers(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [e for i, v in enumerate(value) for e in _unstorable_numbers(v, f"{path}[{i}]")]
-    return []
+    JSON spelling) and integers beyond int64 (the apiserver would read them as floats and refuse them); and nesting
+    deeper than MAX_NESTING. Iterative: a hostile spec nested thousands deep is an error, not a RecursionError."""
+    errors: list[FieldError] = []
+    todo: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while todo:
+        value, path, depth = todo.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append(FieldError(path, value, "must be a finite number", FINITE_FIX))
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+            errors.append(FieldError(path, value, "is beyond the 64-bit integer range Kubernetes stores",
+                                     f"use a value between -{INT64_MAX} and {INT64_MAX}"))
+        elif isinstance(value, dict | list) and depth >= MAX_NESTING:
+            errors.append(FieldError(path, "...", f"is nested more than {MAX_NESTING} levels deep",
+                                     "flatten the value"))
+        elif isinstance(value, dict):
+            todo += [(v, f"{path}.{k}", depth + 1) for k, v in reversed(list(value.items()))]
+        elif isinstance(value, list):
+            todo += [(v, f"{path}[{i}]", depth + 1) for i, v in reversed(list(enumerate(value)))]
+    return errors
 
 
 def _check_labels(labels: Any) -> list[FieldError]:

@@ -91,7 +91,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _error_record(error: Any) -> dict[str, Any]:
-    return {"path": error.path, "value": error.value, "message": error.message, "fix": error.fix}
+    scalar = error.value is None or isinstance(error.value, str | int | float | bool)
+    return {"path": error.path, "value": error.value if scalar else error.value_text(), "message": error.message,
+            "fix": error.fix}
 
 
 def summary(job: ValidatedJob) -> dict[str, Any]:
