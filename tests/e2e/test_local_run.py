@@ -87,3 +87,19 @@ def test_invalid_spec_and_bad_override(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "expected PATH=VALUE" in out
     assert not Path(tmp_path / "output").exists()  # nothing was started
+
+
+def test_a_stop_before_training_starts_exits_143_without_a_traceback(tiny_model_dir, tmp_path):
+    """Ctrl-C while the model loads or the data is tokenized: nothing to save yet, so a clean Interrupted (143,
+    resumable), never exit 1 with a traceback."""
+    proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--output", str(tmp_path))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "logs").glob("node-0.log")):
+        time.sleep(0.05)
+    time.sleep(1.0)  # the trainer is starting: importing torch, loading the tokenizer
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    log = (tmp_path / "logs" / "node-0.log").read_text()
+    assert proc.returncode == exit_codes.INTERRUPTED, out + log[-3000:]
+    assert "Traceback" not in out and "Interrupted (exit 143)" in out
+    assert not list((tmp_path / "output").glob("checkpoint-*"))

@@ -29,6 +29,7 @@ from finetune_operator.api import exit_codes
 
 MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
 STDERR_TAIL_LINES = 60
+STOPS: list[int] = []  # stop signals forwarded to torchrun (a pod deletion, Ctrl-C in `finetune run`)
 EXIT_DNS_TIMEOUT = exit_codes.RENDEZVOUS_DNS_TIMEOUT
 
 
@@ -125,6 +126,7 @@ def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | No
     reader.start()
 
     def forward(signum, _frame):
+        STOPS.append(signum)
         child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -157,6 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         torchrun_code = run_torchrun(torchrun_argv(args.config), Path(tmp), tail)
         results = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("result-*.json"))]
     code, summary = aggregate(results, torchrun_code, list(tail))
+    if STOPS and code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED) and not exit_codes.is_permanent(code):
+        # Stopped before a worker could report (still importing, loading): a requested stop, not a crash.
+        code, summary = exit_codes.INTERRUPTED, {"reason": exit_codes.reason(exit_codes.INTERRUPTED),
+                                                 "message": f"stopped by signal {STOPS[0]} before training started; "
+                                                            "nothing to save yet"}
     write_termination_message({**summary, "exitCode": code})
     return code
 
