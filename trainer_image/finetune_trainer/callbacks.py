@@ -14,8 +14,6 @@ from finetune_operator.api import constants as c
 from . import checkpoints, throughput
 from .status_report import StatusReporter
 
-PROGRESS_FILE = c.PROGRESS_FILE
-
 
 def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -33,7 +31,7 @@ class ProgressCallback(TrainerCallback):
 
     def __init__(self, output_dir: Path, reporter: StatusReporter | None = None, precision: str = "fp32",
                  peak_tflops: float | None = None):
-        self.path = output_dir / PROGRESS_FILE
+        self.path = output_dir / c.PROGRESS_FILE
         self.reporter = reporter
         self.precision, self.peak_tflops = precision, peak_tflops
         self.counts: throughput.ParameterCounts | None = None

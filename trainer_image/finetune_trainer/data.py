@@ -17,7 +17,7 @@ from typing import Any
 from finetune_operator.api.data import DataSource, DataSpec
 
 from . import formats
-from .chat import IGNORE_INDEX, ChatEncoder
+from .chat import IGNORE_INDEX, ChatEncoder, labels_from_spans
 from .errors import DataError
 
 EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text",
@@ -202,8 +202,6 @@ def encode_completion(prompt: str, completion: str, tokenizer: Any, train_on_pro
                       ) -> tuple[list[int], list[int]]:
     """prompt + completion tokenized in one call, as `tokenizer(text)` at inference (its BOS if it adds one), then
     the real EOS; the completion and the EOS are learned (a token straddling the boundary is learned too)."""
-    from .chat import labels_from_spans
-
     text = prompt + completion
     encoded = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
     ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])

@@ -23,7 +23,7 @@ from ..render import RenderContext
 from ..render.configmap import config_files
 from ..render.env import trainer_env
 from .processes import kill_tree
-from .progress import PROGRESS_FILE, ProgressLine
+from .progress import ProgressLine
 
 POLL_SECONDS = 0.5
 
@@ -158,7 +158,7 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO = sys.stdout, port: int | 
     d = job.spec.distributed
     print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "
           f"output in {workdir / 'output'}", file=out, flush=True)
-    wait(nodes, ProgressLine(workdir / "output" / PROGRESS_FILE, out), out)
+    wait(nodes, ProgressLine(workdir / "output" / c.PROGRESS_FILE, out), out)
     code, summary = results(nodes)
     print(describe_result(code, summary, workdir), file=out, flush=True)
     return code

@@ -4,10 +4,6 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..api.constants import PROGRESS_FILE
-
-__all__ = ["PROGRESS_FILE", "ProgressLine", "render_progress"]
-
 
 class ProgressLine:
     """Follows progress.jsonl and draws one line (a bar on a terminal, a line per record otherwise)."""
