@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # For users with Docker: a kind cluster, the operator and trainer images built and loaded, the chart installed,
-# and the tiny CPU example run in the cluster. Not run by our CI (its machines have no Docker engine).
+# and the tiny CPU example run in the cluster. Not run by our CI (its machines have no Docker engine and reach no
+# registry for kind's node image); CI builds the same images with podman (hack/build-images.sh) and runs them.
+# The trainer image is its CPU variant: what the tiny demo needs, without prebuilding DeepSpeed's CUDA ops.
 # Needs: docker, kind, kubectl, helm, and ./hack/setup-python.sh done (for the tiny model and the YAML edit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$(bash hack/setup-python.sh | tail -n 1)"
 kind create cluster --config kind-config.yaml
 docker build -t finetunejob-operator:dev .
-docker build -t finetunejob-trainer:dev -f trainer_image/Dockerfile .
+docker build -t finetunejob-trainer:dev --build-arg VARIANT=cpu -f trainer_image/Dockerfile .
 kind load docker-image finetunejob-operator:dev finetunejob-trainer:dev --name finetunejob
 helm install finetunejob charts/finetunejob --namespace finetunejob-system --create-namespace \
   --set image.repository=finetunejob-operator --set image.tag=dev --set image.pullPolicy=Never \

@@ -21,7 +21,7 @@ FAKE_GPU_NODES = 2
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly."""
     for item in items:
-        for tier in ("unit", "cluster", "e2e"):
+        for tier in ("unit", "cluster", "e2e", "images"):
             if f"{os.sep}{tier}{os.sep}" in str(item.fspath):
                 item.add_marker(getattr(pytest.mark, tier))
 

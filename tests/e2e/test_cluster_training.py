@@ -1,37 +1,70 @@
 """The whole user flow with real training: helm install -> operator -> kubectl apply -> pods really train
-(run by a test kubelet, tests/support/pod_runner.py) -> kubectl get finetunejobs says Succeeded with a loss."""
+(run by a test kubelet) -> kubectl get finetunejobs says Succeeded with a loss.
+
+Run twice: with our images as containers (the chart's operator Deployment and the trainer pods from the images
+hack/build-images.sh builds, tests/support/containers.py), and with both as local processes from this checkout
+(tests/support/pod_runner.py: the fast mode, for a machine without podman)."""
 
 import json
+import random
 import shutil
+import subprocess
 import time
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.support.containers import ContainerPodRunner, OperatorContainer, built_images
 from tests.support.operator_process import OperatorProcess
 from tests.support.pod_runner import PodRunner
 
 RELEASE, SYSTEM_NS = "ftj-e2e", "finetunejob-e2e"
 
 
-@pytest.fixture(scope="module")
-def chart_operator(control_plane, kubectl, tmp_path_factory):
-    """helm install, then the operator process under the chart's ServiceAccount (no image can run here)."""
-    helm = control_plane.bin_dir / "helm"
-    import subprocess
+def helm_install(control_plane, kubectl, *values: str) -> dict:
+    """helm install the chart; returns the operator Deployment as the apiserver stored it."""
+    sets = [arg for value in values for arg in ("--set", value)]
+    subprocess.run([str(control_plane.bin_dir / "helm"), "install", RELEASE, str(ROOT / "charts" / "finetunejob"),
+                    "--namespace", SYSTEM_NS, "--create-namespace", *sets],
+                   env=kubectl.env, check=True, capture_output=True)
+    return kubectl.json("get", "deployment", f"{RELEASE}-operator", "-n", SYSTEM_NS)
 
-    subprocess.run([str(helm), "install", RELEASE, str(ROOT / "charts" / "finetunejob"), "--namespace", SYSTEM_NS,
-                    "--create-namespace"], env=kubectl.env, check=True, capture_output=True)
+
+@pytest.fixture(scope="module", params=["containers", "processes"])
+def runtime(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def chart_operator(runtime, control_plane, kubectl, tmp_path_factory):
+    """helm install, then the operator under the chart's ServiceAccount: the chart's Deployment as a container from
+    our operator image, or the operator as a process."""
+    workdir = tmp_path_factory.mktemp("operator")
+    if runtime == "containers":
+        operator_image, trainer_image = built_images()
+        repository, tag = operator_image.rsplit(":", 1)
+        deployment = helm_install(control_plane, kubectl, f"image.repository={repository}", f"image.tag={tag}",
+                                  f"trainerImage={trainer_image}", "restartBackoffSeconds=1")
+    else:
+        helm_install(control_plane, kubectl)
     token = kubectl.run("create", "token", f"{RELEASE}-operator", "-n", SYSTEM_NS, "--duration=2h").stdout.strip()
-    config = yaml.safe_load(control_plane.kubeconfig.read_text())
-    config["users"] = [{"name": "admin", "user": {"token": token}}]
-    kubeconfig = tmp_path_factory.mktemp("operator") / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump(config))
-    op = OperatorProcess(kubeconfig, control_plane.work / "operator-e2e.log", restart_backoff=1).start()
+    if runtime == "containers":
+        op = OperatorContainer(deployment, token, control_plane, workdir, name=f"{RELEASE}-operator").start()
+    else:
+        config = yaml.safe_load(control_plane.kubeconfig.read_text())
+        config["users"] = [{"name": "admin", "user": {"token": token}}]
+        (workdir / "kubeconfig").write_text(yaml.safe_dump(config))
+        op = OperatorProcess(workdir / "kubeconfig", control_plane.work / "operator-e2e.log", restart_backoff=1).start()
     yield op
     op.stop()
-    subprocess.run([str(helm), "uninstall", RELEASE, "--namespace", SYSTEM_NS], env=kubectl.env, check=False)
+    subprocess.run([str(control_plane.bin_dir / "helm"), "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait"],
+                   env=kubectl.env, check=False, capture_output=True)
+
+
+def pod_runner(runtime, kubectl, control_plane, namespace, workdir):
+    runner = ContainerPodRunner if runtime == "containers" else PodRunner
+    return runner(kubectl, control_plane, namespace, workdir)
 
 
 def shared_volume(kubectl, namespace, path):
@@ -67,6 +100,8 @@ def wait_status(kubectl, namespace, predicate, timeout, op, runner):
         if predicate(st):
             return st
         assert not runner.errors, runner.errors
+        exited = getattr(op, "exited", lambda: None)()
+        assert exited is None, f"the operator container exited with {exited}:\n{op.log_tail(40)}"
         time.sleep(0.5)
     raise AssertionError(f"status not reached: {st}\n{op.log_tail(30)}")
 
@@ -77,11 +112,11 @@ def progress_records(workdir):
     return [r for r in records if r.get("phase") != "Preparing"]  # the data preparation's heartbeat
 
 
-def test_two_node_job_trains_and_reports(chart_operator, kubectl, control_plane, namespace, tiny_model_dir,
+def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, control_plane, namespace, tiny_model_dir,
                                          tmp_path):
     shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
     job = tiny_two_node_job(tiny_model_dir, tmp_path, preflight=True)
-    with PodRunner(kubectl, control_plane, namespace, tmp_path) as runner:
+    with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
         kubectl.run("apply", "-n", namespace, "-f", str(job))
         st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300,
                          chart_operator, runner)
@@ -96,13 +131,18 @@ def test_two_node_job_trains_and_reports(chart_operator, kubectl, control_plane,
     check = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a0-0-*/termination-log")).read_text())
     assert check["exitCode"] == 0 and check["preflight"]["sources"][0]["kept"] > 0 and st["preflight"] == "Passed"
     assert st["goodput"]["gpuHours"] == 0 and "runningSince" not in st["goodput"]  # a CPU job, finished
+    if runtime == "containers":  # the kubelet-style liveness probe of the chart's Deployment answered all along
+        assert chart_operator.probes and all(p == 200 for p in chart_operator.probes), chart_operator.probes
+        assert chart_operator.restarts == 0
 
 
-def test_killed_node_gang_restarts_and_resumes_without_redoing_work(chart_operator, kubectl, control_plane,
+def test_killed_node_gang_restarts_and_resumes_without_redoing_work(runtime, chart_operator, kubectl, control_plane,
                                                                     namespace, tiny_model_dir, tmp_path):
+    if runtime != "containers":
+        pytest.skip("the gang restart runs with the images as containers; process mode runs the short job only")
     shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
     job = tiny_two_node_job(tiny_model_dir, tmp_path, maxSteps=600)
-    with PodRunner(kubectl, control_plane, namespace, tmp_path) as runner:
+    with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
         kubectl.run("apply", "-n", namespace, "-f", str(job))
         st = wait_status(kubectl, namespace, lambda s: (s.get("checkpoint") or {}).get("step", 0) >= 20, 300,
                          chart_operator, runner)
@@ -120,3 +160,48 @@ def test_killed_node_gang_restarts_and_resumes_without_redoing_work(chart_operat
     first_after_restart = steps[steps.index(max(s for s in steps if s <= resumed_step)) + 1:]
     # Attempt 2 starts right after the checkpoint it resumed from: at most the steps since it were redone.
     assert resumed_step >= 20 and min(first_after_restart) == resumed_step + 1
+
+
+def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_step(
+        runtime, chart_operator, kubectl, control_plane, namespace, tiny_model_dir, tmp_path):
+    """spec.runPolicy.suspend, flipped at random moments (startup, data preparation, mid-step, at a checkpoint):
+    every node gets SIGTERM from its pod's deletion, the ranks agree on one stop step, save one checkpoint and exit
+    143; the resumed gang starts right after it. Seeded, so a failure replays."""
+    if runtime != "processes":
+        pytest.skip("ten stop/resume cycles run in process mode (fast start); the containers run the other e2e")
+    rng = random.Random(20261123)
+    shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
+    job = tiny_two_node_job(tiny_model_dir, tmp_path, maxSteps=100000)
+    suspend = ["patch", "ftj", "tiny-cpu-sft", "-n", namespace, "--type=merge", "-p"]
+    stopped: list[str] = []
+    with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
+        kubectl.run("apply", "-n", namespace, "-f", str(job))
+        for cycle in range(10):
+            wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", 180, chart_operator, runner)
+            if cycle % 2:  # while the gang starts: launcher, rendezvous, model loading, data preparation
+                time.sleep(rng.uniform(0.0, 8.0))
+            else:  # while it trains: a random moment after this run's first new step
+                done = max([0, *(r["step"] for r in progress_records(tmp_path) if "step" in r)])
+                deadline = time.monotonic() + 180
+                while max([0, *(r["step"] for r in progress_records(tmp_path) if "step" in r)]) <= done:
+                    assert time.monotonic() < deadline, f"cycle {cycle}: no step after {done}"
+                    time.sleep(0.2)
+                time.sleep(rng.uniform(0.0, 3.0))
+            kubectl.run(*suspend, json.dumps({"spec": {"runPolicy": {"suspend": True}}}))
+            wait_status(kubectl, namespace, lambda s: s.get("phase") == "Suspended", 60, chart_operator, runner)
+            live = [n for n, p in runner.processes.items() if n not in stopped]
+            deadline = time.monotonic() + 120
+            while any(runner.processes[n].poll() is None for n in live) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            codes = {n: runner.processes[n].poll() for n in live}
+            assert len(codes) == 2 and set(codes.values()) == {143}, (cycle, codes)  # stopped, never crashed
+            stopped += live
+            kubectl.run(*suspend, json.dumps({"spec": {"runPolicy": {"suspend": False}}}))
+        st = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", 180, chart_operator, runner)
+    assert (st["attempt"], st["restarts"]) == (1, 0), st  # a suspend is not a failure
+    steps = [r["step"] for r in progress_records(tmp_path) if "step" in r]
+    # One run of steps, each done once: every stop saved the step it stopped at and the next start resumed there.
+    assert steps == sorted(set(steps)) and len(steps) >= 5, steps
+    stops = [json.loads((tmp_path / "pods" / n / "termination-log").read_text()) for n in stopped
+             if (tmp_path / "pods" / n / "termination-log").exists()]
+    assert all(s["exitCode"] == 143 for s in stops), stops

@@ -1,11 +1,15 @@
-"""A test-only kubelet: runs each scheduled trainer pod's container as a local process and reports its exit.
+"""A test-only kubelet: runs each scheduled trainer pod's container and reports its exit.
 
 What a kubelet would do, and nothing the operator could rely on beyond that: the container's argv and env as
-rendered (downward-API values filled from the pod), ConfigMap files materialised, volume mount paths mapped to
-local directories (the output claim is one directory shared by all pods, like a ReadWriteMany volume), the
-ServiceAccount token written where the trainer reads it, and node 0's DNS name mapped to 127.0.0.1. When a pod
-is deleted its process gets SIGTERM; when a process exits, the pod status gets the exit code and the termination
+rendered (downward-API values filled from the pod), ConfigMap files materialised, volumes as local directories (the
+output claim is one directory shared by all pods, like a ReadWriteMany volume), the ServiceAccount token where the
+trainer reads it, and node 0's DNS name resolving to 127.0.0.1. When a pod is deleted its container's PID 1 gets
+SIGTERM, then SIGKILL after the grace period; when it exits, the pod status gets the exit code and the termination
 message.
+
+Two ways to run a container: `PodRunner` starts it as a local process from this checkout (mount paths rewritten to
+the local directories; fast), `ContainerPodRunner` runs the pod's image with podman (tests/support/containers.py):
+the real image, mounts at their pod paths, the pod's user, groups and read-only root.
 """
 
 from __future__ import annotations
@@ -26,15 +30,33 @@ from finetune_operator.cli.processes import kill_tree
 from tests.support.controlplane import ROOT
 from tests.support.pod_status import terminated
 
-GRACE_SECONDS = 10.0  # kubelet: SIGTERM, then SIGKILL of the whole container after the grace period
+DEFAULT_GRACE_SECONDS = 30.0  # the kubelet's: SIGTERM, then SIGKILL after the pod's terminationGracePeriodSeconds
+
+
+class LocalProcess:
+    """A container run as a local process group."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        return None if code is None else (128 - code if code < 0 else code)  # killed by signal N: 128 + N
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        kill_tree(self.proc.pid)
 
 
 class PodRunner:
     def __init__(self, kubectl, control_plane, namespace: str, workdir: Path):
         self.kubectl, self.cp, self.namespace, self.workdir = kubectl, control_plane, namespace, workdir
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, Any] = {}  # pod name -> LocalProcess or a podman container
         self.reported: set[str] = set()
         self.terminating: dict[str, float] = {}
+        self.grace: dict[str, float] = {}  # pod name -> its terminationGracePeriodSeconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.errors: list[str] = []
@@ -47,11 +69,11 @@ class PodRunner:
         self._stop.set()
         self._thread.join(timeout=30)
         for proc in self.processes.values():
-            kill_tree(proc.pid)
+            proc.kill()
 
     def kill(self, pod_name: str) -> None:
         """SIGKILL one node's container (every process in it), as a node loss or an OOM kill would."""
-        kill_tree(self.processes[pod_name].pid)
+        self.processes[pod_name].kill()
 
     # --- the loop --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -71,25 +93,25 @@ class PodRunner:
                 continue
             if name not in self.terminating:  # the pod is going away: SIGTERM to PID 1 (the launcher) first
                 self.terminating[name] = now
-                proc.send_signal(signal.SIGTERM)
-            elif now - self.terminating[name] > GRACE_SECONDS:
-                kill_tree(proc.pid)
+                proc.stop()
+            elif now - self.terminating[name] > self.grace.get(name, DEFAULT_GRACE_SECONDS):
+                proc.kill()
         for pod in pods:
             name = pod["metadata"]["name"]
             if name not in alive:
                 continue
             if name not in self.processes and pod["status"].get("phase") == "Running":
+                self.grace[name] = float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
                 self.processes[name] = self._start(pod)
             proc = self.processes.get(name)
             if proc is not None and proc.poll() is not None and name not in self.reported:
-                self._report(pod, proc.returncode)
+                self._report(pod, proc.poll())
                 self.reported.add(name)
 
     # --- one container ---------------------------------------------------------------------------------------
-    def _start(self, pod: dict[str, Any]) -> subprocess.Popen:
-        name = pod["metadata"]["name"]
-        root = self.workdir / "pods" / name
-        container = next(ct for ct in pod["spec"]["containers"] if ct["name"] == c.CONTAINER_NAME)
+    def _local_mounts(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        """Pod mount path -> local directory: one per volume mount (the claim's, with its subPath, shared)."""
+        root = self.workdir / "pods" / pod["metadata"]["name"]
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         mounts: dict[str, str] = {}
         for mount in container["volumeMounts"]:
@@ -100,14 +122,25 @@ class PodRunner:
                 local = root / mount["name"]
             local.mkdir(parents=True, exist_ok=True)
             mounts[mount["mountPath"]] = str(local)
-        # Only once every mount is known: the config files name paths in the other volumes (/output, ...).
+        return mounts
+
+    def _write_config_maps(self, pod: dict[str, Any], container: dict[str, Any], mounts: dict[str, str],
+                           rewrite: dict[str, str]) -> None:
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         for mount in container["volumeMounts"]:
             volume = volumes[mount["name"]]
             if "configMap" in volume:
                 data = self.kubectl.json("get", "configmap", volume["configMap"]["name"], "-n", self.namespace)
                 for key, content in data["data"].items():
-                    document = remap(json.loads(content), mounts)
-                    Path(mounts[mount["mountPath"]], key).write_text(json.dumps(document))
+                    Path(mounts[mount["mountPath"]], key).write_text(json.dumps(remap(json.loads(content), rewrite)))
+
+    def _start(self, pod: dict[str, Any]) -> LocalProcess:
+        name = pod["metadata"]["name"]
+        root = self.workdir / "pods" / name
+        container = next(ct for ct in pod["spec"]["containers"] if ct["name"] == c.CONTAINER_NAME)
+        mounts = self._local_mounts(pod, container)
+        # The config files name paths in the other volumes (/output, ...): rewritten to the local directories.
+        self._write_config_maps(pod, container, mounts, rewrite=mounts)
         env = {"PATH": os.environ["PATH"], "HOME": str(root), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")]),
                "FINETUNE_TERMINATION_LOG": str(root / "termination-log"), "HF_HUB_OFFLINE": "1",
@@ -119,7 +152,8 @@ class PodRunner:
         env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "finetunejob" / "torch_extensions")
         argv = [sys.executable if arg == "python" else remap(arg, mounts) for arg in container["command"]]
         log = open(root / "log", "ab")  # noqa: SIM115 - owned by the process
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return LocalProcess(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True))
 
     def _service_account(self, pod: dict[str, Any], root: Path) -> Path:
         sa_dir = root / "serviceaccount"
@@ -144,8 +178,7 @@ class PodRunner:
                 return pod["metadata"][field][path.removeprefix(prefix).removesuffix("']")]
         raise KeyError(f"unsupported fieldRef {path}")
 
-    def _report(self, pod: dict[str, Any], returncode: int) -> None:
-        code = 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N, as kubelets say
+    def _report(self, pod: dict[str, Any], code: int) -> None:
         message_file = self.workdir / "pods" / pod["metadata"]["name"] / "termination-log"
         message = message_file.read_text()[:4096] if message_file.exists() else ""
         self.kubectl.run("patch", "pod", pod["metadata"]["name"], "-n", self.namespace, "--subresource=status",

@@ -303,3 +303,20 @@ def test_a_tokenizer_without_a_template_gets_one_that_ends_turns_with_its_eos(ti
     assert encoder.end_markers == (loaded.eos_token,)
     ids, labels = encoder.encode([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
     assert labels[-2] == loaded.eos_token_id  # the reply's EOS is learned (the newline after it is not)
+
+
+def test_a_flash_attention_kernel_the_image_lacks_is_refused_with_the_way_out(tiny_model_dir):
+    import importlib.util
+
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_trainer.errors import ConfigError
+    from finetune_trainer.model import check_attention
+
+    assert importlib.util.find_spec("flash_attn") is None, "the images and the test venv ship no flash-attn"
+    base = {"model": {"name": str(tiny_model_dir)}, "distributed": {"gpusPerNode": 8},
+            "data": {"format": "text", "train": [{"inline": [{"text": "x"}]}]}}
+    flash = FineTuneJobSpec.model_validate({**base,
+                                            "model": {**base["model"], "attnImplementation": "flash_attention_2"}})
+    with pytest.raises(ConfigError, match=r"attnImplementation is flash_attention_2, .*no flash_attn .*use sdpa"):
+        check_attention(flash)
+    check_attention(FineTuneJobSpec.model_validate(base))

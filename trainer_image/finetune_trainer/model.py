@@ -44,6 +44,22 @@ def check_lengths(spec: FineTuneJobSpec, model_config: Any) -> None:
                           f"use at most {limit}")
 
 
+# The packages each attention kernel needs beyond torch; the trainer image ships none of them (flash-attn builds
+# for an hour against one CUDA and torch version), so a spec asking for one fails at once with the way out.
+ATTENTION_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
+
+def check_attention(spec: FineTuneJobSpec) -> None:
+    import importlib.util
+
+    kernel = spec.model.attn_implementation
+    package = ATTENTION_PACKAGES.get(kernel)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ConfigError(f"spec.model.attnImplementation is {kernel}, but this image has no {package} package; "
+                          f"use sdpa (PyTorch's fused attention, packing stays exact), or build an image FROM the "
+                          f"trainer image with flash-attn installed for its torch and CUDA versions")
+
+
 def quantization_config(spec: FineTuneJobSpec, use_cpu: bool):
     quant = spec.model.quantization
     if quant == "none":
@@ -65,6 +81,7 @@ def load_model(spec: FineTuneJobSpec, use_cpu: bool):
     from transformers import AutoModelForCausalLM
 
     m = spec.model
+    check_attention(spec)
     kwargs: dict[str, Any] = {"revision": m.revision, "trust_remote_code": m.trust_remote_code,
                               "attn_implementation": m.attn_implementation, "dtype": DTYPES[m.dtype]}
     quant = quantization_config(spec, use_cpu)

@@ -32,9 +32,10 @@ ROWS_PER_SOURCE = 64
 def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
     from transformers import AutoConfig
 
-    from .model import check_lengths, load_tokenizer
+    from .model import check_attention, check_lengths, load_tokenizer
 
     m = cfg.spec.model
+    check_attention(cfg.spec)
     tokenizer = load_tokenizer(cfg.spec)
     try:
         config = AutoConfig.from_pretrained(m.name, revision=m.revision, trust_remote_code=m.trust_remote_code)

@@ -30,7 +30,8 @@ class ModelSpec(ApiModel):
     dtype: Dtype = Field(default="auto", description="Dtype the weights are loaded in; auto uses the checkpoint's.")
     attn_implementation: AttentionImplementation = Field(
         default="sdpa",
-        description="Attention kernel; flash_attention_2/3 need a GPU and the flash-attn package. Packing is exact "
+        description="Attention kernel; flash_attention_2/3 need a GPU and the flash-attn package, which the trainer "
+        "image does not ship (the trainer refuses them at start, exit 78, in an image without it). Packing is exact "
         "with each of them: batches are flattened with per-sample position ids, so samples never attend across "
         "boundaries.",
     )

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds the operator image (Dockerfile) and the trainer image (trainer_image/Dockerfile) with podman, and prints
+# their names, one per line. No Docker engine and no registry needed; with Docker, see README "Build the images".
+#   TRAINER_VARIANT=cpu|cuda (default cpu: what the tests and kind run; cuda prebuilds DeepSpeed's CUDA ops)
+#   BASE_IMAGE (default python:3.11-slim-bookworm): pulled when a registry answers; otherwise a stand-in with the
+#   same Python, built from Debian's packages (debootstrap) and cached, is used instead.
+# Installs podman, buildah, runc and debootstrap from Debian's packages when missing (as root). Layers, the base and
+# pip's downloads are cached under $FINETUNE_CACHE (default ~/.cache/finetunejob): a second build takes seconds.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cache="${FINETUNE_CACHE:-$HOME/.cache/finetunejob}"
+variant="${TRAINER_VARIANT:-cpu}"
+base="${BASE_IMAGE:-python:3.11-slim-bookworm}"
+podman=("$root/hack/podman.sh")
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml")"
+operator_image="localhost/finetunejob-operator:$version"
+trainer_image="localhost/finetunejob-trainer:$version-$variant"
+log() { echo "[build-images $(date +%T)] $*" >&2; }
+
+if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
+  log "installing podman, buildah, runc, debootstrap (Debian packages)"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah runc debootstrap uidmap >&2
+fi
+
+# The base: the real one if it is here or can be pulled, else the stand-in (Debian bookworm's python3 is 3.11, as
+# in python:3.11-slim-bookworm). Only the stand-in gets the `python` name and pip's permission to install.
+if ! "${podman[@]}" image exists "$base" && ! timeout 120 "${podman[@]}" pull -q "$base" >/dev/null 2>&1; then
+  standin="localhost/python-standin:3.11-bookworm"
+  if ! "${podman[@]}" image exists "$standin"; then
+    tarball="$cache/base/debian-bookworm-python3.11.tar"
+    if [[ ! -f "$tarball" ]]; then
+      log "no registry answers for $base: building a stand-in from Debian's packages (debootstrap, ~90 s)"
+      mirror="$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
+      rootfs="$(mktemp -d)"
+      debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
+        bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" >&2
+      ln -sf /usr/bin/python3 "$rootfs/usr/local/bin/python"
+      rm -f "$rootfs"/usr/lib/python3.*/EXTERNALLY-MANAGED
+      rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+      mkdir -p "$cache/base"
+      tar -C "$rootfs" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+      rm -rf "$rootfs"
+    fi
+    "${podman[@]}" import -q --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tarball" "$standin" >/dev/null
+  fi
+  log "base $base is not reachable; using the stand-in $standin"
+  base="$standin"
+fi
+
+# RUN steps reach PyPI through this machine's TLS-inspecting proxy when there is one: its CA is mounted for the
+# build only, never copied into an image.
+build=("${podman[@]}" build --network host --layers --build-arg "BASE=$base")
+if [[ -f /etc/ssl/certs/ca-certificates.crt ]]; then
+  build+=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+fi
+# A rebuilt tag leaves the previous image untagged (GBs for the trainer): remove it, never the build cache.
+replace() {
+  local old
+  old="$("${podman[@]}" image inspect --format '{{.Id}}' "$1" 2>/dev/null || true)"
+  shift
+  "$@"
+  if [[ -n "$old" ]] && ! "${podman[@]}" image inspect --format '{{.RepoTags}}' "$old" 2>/dev/null | grep -q /; then
+    "${podman[@]}" rmi "$old" >/dev/null 2>&1 || true
+  fi
+}
+start=$SECONDS
+replace "$operator_image" "${build[@]}" -t "$operator_image" -f "$root/Dockerfile" "$root" >&2
+log "operator image $operator_image built in $((SECONDS - start)) s"
+start=$SECONDS
+replace "$trainer_image" "${build[@]}" -t "$trainer_image" --build-arg "VARIANT=$variant" -f "$root/trainer_image/Dockerfile" "$root" >&2
+log "trainer image $trainer_image built in $((SECONDS - start)) s"
+echo "$operator_image"
+echo "$trainer_image"

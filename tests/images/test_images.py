@@ -1,0 +1,68 @@
+"""Our two images, as hack/build-images.sh builds them from the real Dockerfiles: what users depend on."""
+
+import json
+
+import pytest
+
+from finetune_operator.api import constants as c
+from tests.support.containers import built_images, podman
+
+
+@pytest.fixture(scope="module")
+def images():
+    return built_images()
+
+
+def inspect(image: str) -> dict:
+    return json.loads(podman("image", "inspect", image).stdout)[0]
+
+
+def run(image: str, *argv: str, entrypoint: str = "python", user: str | None = None, tmp: bool = False) -> str:
+    """As a pod runs it: read-only root, no capabilities, the image's own user unless one is given; /tmp only where
+    the pod mounts one (the trainer pods' emptyDir)."""
+    flags = ["--rm", "--read-only", "--read-only-tmpfs=false", "--cap-drop", "all", "--network", "none",
+             "--entrypoint", entrypoint, *(["--tmpfs", "/tmp:rw,mode=1777"] if tmp else [])]
+    if user:
+        flags += ["--user", user]
+    return podman("run", *flags, image, *argv, timeout=300).stdout
+
+
+def test_sizes_and_users_are_what_the_pods_expect(images):
+    operator_image, trainer_image = images
+    added = {}
+    for image, uid in ((operator_image, c.OPERATOR_UID), (trainer_image, c.TRAINER_UID)):
+        config = inspect(image)["Config"]
+        assert config["User"] == f"{uid}:{uid}", (image, config["User"])
+        base = config["Labels"]["org.opencontainers.image.base.name"]
+        added[image] = inspect(image)["Size"] - inspect(base)["Size"]
+        print(f"{image}: {inspect(image)['Size'] / 1e6:.0f} MB, {added[image] / 1e6:.0f} MB on top of {base}")
+    assert inspect(operator_image)["Config"]["Entrypoint"][:2] == ["kopf", "run"]
+    assert inspect(trainer_image)["Config"]["Entrypoint"] == ["python", "-m", "finetune_trainer.launch"]
+    # The operator image carries the operator's dependencies only (the kubernetes client is most of it).
+    assert added[operator_image] < 250e6
+
+
+def test_operator_image_runs_the_cli_non_root_on_a_read_only_root(images, tmp_path):
+    operator_image, _ = images
+    out = run(operator_image, "-c", "import os, sys, finetune_operator.controller.handlers;"
+              "import importlib.util as u; print(os.getuid(), sys.version_info[:2],"
+              "[m for m in ('torch', 'transformers', 'numpy') if u.find_spec(m)])")
+    assert out.split("(")[0].strip() == str(c.OPERATOR_UID) and "(3, 11)" in out and out.strip().endswith("[]"), out
+    assert run(operator_image, "--version", entrypoint="finetune").startswith("finetune")
+
+
+def test_trainer_image_imports_its_stack_and_has_deepspeeds_ops_prebuilt(images):
+    _, trainer_image = images
+    out = run(trainer_image, "-c", """
+import os, sys, json, importlib.util
+import torch, transformers, peft, accelerate, datasets, deepspeed, bitsandbytes, finetune_trainer.main
+from deepspeed.git_version_info import installed_ops
+print(json.dumps({"uid": os.getuid(), "python": list(sys.version_info[:2]), "torch": torch.__version__,
+                  "ops": sorted(o for o, ok in installed_ops.items() if ok),
+                  "flash_attn": importlib.util.find_spec("flash_attn") is not None}))
+""", tmp=True)
+    facts = json.loads(out.strip().splitlines()[-1])
+    assert facts["uid"] == c.TRAINER_UID and facts["python"] == [3, 11], facts
+    # The CPU variant: what DeepSpeed's CPU accelerator loads, compiled at build time, not in every pod.
+    assert {"cpu_adam", "deepspeed_shm_comm"} <= set(facts["ops"]), facts
+    assert facts["flash_attn"] is False  # so the trainer refuses flash_attention_2 (tests/unit: check_attention)

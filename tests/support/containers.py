@@ -1,0 +1,253 @@
+"""Our images, run as real containers with podman (hack/podman.sh: the project's storage and settings).
+
+`ContainerPodRunner` is the test kubelet's container mode: each trainer pod runs from the image its pod names, with
+the pod's argv, env, user and groups, read-only root, dropped capabilities, volumes at their pod paths, the
+ServiceAccount token and CA where in-cluster config reads them, and /dev/termination-log. `OperatorContainer` runs
+the chart's operator Deployment the same way and probes its liveness endpoint as a kubelet would.
+
+Host networking stands in for the pod network: the containers reach the test apiserver on 127.0.0.1, and node 0's
+DNS name is an /etc/hosts entry for 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api import constants as c
+from tests.support.controlplane import ROOT
+from tests.support.pod_runner import PodRunner
+
+PODMAN = [str(ROOT / "hack" / "podman.sh")]
+
+
+def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=check, timeout=timeout)
+
+
+@cache
+def built_images() -> tuple[str, str]:
+    """(operator image, trainer image, CPU variant), built by the project's script; hack/test.sh builds them before
+    the tests and passes their names in FINETUNE_IMAGES (a rebuild with every layer cached still hashes the
+    trainer's GBs: about a minute)."""
+    named = os.environ.get("FINETUNE_IMAGES", "").split()
+    if len(named) == 2 and all(podman("image", "exists", n, check=False).returncode == 0 for n in named):
+        return named[0], named[1]
+    out = subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], capture_output=True, text=True,
+                         timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(f"hack/build-images.sh failed ({out.returncode}):\n{out.stderr[-6000:]}")
+    operator_image, trainer_image = out.stdout.split()[-2:]
+    return operator_image, trainer_image
+
+
+def memory_size(quantity: str) -> str:
+    """A Kubernetes memory quantity as podman's size (1Gi -> 1073741824b)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return f"{int(float(quantity[: -len(suffix)]) * factor)}b"
+    return f"{int(quantity)}b"
+
+
+def security_args(pod_security: dict[str, Any], container_security: dict[str, Any]) -> list[str]:
+    """The pod's and container's securityContext as podman flags (the container's fields win, as in Kubernetes)."""
+    merged = {**pod_security, **container_security}
+    args = []
+    if "runAsUser" in merged:
+        args += ["--user", f"{merged['runAsUser']}:{merged.get('runAsGroup', merged['runAsUser'])}"]
+    if "fsGroup" in pod_security:
+        args += ["--group-add", str(pod_security["fsGroup"])]
+    if merged.get("readOnlyRootFilesystem"):
+        args += ["--read-only", "--read-only-tmpfs=false"]  # no tmpfs /tmp, /run a pod would not have
+    if merged.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    if "ALL" in (merged.get("capabilities") or {}).get("drop", []):
+        args += ["--cap-drop", "all"]
+    return args
+
+
+class PodmanContainer:
+    """One running container; `podman run` stays attached, so its exit status is the container's."""
+
+    def __init__(self, name: str, argv: list[str], log: Path):
+        self.name = name
+        podman("rm", "-f", "--ignore", name, check=False)
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen([*PODMAN, "run", "--name", name, *argv], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self) -> None:
+        """SIGTERM to the container's PID 1, as a kubelet's stop does."""
+        podman("kill", "--signal", "TERM", self.name, check=False)
+
+    def kill(self) -> None:
+        podman("kill", "--signal", "KILL", self.name, check=False)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def remove(self) -> None:
+        self.kill()
+        podman("rm", "-f", "--ignore", self.name, check=False)
+
+
+def fs_group_volume(path: Path, gid: int) -> None:
+    """What a kubelet does to a volume for the pod's fsGroup: group-owned, group-writable, setgid directories."""
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, -1, gid)
+        mode = p.stat().st_mode
+        os.chmod(p, mode | 0o060 | (0o2010 if p.is_dir() else 0))
+
+
+class ContainerPodRunner(PodRunner):
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for proc in self.processes.values():
+            proc.remove()
+
+    def _start(self, pod: dict[str, Any]) -> PodmanContainer:
+        name = pod["metadata"]["name"]
+        root = self.workdir / "pods" / name
+        spec = pod["spec"]
+        container = next(ct for ct in spec["containers"] if ct["name"] == c.CONTAINER_NAME)
+        mounts = self._local_mounts(pod, container)
+        self._write_config_maps(pod, container, mounts, rewrite={})  # the container sees the pod's own paths
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        pod_security = spec.get("securityContext", {})
+        args = ["--network", "host", *security_args(pod_security, container.get("securityContext", {}))]
+        for mount in container["volumeMounts"]:
+            volume, local = volumes[mount["name"]], Path(mounts[mount["mountPath"]])
+            if mount["mountPath"] == "/dev/shm":
+                args += ["--shm-size", memory_size(volume["emptyDir"].get("sizeLimit", "64Mi"))]
+                continue
+            if "projected" in volume:  # kube-api-access-*: the ServiceAccount admission's token, CA and namespace
+                local = self._service_account(pod, root)
+                (local / "namespace").write_text(pod["metadata"]["namespace"])
+                for f in local.iterdir():
+                    f.chmod(0o644)
+            elif "emptyDir" in volume:
+                local.chmod(0o777)  # an emptyDir is world-writable
+            elif "persistentVolumeClaim" in volume and "fsGroup" in pod_security:
+                fs_group_volume(local, pod_security["fsGroup"])
+            args += ["--volume", f"{local}:{mount['mountPath']}:{'ro' if mount.get('readOnly') else 'rw'}"]
+        termination = root / "termination-log"
+        termination.touch()
+        termination.chmod(0o666)
+        args += ["--volume", f"{termination}:{container.get('terminationMessagePath', c.TERMINATION_MESSAGE_PATH)}"]
+        env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.cp.api_port),
+               # This machine's limits, not the pod's: no Hub to reach, two cores for every container.
+               "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        for item in container["env"]:
+            env[item["name"]] = item["value"] if "value" in item else self._value_from(pod, item)
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        master = next(item["value"] for item in container["env"] if item["name"] == c.ENV_PET_MASTER_ADDR)
+        args += ["--add-host", f"{master}:127.0.0.1"]
+        args += ["--entrypoint", json.dumps(container["command"][:1]), container["image"],
+                 *container["command"][1:], *container.get("args", [])]
+        return PodmanContainer(name, args, root / "log")
+
+
+class OperatorContainer:
+    """The chart's operator Deployment (helm template) as a container, with a kubelet's liveness probe."""
+
+    def __init__(self, deployment: dict[str, Any], token: str, control_plane, workdir: Path, name: str):
+        self.deployment, self.token, self.cp, self.workdir, self.name = deployment, token, control_plane, workdir, name
+        self.probes: list[int | str] = []
+        self.restarts = 0
+        self._stop = threading.Event()
+
+    def start(self) -> OperatorContainer:
+        pod = self.deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        sa_dir = self.workdir / "serviceaccount"
+        sa_dir.mkdir(parents=True, exist_ok=True)
+        (sa_dir / "token").write_text(self.token)
+        shutil.copy(self.cp.work / "certs" / "apiserver.crt", sa_dir / "ca.crt")
+        (sa_dir / "namespace").write_text(self.deployment["metadata"]["namespace"])
+        for f in sa_dir.iterdir():
+            f.chmod(0o644)
+        args = ["--network", "host", *security_args(pod.get("securityContext", {}),
+                                                       container.get("securityContext", {})),
+                "--volume", f"{sa_dir}:{c.SERVICEACCOUNT_DIR}:ro",
+                *self._empty_dirs(pod, container),
+                "--env", "KUBERNETES_SERVICE_HOST=127.0.0.1", "--env", f"KUBERNETES_SERVICE_PORT={self.cp.api_port}"]
+        for item in container.get("env", []):
+            args += ["--env", f"{item['name']}={item['value']}"]
+        args += [container["image"], *container.get("args", [])]
+        self.argv = args
+        self.container = PodmanContainer(self.name, args, self.workdir / "operator.log")
+        self._thread = threading.Thread(target=self._probe_loop, args=(container,), daemon=True)
+        self._thread.start()
+        return self
+
+    def _empty_dirs(self, pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        args = []
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            assert "emptyDir" in volume, f"the operator pod mounts only emptyDirs, not {volume}"
+            local = self.workdir / "volumes" / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            local.chmod(0o777)
+            args += ["--volume", f"{local}:{mount['mountPath']}"]
+        return args
+
+    def exited(self) -> int | None:
+        """The container's exit status once it stopped by itself (a kubelet would restart it: a test fails)."""
+        return None if self._stop.is_set() else self.container.poll()
+
+    def _probe_loop(self, container: dict[str, Any]) -> None:
+        """httpGet liveness as the kubelet does it: failureThreshold failures in a row restart the container. The
+        period is the chart's, shortened so a test sees several probes."""
+        probe = container["livenessProbe"]
+        ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        port = probe["httpGet"]["port"]
+        url = f"http://127.0.0.1:{ports.get(port, port)}{probe['httpGet']['path']}"
+        period = 2.0
+        # The chart's period and threshold tolerate periodSeconds x failureThreshold of silence; so does this.
+        threshold = max(1, round(probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3) / period))
+        failures, started = 0, time.monotonic()
+        while not self._stop.wait(period):
+            if time.monotonic() - started < probe.get("initialDelaySeconds", 0):
+                continue
+            try:
+                with urllib.request.urlopen(url, timeout=probe.get("timeoutSeconds", 1)) as response:
+                    self.probes.append(response.status)
+                    failures = 0
+            except OSError as exc:
+                self.probes.append(repr(exc))
+                failures += 1
+            if failures >= threshold:
+                self.restarts += 1
+                self.container.remove()
+                self.container = PodmanContainer(self.name, self.argv, self.workdir / "operator.log")
+                failures, started = 0, time.monotonic()
+
+    def log_tail(self, lines: int = 60) -> str:
+        path = self.workdir / "operator.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.container.stop()
+        try:
+            self.container.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        self.container.remove()
