@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 from finetune_operator.api import constants as c
 
 from . import checkpoints, throughput
+from .errors import EARLY_STOPS
 from .status_report import StatusReporter
 
 
@@ -178,6 +179,8 @@ class GracefulStop(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._request)
+        if EARLY_STOPS and self.requested is None:  # a stop during loading that some library swallowed
+            self.requested = EARLY_STOPS[0]
 
     def _request(self, signum, _frame):
         self.requested = signum

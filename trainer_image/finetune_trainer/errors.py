@@ -30,12 +30,23 @@ class Interrupted(TrainerError):
     exit_code = exit_codes.INTERRUPTED
 
 
+# Stop signals that arrived before training ran (main._stop_before_training), for GracefulStop to honour.
+EARLY_STOPS: list[int] = []
+
+
+class StopRequested(BaseException):
+    """A stop signal before training runs, raised from its handler: a BaseException, so that no library's
+    `except Exception` around the code it interrupts (model loading, tokenization) swallows it."""
+
+    exit_code = exit_codes.INTERRUPTED
+
+
 def outcome(run: Callable[[], dict[str, Any]], prefix: str = "") -> tuple[int, dict[str, Any], Exception | None]:
     """(exit code, summary, unexpected exception) of `run` under the contract: a TrainerError exits with its own
     code; anything else is retryable (1) and is handed back so the caller can log and re-raise it."""
     try:
         return exit_codes.SUCCESS, run(), None
-    except TrainerError as exc:
+    except (TrainerError, StopRequested) as exc:
         return exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": f"{prefix}{exc}"}, None
     except Exception as exc:
         # A CUDA OOM is retryable like any crash, but says what it is (the kubelet never sees it: no OOM kill).

@@ -17,7 +17,7 @@ from finetune_operator.api import exit_codes
 
 from . import checkpoints
 from .config import TrainerConfig, load_config, training_arguments
-from .errors import ConfigError, Interrupted, LossDiverged, TrainerError, outcome
+from .errors import EARLY_STOPS, ConfigError, Interrupted, LossDiverged, StopRequested, TrainerError, outcome
 
 log = logging.getLogger("finetune_trainer")
 
@@ -210,8 +210,10 @@ def write_result(code: int, summary: dict[str, Any]) -> None:
 
 def _stop_before_training(signum: int, _frame: Any) -> None:
     """A stop while loading or tokenizing: nothing to save yet, so stop at once (exit 143, resumable), without a
-    traceback; a cached tokenization is written atomically, so a half one is never reused."""
-    raise Interrupted(f"stopped by signal {signum} before training started; nothing to save yet")
+    traceback; a cached tokenization is written atomically, so a half one is never reused. The signal is also
+    recorded: should the exception still be lost, GracefulStop stops the gang at its first step end."""
+    EARLY_STOPS.append(signum)
+    raise StopRequested(f"stopped by signal {signum} before training started; nothing to save yet")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
