@@ -43,12 +43,18 @@ def test_lint_and_template(helm):
     docs = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0").stdout)
             if d]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount",
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
+                     "Service", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     per_ns = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0",
                   "--set", "watchNamespaces={team-a,team-b}").stdout
     roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    # The only cluster-wide right left with watchNamespaces: listing nodes (nodeShapeCheck), and that can go too.
+    cluster_roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "ClusterRole"]
+    assert [r["rules"] for r in cluster_roles] == [[{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]]
+    strict = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "watchNamespaces={team-a}",
+                  "--set", "nodeShapeCheck=false").stdout
+    assert not [d for d in yaml.safe_load_all(strict) if d and d["kind"].startswith("Cluster")]
 
 
 def test_values_schema_rejects_bad_values(helm):
@@ -59,8 +65,8 @@ def test_values_schema_rejects_bad_values(helm):
 
 def test_rules_have_no_wildcards_secrets_or_exec(helm):
     docs = yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0").stdout)
-    (role,) = [d for d in docs if d and d["kind"] == "ClusterRole"]
-    for rule in role["rules"]:
+    rules = [rule for d in docs if d and d["kind"] == "ClusterRole" for rule in d["rules"]]
+    for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
         assert "secrets" not in rule["resources"] and "pods/exec" not in rule["resources"]
 
@@ -88,11 +94,13 @@ def can(kubectl, who, *args, namespace="default"):
     (("create", "pods", "--subresource=exec"), False),
     (("create", "pods"), False),
     (("delete", "nodes"), False),
+    (("list", "nodes"), True),
+    (("watch", "nodes"), False),
     (("patch", "finetunejobs.finetunejob.dev", "--subresource=status"), True),
     (("create", "jobs.batch"), True),
     (("watch", "pods"), True),
-], ids=["get-secrets", "list-secrets", "exec", "create-pods", "delete-nodes", "patch-status", "create-jobs",
-        "watch-pods"])
+], ids=["get-secrets", "list-secrets", "exec", "create-pods", "delete-nodes", "list-nodes", "watch-nodes",
+        "patch-status", "create-jobs", "watch-pods"])
 def test_operator_permissions_through_the_apiserver(installed, kubectl, args, allowed):
     assert can(kubectl, OPERATOR_SA, *args) is allowed
 

@@ -51,18 +51,27 @@ def children(kubectl, ns):
     return [o for o in items if not o["metadata"].get("deletionTimestamp")]
 
 
+def kept_failed_attempt(job: dict) -> bool:
+    """The last failed attempt's Job stays for diagnosis (its pods' logs), with no pod running."""
+    conditions = {cd["type"] for cd in job.get("status", {}).get("conditions") or [] if cd["status"] == "True"}
+    return bool(conditions & {"Failed", "FailureTarget"}) and not job.get("status", {}).get("active")
+
+
 def assert_exact_children(kubectl, ns, expected_attempt):
-    """Every job has exactly its current attempt's Job, one ConfigMap, one Service, all owned by the FineTuneJob
-    that exists now; no object belongs to a job that is gone."""
+    """Every job has exactly its current attempt's Job (and at most the failed one before it, kept for its logs,
+    with no pod running), one ConfigMap, one Service, all owned by the FineTuneJob that exists now; no object
+    belongs to a job that is gone."""
     uids = {o["metadata"]["name"]: o["metadata"]["uid"] for o in kubectl.json("get", "ftj", "-n", ns)["items"]}
     assert set(uids) == set(expected_attempt)
     found = children(kubectl, ns)
     kinds = Counter((o["kind"], o["metadata"]["labels"][c.LABEL_JOB]) for o in found)
     for name, attempt in expected_attempt.items():
         assert kinds[("ConfigMap", name)] == 1 and kinds[("Service", name)] == 1, name
-        jobs = [o["metadata"]["name"] for o in found if o["kind"] == "Job"
-                and o["metadata"]["labels"][c.LABEL_JOB] == name]
-        assert jobs == [f"{name}-a{attempt}"], (name, jobs)
+        jobs = {o["metadata"]["name"]: o for o in found if o["kind"] == "Job"
+                and o["metadata"]["labels"][c.LABEL_JOB] == name}
+        kept = jobs.pop(f"{name}-a{attempt - 1}", None)
+        assert list(jobs) == [f"{name}-a{attempt}"], (name, list(jobs))
+        assert kept is None or kept_failed_attempt(kept), (name, kept)
     for obj in found:
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner["uid"] == uids.get(owner["name"]), f"orphan {obj['kind']}/{obj['metadata']['name']}"
@@ -106,8 +115,10 @@ def test_sigkill_at_twenty_random_moments_converges_exactly(kubectl, namespace, 
         assert st["restarts"] == attempt - 1, (name, st)
     wait_for(lambda: not any(o["metadata"]["labels"][c.LABEL_JOB] in doomed for o in children(kubectl, namespace)),
              timeout=90, what="children of deleted jobs collected", op=operator)
-    wait_for(lambda: all(f"{n}-a1" not in {o["metadata"]["name"] for o in children(kubectl, namespace)}
-                         for n in flaky), timeout=90, what="failed first attempts torn down", op=operator)
+    wait_for(lambda: all(kept_failed_attempt(o) for o in children(kubectl, namespace)
+                         if o["kind"] == "Job" and o["metadata"]["name"].endswith("-a1")
+                         and o["metadata"]["labels"][c.LABEL_JOB] in flaky),
+             timeout=90, what="failed first attempts stopped (kept for their logs)", op=operator)
     assert_exact_children(kubectl, namespace, expected)
     print(f"\nSIGKILLed the operator {len(kills)} times; {len(expected)} jobs converged, {len(flaky)} after a "
           f"gang restart, {len(doomed)} deleted without orphans")
@@ -145,8 +156,9 @@ def test_operator_frozen_past_its_watches_catches_up(kubectl, namespace, operato
     for name in names[1:]:
         st = wait_phase(kubectl, namespace, name, "Running", operator, timeout=240, attempt=2, nodes="2/2")
         assert st["restarts"] == 1
-    wait_for(lambda: not [o for o in children(kubectl, namespace) if o["kind"] == "Job"
-                          and o["metadata"]["name"].endswith("-a1")], timeout=90, what="first attempts gone")
+    wait_for(lambda: all(kept_failed_attempt(o) for o in children(kubectl, namespace)
+                         if o["kind"] == "Job" and o["metadata"]["name"].endswith("-a1")),
+             timeout=90, what="first attempts stopped (kept for their logs)")
     assert_exact_children(kubectl, namespace, dict.fromkeys(names[1:], 2))
 
 
@@ -197,6 +209,7 @@ def test_stale_cache_gets_409_and_replans_without_lost_updates(kubectl, control_
                      Expectations())
     st = status(kubectl, namespace, "racy")
     assert (st["attempt"], st["restarts"]) == (2, 1)
-    # The re-plan saw the real attempt-1 pod (read because a restart is under way): delete that attempt and wait.
-    assert done.plan.delete_workloads == ["racy-a1"] and done.plan.create_attempt is None
+    # The re-plan saw the real attempt-1 pod (read because a restart is under way): keep that failed attempt (its
+    # pods' logs) and wait for its pods to stop.
+    assert done.plan.delete_workloads == [] and done.plan.create_attempt is None
     assert "waiting for 1 pod(s) of the previous attempt to stop" in st["message"]

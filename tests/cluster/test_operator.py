@@ -111,8 +111,12 @@ def test_gang_restart_resumes_attempt_two_from_the_checkpoint(kubectl, operator,
     assert config["resumeFrom"] == "/output/checkpoint-40"
     jobs = [j["metadata"]["name"] for j in kubectl.json("get", "jobs", "-n", namespace)["items"]]
     assert "flaky-a2" in jobs
-    wait_for(lambda: "flaky-a1" not in [j["metadata"]["name"] for j in
-                                        kubectl.json("get", "jobs", "-n", namespace)["items"]], what="a1 gone")
+    # Attempt 1 stays, stopped, for diagnosis: its failed pod keeps its exit code (and, on a node, its log).
+    wait_for(lambda: not kubectl.json("get", "job", "flaky-a1", "-n", namespace)["status"].get("active"),
+             what="a1 stopped", op=operator)
+    kept = kubectl.json("get", "pods", "-n", namespace, "-l", f"{c.LABEL_ATTEMPT}=1,{c.LABEL_JOB}=flaky")["items"]
+    assert any((cs.get("state", {}).get("terminated") or {}).get("exitCode") == 137
+               for p in kept for cs in p["status"].get("containerStatuses", [])), kept
     assert status(kubectl, namespace, "flaky")["checkpoint"]["step"] == 40  # the trainer's field survived
 
 

@@ -55,8 +55,14 @@ def test_more_gpus_per_node_than_any_node_has_reads_unschedulable(kubectl, opera
     submit(kubectl, namespace, "too-big", **{"spec.distributed.numNodes": 1, "spec.distributed.gpusPerNode": 16})
     started = time.monotonic()
     st = wait_status(kubectl, namespace, "too-big", lambda s: s.get("reason") == "Unschedulable", operator)
+    # At once, from the nodes' shape (the chart's nodeShapeCheck), before the scheduler's first try is even read.
+    assert time.monotonic() - started < 8, time.monotonic() - started
+    assert "gpusPerNode is 16, but the largest node" in st["message"] and "has 8 nvidia.com/gpu" in st["message"]
+    # Then the scheduler's own words, once the waiting gang is looked at (same reason: no second Event).
+    st = wait_status(kubectl, namespace, "too-big", lambda s: "Insufficient nvidia.com/gpu" in s.get("message", ""),
+                     operator)
     assert time.monotonic() - started < 40  # within seconds of the grace, not minutes
-    assert st["phase"] == "Pending" and "Insufficient nvidia.com/gpu" in st["message"]
+    assert st["phase"] == "Pending" and st["reason"] == "Unschedulable"
     waiting = next(cd for cd in st["conditions"] if cd["type"] == "Waiting")
     assert waiting["status"] == "True" and waiting["reason"] == "Unschedulable"
     assert reason_column(kubectl, namespace, "too-big") == "Unschedulable"
@@ -128,3 +134,17 @@ def test_a_partial_gang_frees_its_gpus_after_the_schedule_timeout_and_runs_when_
     pool_nodes("pool-gpu-1")
     st = wait_status(kubectl, namespace, "partial", lambda s: s.get("phase") == "Running", operator, timeout=120)
     assert st["nodes"] == "2/2" and st["restarts"] == 0 and st["attempt"] >= 2
+
+
+def test_an_image_that_cannot_be_pulled_reads_image_pull_failed(kubectl, operator, namespace):
+    """The kubelet's ErrImagePull (a kwok stage plays the kubelet: tests/support/kwok/pod-image-pull-fails.yaml)."""
+    image = "registry.example.com/team/trainer:no-such-tag"
+    annotations = {"test.finetunejob.dev/image-pull": "fail", "pod-ready.stage.kwok.x-k8s.io/weight": "0"}
+    submit(kubectl, namespace, "bad-image", **{"spec.pod.image": image, "spec.pod.annotations": annotations})
+    st = wait_status(kubectl, namespace, "bad-image", lambda s: s.get("reason") == "ImagePullFailed", operator)
+    assert st["phase"] == "Pending" and "ErrImagePull" in st["message"] and image in st["message"], st
+    assert reason_column(kubectl, namespace, "bad-image") == "ImagePullFailed"
+    waiting = next(cd for cd in st["conditions"] if cd["type"] == "Waiting")
+    assert waiting["status"] == "True" and waiting["reason"] == "ImagePullFailed"
+    events = [e for e in warning_events(kubectl, namespace, "bad-image") if e["reason"] == "ImagePullFailed"]
+    assert len(events) == 1 and image in events[0]["message"], events

@@ -36,7 +36,7 @@ FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_STAGES = ("node/fast/node-initialize.yaml", "pod/general/pod-create.yaml",
                "pod/general/pod-init-container-running.yaml", "pod/general/pod-init-container-completed.yaml",
                "pod/general/pod-ready.yaml")
-OUR_STAGES = ("pod-fail-on-request.yaml", "pod-delete-after-checkpoint.yaml")
+OUR_STAGES = ("pod-fail-on-request.yaml", "pod-delete-after-checkpoint.yaml", "pod-image-pull-fails.yaml")
 
 
 def build_binaries() -> Path:

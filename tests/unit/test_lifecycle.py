@@ -100,7 +100,8 @@ def test_retryable_failure_restarts_the_whole_gang_after_backoff():
     p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
     assert p.status["phase"] == "Restarting" and p.status["reason"] == "OOMKilled"
     assert (p.status["attempt"], p.status["restarts"]) == (2, 1)
-    assert p.delete_workloads == ["test-job-a1"] and p.create_attempt is None
+    # The failed attempt's Job stays (its pods ended: no GPU held), so its pods' logs and exit codes can be read.
+    assert p.delete_workloads == [] and p.create_attempt is None
     assert p.events[-1].type == "Warning"
     # 5 s later: still backing off (10 s for the first restart); at 10 s attempt 2 starts, resuming.
     later = observe({**p.status, "checkpoint": {"step": 40, "path": "/output/checkpoint-40"}}, [], [],
@@ -110,6 +111,8 @@ def test_retryable_failure_restarts_the_whole_gang_after_backoff():
     ready = plan(job(), observe(later.status, [], [], now=T0 + timedelta(seconds=10)), SETTINGS)
     assert ready.create_attempt == 2 and ready.resume_from == "/output/checkpoint-40"
     assert ready.status["phase"] == "Restarting"
+    assert [(e.type, e.reason, e.message) for e in ready.events] == [
+        ("Normal", "Resuming", "attempt 2 starts from /output/checkpoint-40 (step 40)")]
 
 
 def test_restart_waits_until_the_old_gang_is_gone():
@@ -205,11 +208,14 @@ def test_old_attempts_are_torn_down():
     assert p.delete_workloads == ["test-job-a1"]
 
 
-def test_failed_attempt_left_behind_by_a_crash_is_deleted():
-    """The operator died after writing the restart and before deleting attempt 1: the next pass deletes it."""
-    status = {"phase": "Restarting", "attempt": 2, "restarts": 1}
-    p = plan(job(), observe(status, [workload(1, failed=True)], [], old_pods=0))
-    assert p.delete_workloads == ["test-job-a1"] and p.status["restarts"] == 1
+def test_only_the_last_failed_attempt_is_kept_for_diagnosis():
+    status = {"phase": "Restarting", "attempt": 3, "restarts": 2}
+    failed = [workload(1, failed=True), workload(2, failed=True)]
+    p = plan(job(), observe(status, failed, [], old_pods=0))
+    assert p.delete_workloads == ["test-job-a1"] and p.status["restarts"] == 2
+    attempts = [workload(1, failed=True), workload(2, failed=True), workload(3)]
+    running = plan(job(), observe({**running_status(), "attempt": 3}, attempts, [pod(0), pod(1)]))
+    assert running.delete_workloads == ["test-job-a1"]  # attempt 2 stays while attempt 3 runs
 
 
 def test_operator_never_writes_trainer_fields():
@@ -322,7 +328,8 @@ def test_a_failed_preflight_fails_the_job_with_the_trainers_reason_and_no_attemp
     p = plan(spec, observe(status, [preflight_workload(failed=True)], [failed_pod]))
     assert (p.status["phase"], p.status["reason"], p.status["preflight"]) == ("Failed", "DataError", "Failed")
     assert "no GPU was requested" in p.status["message"] and "/data/x.jsonl" in p.status["message"]
-    assert p.create_attempt is None and p.delete_workloads == ["test-job-a0"] and p.status["restarts"] == 0
+    # The preflight's Job and pod stay for `kubectl logs` (a pod that ended holds nothing).
+    assert p.create_attempt is None and p.delete_workloads == [] and p.status["restarts"] == 0
 
 
 def test_without_preflight_nothing_changes():
@@ -349,6 +356,14 @@ def test_nodes_come_from_the_running_attempt_not_from_an_edited_spec():
     two_node_attempt = {**workload(1), "spec": {"suspend": False, "parallelism": 2}}
     p = plan(job(**{"spec.distributed.numNodes": 3}), observe(running_status(), [two_node_attempt], [pod(0), pod(1)]))
     assert (p.status["phase"], p.status["nodes"]) == ("Running", "2/2")
+    # ... and a condition of its own says the edit waits for the next attempt, without touching the phase.
+    pending = next(cd for cd in p.status["conditions"] if cd["type"] == "TopologyChangePending")
+    assert pending["status"] == "True" and "numNodes is 3, attempt 1 runs on 2 node(s)" in pending["message"]
+    again = plan(job(), observe(p.status, [two_node_attempt], [pod(0), pod(1)]))  # the edit is undone
+    cleared = next(cd for cd in again.status["conditions"] if cd["type"] == "TopologyChangePending")
+    assert cleared["status"] == "False" and cleared["message"] == ""
+    untouched = plan(job(), observe(running_status(), [two_node_attempt], [pod(0), pod(1)]))
+    assert all(cd["type"] != "TopologyChangePending" for cd in untouched.status["conditions"])
 
 
 def test_conditions_keep_their_own_reason():
@@ -471,3 +486,20 @@ def test_kueue_jobs_are_never_torn_down_for_scheduling():
                    status={"phase": "Pending", "attempt": 1, "restarts": 0}, workloads=[created], pods=[], now=T0,
                    looked=True)
     assert plan(spec, obs, SETTINGS).delete_workloads == []
+
+
+def test_more_gpus_per_node_than_the_largest_node_has_is_a_warning_at_once():
+    sixteen = job(**{"spec.distributed.gpusPerNode": 16})
+    obs = Observed(name="test-job", namespace="ns", generation=1, labels={}, status={}, workloads=[], pods=[], now=T0,
+                   largest_node=("gpu-node-3", 8))
+    p = plan(sixteen, obs, SETTINGS)
+    assert p.create_attempt == 1  # still created: an autoscaler may add a bigger node
+    assert (p.status["phase"], p.status["reason"]) == ("Pending", "Unschedulable")
+    assert "gpusPerNode is 16, but the largest node (gpu-node-3) has 8 nvidia.com/gpu" in p.status["message"]
+    assert "numNodes 4 x gpusPerNode 8" in p.status["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "Unschedulable")]
+    assert {cd["type"]: cd["status"] for cd in p.status["conditions"]}["Waiting"] == "True"
+    fits = plan(job(), Observed(**{**obs.__dict__, "largest_node": ("gpu-node-3", 8)}), SETTINGS)
+    assert fits.status["reason"] == "Created" and fits.events[0].type == "Normal"
+    unknown = plan(sixteen, Observed(**{**obs.__dict__, "largest_node": None}), SETTINGS)
+    assert unknown.status["reason"] == "Created"  # nodes not readable: the scheduler will say it

@@ -69,6 +69,9 @@ class ChartValues(_Values):
     restartBackoffSeconds: float = Field(default=10, ge=0.1, le=3600,
                                          description="First gang-restart backoff; doubles per restart (max 300 s).")
     workers: int = Field(default=16, ge=1, le=256, description="Reconcile passes run at once.")
+    nodeShapeCheck: bool = Field(default=True, description="Let the operator list nodes (a ClusterRole with `list "
+                                 "nodes` only) so a job asking for more GPUs per node than any node has gets a "
+                                 "Warning at once; off: it waits and reads the scheduler's Unschedulable.")
     extraEnv: list[EnvVar] = Field(default_factory=list, description="Extra environment of the operator container.")
     metrics: Metrics = Field(default_factory=Metrics, description="Prometheus /metrics endpoint and its Service.")
     grafanaDashboard: GrafanaDashboard = Field(default_factory=GrafanaDashboard,

@@ -9,7 +9,8 @@ from .base import ApiModel
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 TERMINAL_PHASES = ("Succeeded", "Failed")
-ConditionType = Literal["Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed"]
+ConditionType = Literal["Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
+                        "Succeeded", "Failed"]
 
 
 class Condition(ApiModel):

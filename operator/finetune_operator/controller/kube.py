@@ -2,6 +2,8 @@
 flag, the conditional status patch and the fresh read of a FineTuneJob after a conflict. Everything else is read
 from the watch caches (handlers.py)."""
 
+import threading
+import time
 from typing import Any
 
 from kubernetes import client, config
@@ -11,6 +13,10 @@ from kubernetes.dynamic import DynamicClient
 from ..api import constants as c
 
 FIELD_MANAGER = "finetunejob-operator"
+# The nodes' shape is read at most this often (one list, only when a new job asks for GPUs), and not at all for a
+# while after the chart's nodeShapeCheck is off (403): the check is a courtesy, never a reason to fail.
+NODE_SHAPE_TTL_SECONDS = 60.0
+NODE_SHAPE_FORBIDDEN_RETRY_SECONDS = 600.0
 
 
 class Kube:
@@ -20,6 +26,9 @@ class Kube:
         self.jobs = self.dyn.resources.get(api_version="batch/v1", kind="Job")
         self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
         self.events = self.dyn.resources.get(api_version="v1", kind="Event")
+        self.nodes = self.dyn.resources.get(api_version="v1", kind="Node")
+        self._shape_lock = threading.Lock()
+        self._shape: tuple[float, list[dict[str, Any]] | None] = (float("-inf"), None)
 
     @classmethod
     def from_environment(cls, connections: int = 16) -> "Kube":
@@ -56,6 +65,27 @@ class Kube:
         selector = f"involvedObject.kind=Job,involvedObject.name={job}"
         items: list[dict[str, Any]] = self.events.get(namespace=namespace, field_selector=selector).to_dict()["items"]
         return items
+
+    def largest_node(self, resource: str) -> tuple[str, int] | None:
+        """(name, allocatable) of the node with the most of an extended resource, or None when the nodes cannot be
+        read (no RBAC for it) or none has any."""
+        with self._shape_lock:
+            read_at, allocatable = self._shape
+            if time.monotonic() - read_at > NODE_SHAPE_TTL_SECONDS:
+                try:
+                    nodes = self.nodes.get().to_dict()["items"]
+                    allocatable = [{"name": n["metadata"]["name"], **((n.get("status") or {}).get("allocatable")
+                                                                     or {})} for n in nodes]
+                    read_at = time.monotonic()
+                except ApiException as exc:
+                    if exc.status not in (401, 403):
+                        raise
+                    allocatable = None
+                    read_at = time.monotonic() + NODE_SHAPE_FORBIDDEN_RETRY_SECONDS - NODE_SHAPE_TTL_SECONDS
+                self._shape = (read_at, allocatable)
+        counts = [(n["name"], _count(n.get(resource))) for n in allocatable or []]
+        best = max(counts, key=lambda item: item[1], default=None)
+        return best if best is not None and best[1] > 0 else None
 
     def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None) -> None:
         """Server-side apply, with the owner reference set for a job's children (not for namespace
@@ -113,3 +143,11 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+
+def _count(quantity: Any) -> int:
+    """An extended resource's quantity (whole numbers only: GPUs are not divisible)."""
+    try:
+        return int(str(quantity))
+    except ValueError:
+        return 0

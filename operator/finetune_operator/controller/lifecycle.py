@@ -35,7 +35,8 @@ from .settings import Settings
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "scheduleRetries",
                           "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
                           "goodput", "preflight")
-CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "Succeeded", "Failed")
+CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
+                   "Succeeded", "Failed")
 # A gang not fully running this long after its Job was created is looked at (its pods, its Job's events) to say
 # why; then every WAIT_RECHECK_SECONDS while it waits. No pod watch: only waiting jobs cost reads.
 WAIT_GRACE_SECONDS = 10.0
@@ -61,6 +62,8 @@ class Observed:
     # pods only while the gang waits past WAIT_GRACE_SECONDS.
     events: list[dict[str, Any]] = field(default_factory=list)
     looked: bool = False  # pods and events were read this pass (else an earlier pass's waiting reason stands)
+    # (name, allocatable GPUs) of the cluster's largest node, read for a job's first pass only (None: unknown)
+    largest_node: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Plan:
     rescheduled: bool = False  # this pass gave up on a partial gang (scheduleTimeoutSeconds): retried, not failed
     create_preflight: bool = False  # apply the ConfigMap and the preflight Job (render/preflight.py)
     stalled: bool = False  # this pass restarts a gang for lack of a heartbeat: the Stalled condition turns True
+    # spec.distributed was edited while an attempt runs: what the edit asks and what runs (TopologyChangePending)
+    topology_change: str | None = None
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)
@@ -149,6 +154,7 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
         # The message the first look at the attempt would write anyway: one status write fewer per job.
         st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
                   message=f"attempt 1: 0/{spec.distributed.num_nodes} node(s) running")
+        _node_shape(st, job, obs)
     attempt = st["attempt"]
     deadline = spec.run_policy.active_deadline_seconds
     started = parse_time(st.get("startTime"))
@@ -161,16 +167,32 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
 
     current = next((w for w in obs.workloads if attempt_of(w) == attempt), None)
     checking = spec.run_policy.preflight and current is None and attempt == 1 and st.get("preflight") != "Passed"
-    # Finished ones too: a pass that wrote the restart may have died before deleting the failed attempt, and its
-    # Failed pods would otherwise stay (and be waited for) forever. The preflight is attempt 0.
+    # Earlier attempts go, but the last one that failed stays: its Job has no running pod left (the Job controller
+    # ended them) and its pods, terminated, hold no GPU but keep their logs and exit codes for `kubectl logs` and
+    # `kubectl describe` until the next attempt fails or the FineTuneJob is deleted. The preflight is attempt 0.
+    kept = _last_failed_attempt(obs.workloads, attempt)
     p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads
-                          if (attempt_of(w) or 0) < attempt and not (checking and attempt_of(w) == 0)]
+                          if (attempt_of(w) or 0) < attempt and w is not kept
+                          and not (checking and attempt_of(w) == 0)]
     if checking:
         _preflight(p, job, obs, settings)
     elif current is None:
         _start_attempt(p, job, obs, settings)
     else:
         _observe_attempt(p, job, obs, current)
+
+
+def _node_shape(st: dict[str, Any], job: ValidatedJob, obs: Observed) -> None:
+    """A pod no node can hold says so at once (a Warning Event with the phase), not after the scheduler's first
+    try; the job is still created, as a cluster autoscaler may add a bigger node."""
+    d, resource = job.spec.distributed, job.spec.resources.gpu_resource_name
+    if obs.largest_node is None or d.gpus_per_node <= obs.largest_node[1]:
+        return
+    node, most = obs.largest_node
+    st.update(reason="Unschedulable", message=(
+        f"spec.distributed.gpusPerNode is {d.gpus_per_node}, but the largest node ({node}) has {most} {resource} "
+        f"allocatable: no node can run a pod of this job; ask for at most {most} per node (e.g. numNodes "
+        f"{-(-d.num_nodes * d.gpus_per_node // most)} x gpusPerNode {most}) or add nodes with more GPUs"))
 
 
 def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
@@ -183,9 +205,8 @@ def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) ->
         _start_attempt(p, job, obs, settings)
     elif check is not None and job_failed(check):
         _, reason, message = classify_failure(obs.pods)  # attempt 1 does not exist yet: these are its pods
-        st["preflight"] = "Failed"
+        st["preflight"] = "Failed"  # its Job and pod stay for `kubectl logs`: they hold no GPU
         _finish(p, obs, "Failed", reason, f"preflight failed, no GPU was requested: {message}")
-        p.delete_workloads.append(check["metadata"]["name"])
     else:
         p.create_preflight = check is None
         st.update(preflight="Running", phase="Pending", reason="Preflight", nodes=f"0/{job.spec.distributed.num_nodes}",
@@ -208,6 +229,9 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
     p.create_attempt = st["attempt"]
     checkpoint = obs.status.get("checkpoint") or {}
     p.resume_from = checkpoint.get("path") if job.spec.checkpoints.resume == "auto" else None
+    if p.resume_from:  # the trainer checks it was made by the same model and method (else exit 78, explained)
+        p.events.append(Event("Normal", "Resuming", f"attempt {st['attempt']} starts from {p.resume_from} "
+                                                    f"(step {checkpoint.get('step', 0)})"))
     st["nodes"] = f"0/{job.spec.distributed.num_nodes}"
     if st.get("phase") != "Restarting":
         st["phase"] = "Pending"
@@ -224,6 +248,10 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         p.suspend_workload = (name, True)
     elif not want_suspend and is_suspended and not queued:
         p.suspend_workload = (name, False)  # Kueue-managed workloads are unsuspended by Kueue, never by us
+    if nodes != spec.distributed.num_nodes and not _finished(workload):
+        p.topology_change = (f"spec.distributed.numNodes is {spec.distributed.num_nodes}, attempt {st['attempt']} "
+                             f"runs on {nodes} node(s): the new topology applies from the next attempt (a gang "
+                             "restart); the running one keeps its own")
     ready = ready_pods(workload)
     # Pods that finished their work still count: a gang whose first node exits a moment before the others is
     # finishing, not Pending again.
@@ -231,10 +259,9 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
     st["nodes"] = f"{min(running, nodes)}/{nodes}"
     if job_succeeded(workload):
         _finish(p, obs, "Succeeded", "Succeeded", f"attempt {st['attempt']} completed on {nodes} node(s)")
-    elif job_failed(workload):
+    elif job_failed(workload):  # kept (see _advance): its pods tell what happened
         code, reason, message = classify_failure(obs.pods)
         _failed_attempt(p, job, obs, reason, message, code=code)
-        p.delete_workloads.append(name)
     elif want_suspend:
         st.update(phase="Suspended", reason="Suspended", message="suspended by spec.runPolicy.suspend; "
                   "checkpoints are kept and the job resumes from the newest one")
@@ -355,6 +382,11 @@ def _ttl(p: Plan, job: ValidatedJob, obs: Observed) -> None:
         p.requeue(left)
 
 
+def _last_failed_attempt(workloads: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
+    failed = [w for w in workloads if 0 < (attempt_of(w) or 0) < attempt and job_failed(w)]
+    return max(failed, key=lambda w: attempt_of(w) or 0, default=None)
+
+
 def _finished(workload: dict[str, Any]) -> bool:
     return job_succeeded(workload) or job_failed(workload)
 
@@ -376,6 +408,7 @@ def _set_conditions(p: Plan, obs: Observed) -> None:
         "Restarting": phase == "Restarting",
         "Suspended": phase in ("Suspended", "Queued"),
         "Stalled": p.stalled or (phase == "Restarting" and has_condition({"status": obs.status}, "Stalled")),
+        "TopologyChangePending": p.topology_change is not None,
         "Succeeded": phase == "Succeeded",
         "Failed": phase == "Failed",
     }
@@ -392,7 +425,7 @@ def _set_conditions(p: Plan, obs: Observed) -> None:
             since = format_time(obs.now)
         else:
             since = before.get("lastTransitionTime")
-        reason, message = _condition_text(kind, st)
+        reason, message = _condition_text(kind, st, p)
         conditions.append({
             "type": kind, "status": value,
             "reason": reason if value == "True" else (before or {}).get("reason", kind),
@@ -403,13 +436,15 @@ def _set_conditions(p: Plan, obs: Observed) -> None:
     st["conditions"] = conditions
 
 
-def _condition_text(kind: str, st: dict[str, Any]) -> tuple[str, str]:
+def _condition_text(kind: str, st: dict[str, Any], p: Plan) -> tuple[str, str]:
     """A condition keeps its own reason: Created says the attempt was created, not why the job now waits; the
     conditions that describe the current phase carry the phase's reason and message."""
     if kind == "Created":
         return "Created", f"attempt {st.get('attempt')} created"
     if kind == "Stalled":
         return "Stalled", "no progress heartbeat within spec.runPolicy.stallTimeoutSeconds"
+    if kind == "TopologyChangePending":
+        return kind, p.topology_change or ""
     if kind in ("Running", "Succeeded"):
         return kind, st.get("message") or ""
     return st.get("reason") or kind, st.get("message") or ""
