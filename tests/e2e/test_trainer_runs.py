@@ -5,6 +5,7 @@ just the exit code: a CPU DDP run without use_cpu trains every rank alone and st
 """
 
 import json
+import math
 import shutil
 
 import pytest
@@ -223,3 +224,24 @@ def test_a_stop_signal_on_one_node_stops_every_rank_at_the_same_step_with_one_ch
     (checkpoint,) = (tmp_path / "output").glob("checkpoint-*")
     assert steps == {checkpoint.name.split("-")[1]}  # one stop step for both ranks, and its checkpoint
     assert (checkpoint / "FINETUNE_COMPLETE").exists()
+
+
+def test_early_stopping_ends_on_a_plateau_and_keeps_the_best_checkpoint_with_perplexity(tiny_model_dir, tmp_path):
+    """A threshold no decrease can meet: every evaluation after the first is "no improvement", so training stops
+    after `patience` of them, long before maxSteps; the final model is the checkpoint with the lowest loss."""
+    doc = job(tiny_model_dir, **{
+        "spec.data": {"format": "alpaca", "maxLength": 64, "train": [{"inline": ROWS}],
+                      "validation": [{"inline": ROWS[:4]}]},
+        "spec.training.maxSteps": 40, "spec.training.evalStrategy": "steps", "spec.training.evalSteps": 2,
+        "spec.checkpoints": {"saveSteps": 2, "keep": 2},
+        "spec.evaluation": {"earlyStopping": {"patience": 2, "threshold": 1000.0}}})
+    s = ok(run_nodes(doc, tmp_path / "run"))[0].summary
+    assert s["stoppedEarly"] is True and s["steps"] == 6, s  # evaluations at 2, 4 and 6; 4 and 6 "no improvement"
+    evaluated = [r for r in progress(tmp_path / "run") if r.get("evalLoss") is not None]
+    assert [r["step"] for r in evaluated] == [2, 4, 6]
+    best = min(evaluated, key=lambda r: r["evalLoss"])
+    assert s["bestCheckpoint"].endswith(f"checkpoint-{best['step']}") and s["bestEvalLoss"] == pytest.approx(
+        best["evalLoss"])
+    for r in evaluated:  # perplexity next to every validation loss
+        assert r["evalPerplexity"] == pytest.approx(math.exp(r["evalLoss"]))
+    assert s["evalPerplexity"] == pytest.approx(math.exp(s["evalLoss"]))

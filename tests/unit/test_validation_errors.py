@@ -137,6 +137,18 @@ BAD_INPUTS = [
      "greater than or equal to 0"),
     ("toleration-bad-operator", {"spec.pod.tolerations": [{"key": "k", "operator": "In"}]},
      "spec.pod.tolerations[0].operator", "'Exists' or 'Equal'"),
+    ("early-stopping-without-eval", {"spec.evaluation.earlyStopping": {"patience": 2}}, "spec.training.evalStrategy",
+     "evaluation.earlyStopping watches the validation loss"),
+    ("early-stopping-saves-by-epoch", {"spec.evaluation.earlyStopping": {"patience": 2},
+                                       "spec.data.validationSplitPercentage": 10, "spec.training.evalStrategy": "steps",
+                                       "spec.training.evalSteps": 5, "spec.checkpoints.saveStrategy": "epoch"},
+     "spec.checkpoints.saveStrategy", "one is needed at every evaluation"),
+    ("early-stopping-save-steps", {"spec.evaluation.earlyStopping": {"patience": 2},
+                                   "spec.data.validationSplitPercentage": 10, "spec.training.evalStrategy": "steps",
+                                   "spec.training.evalSteps": 7, "spec.checkpoints.saveSteps": 10},
+     "spec.checkpoints.saveSteps", "needs a checkpoint at evaluations (every 7 steps)"),
+    ("early-stopping-patience-zero", {"spec.evaluation.earlyStopping": {"patience": 0}},
+     "spec.evaluation.earlyStopping.patience", "greater than or equal to 1"),
 ]
 
 

@@ -73,6 +73,7 @@ class ProgressCallback(TrainerCallback):
         record = {
             "time": _utc_now(), "step": state.global_step, "maxSteps": state.max_steps, "epoch": state.epoch,
             "loss": logs.get("loss", self.last_record.get("loss")), "evalLoss": logs.get("eval_loss"),
+            "evalPerplexity": logs.get("eval_perplexity"),
             "learningRate": logs.get("learning_rate", self.last_record.get("learningRate")),
             "tokensPerSecond": tokens_per_second, "tokensPerSecondPerDevice": per_device,
             "mfu": round(utilization, 4) if utilization is not None else None,

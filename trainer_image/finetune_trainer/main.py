@@ -101,10 +101,31 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
     stop = GracefulStop()
     callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress, checkpoints.provenance(cfg.spec)), progress,
                  watchdog, stop]
-    trainer = Trainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
-                      data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
-                      processing_class=tokenizer, callbacks=callbacks)
+    early = cfg.spec.evaluation.early_stopping
+    if early is not None:
+        from transformers import EarlyStoppingCallback
+
+        callbacks.append(EarlyStoppingCallback(early.patience, early.threshold))
+
+    class FineTuneTrainer(Trainer):
+        def log(self, logs: dict[str, float], *rest, **kwargs) -> None:
+            # Perplexity next to every validation loss: in TensorBoard, progress.jsonl, the status and the summary.
+            if "eval_loss" in logs:
+                logs["eval_perplexity"] = perplexity(logs["eval_loss"])
+            super().log(logs, *rest, **kwargs)
+
+    trainer = FineTuneTrainer(
+        model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
+        data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
+        processing_class=tokenizer, callbacks=callbacks)
     return trainer, watchdog, stop
+
+
+def perplexity(loss: float) -> float:
+    """exp(mean token cross-entropy); inf rather than an overflow for a diverged loss."""
+    import math
+
+    return math.exp(loss) if loss < 700 else math.inf
 
 
 def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
@@ -170,6 +191,8 @@ def run(config_path: str) -> dict[str, Any]:
         "reason": exit_codes.reason(exit_codes.SUCCESS), "steps": trainer.state.global_step,
         "resumedFrom": resume, "finalLoss": history[-1]["loss"] if history else None,
         "trainLoss": result.training_loss, "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
+        "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,
+        **early_stopping(cfg, trainer),
         "trainRuntimeSeconds": result.metrics.get("train_runtime"),
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,
@@ -177,6 +200,15 @@ def run(config_path: str) -> dict[str, Any]:
         "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), **peak_memory(),
         "data": data.stats, **paths,
     }
+
+
+def early_stopping(cfg: TrainerConfig, trainer) -> dict[str, Any]:
+    """Whether early stopping ended the run and which checkpoint became the final model."""
+    if cfg.spec.evaluation.early_stopping is None:
+        return {}
+    state = trainer.state
+    return {"stoppedEarly": state.global_step < state.max_steps, "bestCheckpoint": state.best_model_checkpoint,
+            "bestEvalLoss": state.best_metric}
 
 
 def peak_memory() -> dict[str, float]:

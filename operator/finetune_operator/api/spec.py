@@ -10,6 +10,7 @@ from .base import ApiModel
 from .data import DataSpec
 from .distributed import DistributedSpec
 from .errors import FieldError, SpecRuleErrors
+from .evaluation import EvaluationSpec
 from .method import MethodSpec
 from .model import ModelSpec
 from .output import CheckpointSpec, OutputSpec
@@ -45,6 +46,8 @@ class FineTuneJobSpec(ApiModel):
     pod: PodSpec = Field(default_factory=PodSpec, description="Image, scheduling and environment of trainer pods.")
     output: OutputSpec = Field(default_factory=OutputSpec, description="Where checkpoints and the model are written.")
     checkpoints: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec, description="What evaluation does beyond "
+                                       "the validation loss and its perplexity: early stopping.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and suspension.")
 
     @property
@@ -165,12 +168,33 @@ def _data_rules(spec: Any) -> list[FieldError]:
     return errors
 
 
+def _early_stopping_rules(spec: Any) -> list[FieldError]:
+    """load_best_model_at_end needs a checkpoint at every evaluation (transformers refuses it otherwise)."""
+    if spec.evaluation.early_stopping is None:
+        return []
+    t, ck = spec.training, spec.checkpoints
+    where = "evaluation.earlyStopping"
+    if t.eval_strategy == "no":
+        return [FieldError("training.evalStrategy", "no", f"{where} watches the validation loss",
+                           "set training.evalStrategy: steps (with evalSteps) or epoch, and validation data")]
+    if ck.save_strategy != t.eval_strategy:
+        return [FieldError("checkpoints.saveStrategy", ck.save_strategy, f"{where} keeps the best checkpoint, so "
+                           f"one is needed at every evaluation (evalStrategy {t.eval_strategy})",
+                           f"set checkpoints.saveStrategy: {t.eval_strategy}")]
+    eval_steps = t.eval_steps or t.logging_steps
+    if t.eval_strategy == "steps" and ck.save_steps % eval_steps:
+        return [FieldError("checkpoints.saveSteps", ck.save_steps, f"{where} needs a checkpoint at evaluations "
+                           f"(every {eval_steps} steps)", f"use a multiple of training.evalSteps, e.g. {eval_steps}")]
+    return []
+
+
 SECTIONS = ("model", "data", "method", "training", "distributed", "resources", "pod", "output", "checkpoints",
-            "run_policy")
+            "evaluation", "run_policy")
 RULES = (
     Rule(("method", "model"), _method_rules),
     Rule(("model", "distributed"), _quantized_sharding_rules),
     Rule(("method", "output"), _output_rules),
     Rule(("distributed", "model", "training"), _hardware_rules),
     Rule(("data", "training"), _data_rules),
+    Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),
 )

@@ -34,6 +34,8 @@ class Progress(ApiModel):
     percent: int | None = Field(default=None, ge=0, le=100, description="step / maxSteps, in percent.")
     loss: float | None = Field(default=None, description="Latest training loss.")
     eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
+    eval_perplexity: float | None = Field(default=None, ge=0, description="exp(evalLoss): the validation "
+                                          "perplexity per token.")
     learning_rate: float | None = Field(default=None, description="Current learning rate.")
     tokens_per_second: float | None = Field(default=None, ge=0, description="Training tokens/s over all processes.")
     tokens_per_second_per_device: float | None = Field(

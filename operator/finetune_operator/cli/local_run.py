@@ -133,7 +133,11 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
         rate = summary.get("tokensSeen", 0) / summary["trainRuntimeSeconds"] if summary.get(
             "trainRuntimeSeconds") else None
         lines = [f"Succeeded: {summary.get('steps')} steps, final loss {_number(summary.get('finalLoss'))}"
-                 + (f", eval loss {_number(summary['evalLoss'])}" if summary.get("evalLoss") is not None else ""),
+                 + (f", eval loss {_number(summary['evalLoss'])}" if summary.get("evalLoss") is not None else "")
+                 + (f" (perplexity {_number(summary['evalPerplexity'])})"
+                    if summary.get("evalPerplexity") is not None else "")
+                 + (f"; stopped early, best checkpoint {summary['bestCheckpoint']}"
+                    if summary.get("stoppedEarly") else ""),
                  f"  tokens/s:   {rate:.0f}" if rate else "",
                  f"  model:      {summary.get('model')}",
                  f"  merged:     {summary['merged']}" if summary.get("merged") else "",

@@ -34,7 +34,10 @@ class ProgressLine:
             if self.tty:
                 continue
             if same_step and record.get("evalLoss") is not None:  # an evaluation after the step's own record
-                print(f"  eval loss {record['evalLoss']:.4f} at step {record.get('step')}", file=self.out, flush=True)
+                perplexity = record.get("evalPerplexity")
+                print(f"  eval loss {record['evalLoss']:.4f}"
+                      + (f" (perplexity {perplexity:.4g})" if perplexity is not None else "")
+                      + f" at step {record.get('step')}", file=self.out, flush=True)
             elif not same_step:
                 print(render_progress(self.last), file=self.out, flush=True)
         if self.tty and self.last is not None:

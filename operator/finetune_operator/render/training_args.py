@@ -46,6 +46,9 @@ def training_arguments(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, A
     }
     if t.eval_steps is not None:
         args["eval_steps"] = t.eval_steps
+    if spec.evaluation.early_stopping is not None:
+        # The final model is the best checkpoint by validation loss; the trainer adds EarlyStoppingCallback.
+        args.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
     if t.tf32 is not None:
         args["tf32"] = t.tf32
     if t.gradient_checkpointing:
