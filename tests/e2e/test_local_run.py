@@ -41,6 +41,9 @@ def test_runs_the_tiny_example_to_a_saved_model(tiny_model_dir, tmp_path):
     assert "Succeeded: 30 steps, final loss" in out
     assert "30/30" in out and "tok/s" in out  # the progress line
     assert (tmp_path / "output" / "final" / "adapter_model.safetensors").stat().st_size > 0
+    # The picture at the end: loss against step, written by the trainer, named in the summary.
+    plot = tmp_path / "output" / "loss.png"
+    assert f"loss plot:  {plot}" in out and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir, tmp_path):

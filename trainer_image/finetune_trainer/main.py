@@ -185,6 +185,8 @@ def run(config_path: str) -> dict[str, Any]:
         raise Interrupted(f"stopped by signal {stop.requested} at step {trainer.state.global_step}; a checkpoint "
                           "was saved and the next run resumes from it")
     paths = save_final(cfg, trainer, tokenizer)
+    if trainer.args.should_save:
+        paths.update(loss_plot(cfg))
     history = [h for h in trainer.state.log_history if "loss" in h]
     evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
     return {
@@ -200,6 +202,19 @@ def run(config_path: str) -> dict[str, Any]:
         "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), **peak_memory(),
         "data": data.stats, **paths,
     }
+
+
+def loss_plot(cfg: TrainerConfig) -> dict[str, str]:
+    """loss.png in the output directory, from progress.jsonl; a plot that cannot be drawn never fails a run."""
+    from .plot import read_progress, write_loss_plot
+
+    try:
+        title = f"{cfg.job_name}: {cfg.spec.model.name} ({cfg.spec.method.type})"
+        path = write_loss_plot(read_progress(cfg.output_dir / c.PROGRESS_FILE), cfg.output_dir / "loss.png", title)
+    except (OSError, ValueError) as exc:
+        log.warning("loss.png not written: %s", exc)
+        return {}
+    return {"lossPlot": str(path)} if path is not None else {}
 
 
 def early_stopping(cfg: TrainerConfig, trainer) -> dict[str, Any]:

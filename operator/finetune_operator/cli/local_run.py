@@ -141,6 +141,7 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
                  f"  tokens/s:   {rate:.0f}" if rate else "",
                  f"  model:      {summary.get('model')}",
                  f"  merged:     {summary['merged']}" if summary.get("merged") else "",
+                 f"  loss plot:  {summary['lossPlot']}" if summary.get("lossPlot") else "",
                  f"  resumed:    from {summary['resumedFrom']}" if summary.get("resumedFrom") else "",
                  f"  logs:       {workdir / 'logs'}"]
         return "\n".join(line for line in lines if line)
