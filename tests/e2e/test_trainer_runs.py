@@ -245,3 +245,25 @@ def test_early_stopping_ends_on_a_plateau_and_keeps_the_best_checkpoint_with_per
     for r in evaluated:  # perplexity next to every validation loss
         assert r["evalPerplexity"] == pytest.approx(math.exp(r["evalLoss"]))
     assert s["evalPerplexity"] == pytest.approx(math.exp(s["evalLoss"]))
+
+
+def test_lora_init_from_continues_an_adapter_where_it_stopped(tiny_model_dir, tmp_path):
+    lora = {"type": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}}
+    first = ok(run_nodes(job(tiny_model_dir, **{"spec.method": lora, "spec.training.maxSteps": 30}),
+                         tmp_path / "first"))[0].summary
+    adapter = tmp_path / "first" / "output" / "final"
+    trained = losses_by_step(tmp_path / "first")
+    # A second job starts from that adapter (r 16 asked for here is ignored: the adapter's own r 4 is used).
+    again = {**lora, "lora": {"r": 16, "initFrom": str(adapter)}}
+    second = ok(run_nodes(job(tiny_model_dir, **{"spec.method": again, "spec.training.maxSteps": 3,
+                                                 "spec.training.learningRate": 1e-9}), tmp_path / "second"))[0].summary
+    continued = losses_by_step(tmp_path / "second")
+    assert second["adapterInitFrom"] == str(adapter)
+    assert second["trainableParameters"] == first["trainableParameters"]  # the adapter's shapes, not r 16
+    # It starts where the first left off (the same batches, the same adapter): far below a fresh adapter's start.
+    assert continued[1] == pytest.approx(trained[30], abs=0.5) and continued[1] < trained[1] - 0.5, (trained,
+                                                                                                      continued)
+    broken = job(tiny_model_dir, **{"spec.method": {"type": "lora", "lora": {"initFrom": str(tmp_path / "none")}},
+                                    "spec.training.maxSteps": 2})
+    (failed,) = run_nodes(broken, tmp_path / "broken")[:1]
+    assert failed.returncode == exit_codes.CONFIG_ERROR and "spec.method.lora.initFrom" in failed.summary["message"]

@@ -147,6 +147,8 @@ BAD_INPUTS = [
                                    "spec.data.validationSplitPercentage": 10, "spec.training.evalStrategy": "steps",
                                    "spec.training.evalSteps": 7, "spec.checkpoints.saveSteps": 10},
      "spec.checkpoints.saveSteps", "needs a checkpoint at evaluations (every 7 steps)"),
+    ("init-from-full", {"spec.method.type": "full", "spec.method.lora.initFrom": "/models/adapter"},
+     "spec.method.lora.initFrom", "but method full trains no adapter"),
     ("early-stopping-patience-zero", {"spec.evaluation.earlyStopping": {"patience": 0}},
      "spec.evaluation.earlyStopping.patience", "greater than or equal to 1"),
 ]

@@ -195,6 +195,7 @@ def run(config_path: str) -> dict[str, Any]:
         "trainLoss": result.training_loss, "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
         "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,
         **early_stopping(cfg, trainer),
+        **({"adapterInitFrom": cfg.spec.method.lora.init_from} if cfg.spec.method.lora.init_from else {}),
         "trainRuntimeSeconds": result.metrics.get("train_runtime"),
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,

@@ -109,6 +109,8 @@ def apply_method(model, spec: FineTuneJobSpec):
             model, use_gradient_checkpointing=spec.training.gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = method.lora
+    if lora.init_from is not None:
+        return _continue_adapter(model, spec)
     targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
                         modules_to_save=list(lora.modules_to_save) or None, use_rslora=lora.use_rslora,
@@ -119,6 +121,23 @@ def apply_method(model, spec: FineTuneJobSpec):
         raise ConfigError(f"LoRA cannot be applied ({exc}); check method.lora.targetModules") from exc
     if spec.training.gradient_checkpointing:
         model.enable_input_require_grads()  # frozen embeddings would otherwise cut the graph under checkpointing
+    return model
+
+
+def _continue_adapter(model, spec: FineTuneJobSpec):
+    """method.lora.initFrom: the adapter's own config and weights, trainable, on this base model."""
+    from peft import PeftModel
+
+    source = spec.method.lora.init_from
+    try:
+        model = PeftModel.from_pretrained(model, source, is_trainable=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        # A size mismatch (an adapter of another base model) is a RuntimeError: permanent, like a missing path.
+        raise ConfigError(f"spec.method.lora.initFrom {source} cannot be loaded onto {spec.model.name}: "
+                          f"{str(exc).splitlines()[0][:400]}; give a directory or Hub id with adapter_config.json "
+                          "made for this base model") from exc
+    if spec.training.gradient_checkpointing:
+        model.enable_input_require_grads()
     return model
 
 

@@ -111,6 +111,10 @@ def _method_rules(spec: Any) -> list[FieldError]:
     if method == "qlora" and quant != "4bit":
         errors.append(FieldError("method.type", method, "qlora trains adapters on a 4-bit base model",
                                  "set model.quantization: 4bit (or use method.type: lora)"))
+    if spec.method.lora.init_from is not None and method not in ("lora", "qlora"):
+        errors.append(FieldError("method.lora.initFrom", spec.method.lora.init_from,
+                                 f"continues an adapter, but method {method} trains no adapter",
+                                 "use method.type: lora (or qlora), or remove initFrom"))
     if method in ("full", "freeze") and quant != "none":
         errors.append(FieldError("model.quantization", quant, f"method {method} cannot train quantized weights",
                                  "use method.type: qlora/lora, or model.quantization: none"))
