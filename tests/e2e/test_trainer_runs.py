@@ -267,3 +267,39 @@ def test_lora_init_from_continues_an_adapter_where_it_stopped(tiny_model_dir, tm
                                     "spec.training.maxSteps": 2})
     (failed,) = run_nodes(broken, tmp_path / "broken")[:1]
     assert failed.returncode == exit_codes.CONFIG_ERROR and "spec.method.lora.initFrom" in failed.summary["message"]
+
+
+def test_a_tokenizer_with_new_tokens_grows_the_model_and_the_adapter_keeps_their_rows(tiny_model_dir, tmp_path):
+    """model.tokenizer with tokens the base model lacks: the embedding and head grow (mean-initialised), LoRA trains
+    and saves them (modules_to_save), and final/ loads back into a model that knows the new tokens."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    extended = tmp_path / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base_rows = len(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|tool|>", "<|/tool|>"]})
+    tokenizer.save_pretrained(extended)
+    rows = [{"instruction": f"Call the adder on {a} and {b}.", "output": f"<|tool|>add({a}, {b})<|/tool|>"}
+            for a in range(1, 5) for b in range(1, 5)]
+    doc = job(tiny_model_dir, **{"spec.model": {"name": str(tiny_model_dir), "dtype": "float32",
+                                                "tokenizer": str(extended)},
+                                 "spec.data": {"format": "alpaca", "maxLength": 64, "train": [{"inline": rows}]},
+                                 "spec.method": {"type": "lora", "lora": {"r": 4, "alpha": 8}},
+                                 "spec.training.maxSteps": 6})
+    ok(run_nodes(doc, tmp_path / "run"))
+    final = tmp_path / "run" / "output" / "final"
+    loaded_tokenizer = AutoTokenizer.from_pretrained(final)
+    assert len(loaded_tokenizer) == base_rows + 2
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    untrained = base.get_input_embeddings().weight.detach().clone()
+    base.resize_token_embeddings(len(loaded_tokenizer))
+    model = PeftModel.from_pretrained(base, final)
+    embeddings = model.get_input_embeddings().weight
+    assert embeddings.shape[0] == base_rows + 2
+    new_ids = loaded_tokenizer.convert_tokens_to_ids(["<|tool|>", "<|/tool|>"])
+    # The new rows started at the mean of the old ones and were trained away from it.
+    mean = untrained.mean(dim=0)
+    assert all(not torch.allclose(embeddings[i], mean, atol=1e-4) for i in new_ids)
+    assert torch.isfinite(model(torch.tensor([new_ids])).logits).all()

@@ -171,7 +171,7 @@ def run(config_path: str) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.spec)
     reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
     data = prepare_data(cfg, args, tokenizer, reporter)
-    model = load_model(cfg.spec, use_cpu=args.use_cpu)
+    model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     trainable, total = trainable_parameters(model)
     trainer, watchdog, stop = build_trainer(cfg, args, tokenizer, model, data, reporter)
     resume = resume_checkpoint(cfg)

@@ -77,7 +77,7 @@ def quantization_config(spec: FineTuneJobSpec, use_cpu: bool):
                               bnb_4bit_compute_dtype=compute, bnb_4bit_quant_storage=compute)
 
 
-def load_model(spec: FineTuneJobSpec, use_cpu: bool):
+def load_model(spec: FineTuneJobSpec, use_cpu: bool, vocab_size: int | None = None):
     from transformers import AutoModelForCausalLM
 
     m = spec.model
@@ -93,15 +93,34 @@ def load_model(spec: FineTuneJobSpec, use_cpu: bool):
         raise ConfigError(f"cannot load model {m.name}: {exc}") from exc
     check_lengths(spec, model.config)
     model.config.use_cache = False  # the KV cache is useless in training and breaks gradient checkpointing
-    return apply_method(model, spec)
+    grown = resize_embeddings(model, vocab_size)
+    return apply_method(model, spec, train_embeddings=grown)
 
 
-def apply_method(model, spec: FineTuneJobSpec):
+def resize_embeddings(model, vocab_size: int | None) -> bool:
+    """A tokenizer with tokens the model lacks (an extended vocabulary, added special tokens): the embedding and
+    head grow to it, the new rows initialised to the mean of the old ones (not random: a random row makes the
+    first steps' loss explode). True when they grew."""
+    rows = model.get_input_embeddings().num_embeddings
+    if vocab_size is None or vocab_size <= rows:
+        return False
+    model.resize_token_embeddings(vocab_size, mean_resizing=True)
+    return True
+
+
+def embedding_module_names(model) -> list[str]:
+    """The names (last component) of the input embedding and the output head, whatever the architecture calls them."""
+    wanted = {id(model.get_input_embeddings()), id(model.get_output_embeddings())}
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if id(module) in wanted})
+
+
+def apply_method(model, spec: FineTuneJobSpec, train_embeddings: bool = False):
     method = spec.method
     if method.type == "full":
         return model
     if method.type == "freeze":
-        return _freeze_all_but_last_layers(model, method.freeze.trainable_layers, method.freeze.extra_trainable_modules)
+        extra = [*method.freeze.extra_trainable_modules, *(embedding_module_names(model) if train_embeddings else [])]
+        return _freeze_all_but_last_layers(model, method.freeze.trainable_layers, extra)
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if method.type == "qlora":
@@ -112,8 +131,10 @@ def apply_method(model, spec: FineTuneJobSpec):
     if lora.init_from is not None:
         return _continue_adapter(model, spec)
     targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
+    # New tokens' rows must be trained and saved with the adapter, or the adapter's model cannot use them.
+    to_save = list(dict.fromkeys([*lora.modules_to_save, *(embedding_module_names(model) if train_embeddings else [])]))
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                        modules_to_save=list(lora.modules_to_save) or None, use_rslora=lora.use_rslora,
+                        modules_to_save=to_save or None, use_rslora=lora.use_rslora,
                         use_dora=lora.use_dora, task_type="CAUSAL_LM")
     try:
         model = get_peft_model(model, config)

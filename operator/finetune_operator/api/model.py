@@ -25,7 +25,9 @@ class ModelSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=1024,
-        description="Tokenizer hub id or path when it differs from the model; defaults to the model's own.",
+        description="Tokenizer hub id or path when it differs from the model; defaults to the model's own. Tokens "
+        "the model lacks (an extended vocabulary, added special tokens) grow its embedding and head, the new rows "
+        "starting at the mean of the old ones; LoRA then trains and saves both (modules_to_save).",
     )
     dtype: Dtype = Field(default="auto", description="Dtype the weights are loaded in; auto uses the checkpoint's.")
     attn_implementation: AttentionImplementation = Field(
