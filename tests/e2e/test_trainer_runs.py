@@ -303,3 +303,22 @@ def test_a_tokenizer_with_new_tokens_grows_the_model_and_the_adapter_keeps_their
     mean = untrained.mean(dim=0)
     assert all(not torch.allclose(embeddings[i], mean, atol=1e-4) for i in new_ids)
     assert torch.isfinite(model(torch.tensor([new_ids])).logits).all()
+
+
+def test_generation_samples_at_every_evaluation_and_at_the_end(tiny_model_dir, tmp_path):
+    prompts = ["What is 2 plus 3?", "What is 4 plus 1?"]
+    doc = job(tiny_model_dir, **{
+        "spec.data": {"format": "alpaca", "maxLength": 64, "train": [{"inline": ROWS}],
+                      "validation": [{"inline": ROWS[:4]}]},
+        "spec.training.maxSteps": 6, "spec.training.evalStrategy": "steps", "spec.training.evalSteps": 3,
+        "spec.evaluation": {"prompts": prompts, "generation": {"maxNewTokens": 6, "doSample": False}}})
+    s = ok(run_nodes(doc, tmp_path / "run"))[0].summary
+    output = tmp_path / "run" / "output"
+    records = [json.loads(line) for line in (output / "samples.jsonl").read_text().splitlines()]
+    assert [(r["at"], r["prompt"]) for r in records] == [(at, p) for at in ("3", "6", "final") for p in prompts]
+    assert all(isinstance(r["completion"], str) and r["completion"] for r in records), records
+    assert [(r["at"], r["completion"]) for r in s["samples"]] == [(r["at"], r["completion"]) for r in records[-2:]]
+    # Greedy decoding of the same weights: the final samples repeat the step-6 ones.
+    assert [r["completion"] for r in records[2:4]] == [r["completion"] for r in records[4:]]
+    events = b"".join(f.read_bytes() for f in output.rglob("events.out.tfevents.*"))
+    assert b"samples/0" in events and prompts[0].encode() in events  # TensorBoard text

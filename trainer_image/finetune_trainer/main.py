@@ -107,6 +107,18 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
 
         callbacks.append(EarlyStoppingCallback(early.patience, early.threshold))
 
+    evaluation = cfg.spec.evaluation
+    samples = None
+    if evaluation.prompts:
+        from .samples import SampleCallback
+
+        d = cfg.spec.distributed
+        sharded = d.strategy == "fsdp" or (d.strategy == "deepspeed" and d.deepspeed is not None
+                                           and d.deepspeed.zero_stage == 3)
+        samples = SampleCallback(list(evaluation.prompts), evaluation.generation, cfg.spec.data, tokenizer,
+                                 cfg.output_dir, sharded, stop)
+        callbacks.append(samples)
+
     class FineTuneTrainer(Trainer):
         def log(self, logs: dict[str, float], *rest, **kwargs) -> None:
             # Perplexity next to every validation loss: in TensorBoard, progress.jsonl, the status and the summary.
@@ -118,6 +130,10 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
         model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
         data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
         processing_class=tokenizer, callbacks=callbacks)
+    if samples is not None:
+        samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
+                                    if type(cb).__name__ == "TensorBoardCallback"), None)
+    trainer.samples = samples
     return trainer, watchdog, stop
 
 
@@ -196,6 +212,8 @@ def run(config_path: str) -> dict[str, Any]:
         "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,
         **early_stopping(cfg, trainer),
         **({"adapterInitFrom": cfg.spec.method.lora.init_from} if cfg.spec.method.lora.init_from else {}),
+        **({"samples": [{**r, "completion": r["completion"][:500]} for r in trainer.samples.last]}
+           if trainer.samples is not None else {}),
         "trainRuntimeSeconds": result.metrics.get("train_runtime"),
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,
