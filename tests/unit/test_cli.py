@@ -164,3 +164,16 @@ def test_progress_line_says_what_preparation_does_and_prints_an_evaluation_once(
                          "preparing: tokenizing the training data (30s)"]
     assert lines[3] == "  eval loss 1.2500 at step 5" and len(lines) == 5
     assert "eval 1.2500" in lines[4]  # later lines keep showing the newest evaluation
+
+
+def test_the_run_summary_shows_eval_loss_perplexity_the_plot_and_the_last_samples(tmp_path):
+    from finetune_operator.cli.local_run import describe_result
+
+    summary = {"steps": 30, "finalLoss": 1.23456, "evalLoss": 1.5, "evalPerplexity": 4.4817, "model": "out/final",
+               "lossPlot": "out/loss.png", "stoppedEarly": True, "bestCheckpoint": "out/checkpoint-20",
+               "samples": [{"prompt": "What is\n2 plus 3?", "completion": "5" * 100}]}
+    text = describe_result(0, summary, tmp_path)
+    assert "final loss 1.235, eval loss 1.5 (perplexity 4.482); stopped early, best checkpoint out/checkpoint-20" \
+        in text
+    assert "loss plot:  out/loss.png" in text
+    assert "sample:     'What is 2 plus 3?' -> '" + "5" * 57 + "...'" in text

@@ -142,12 +142,19 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
                  f"  model:      {summary.get('model')}",
                  f"  merged:     {summary['merged']}" if summary.get("merged") else "",
                  f"  loss plot:  {summary['lossPlot']}" if summary.get("lossPlot") else "",
+                 *(f"  sample:     {_short(r.get('prompt'))} -> {_short(r.get('completion'))}"
+                   for r in summary.get("samples") or []),
                  f"  resumed:    from {summary['resumedFrom']}" if summary.get("resumedFrom") else "",
                  f"  logs:       {workdir / 'logs'}"]
         return "\n".join(line for line in lines if line)
     reason = summary.get("reason") or exit_codes.reason(code)
     hint = " (run the same command again to resume)" if not exit_codes.is_permanent(code) else ""
     return f"{reason} (exit {code}): {summary.get('message', '')}{hint}\n  logs: {workdir / 'logs'}"
+
+
+def _short(text: Any, limit: int = 60) -> str:
+    flat = " ".join(str(text).split())
+    return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
 
 
 def _number(value: Any) -> str:
