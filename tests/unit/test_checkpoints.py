@@ -114,3 +114,35 @@ def test_a_checkpoint_another_method_produced_is_refused_with_the_difference(tmp
         resume_checkpoint(cfg)
     cfg.spec = spec(8)
     assert resume_checkpoint(cfg) == str(directory)
+
+
+def test_other_data_is_not_resumed_automatically_but_can_be_named(tmp_path):
+    from types import SimpleNamespace
+
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_trainer import checkpoints as ck
+    from finetune_trainer.errors import ConfigError
+    from finetune_trainer.main import resume_checkpoint
+
+    def spec(text, resume="auto"):
+        return FineTuneJobSpec.model_validate({"model": {"name": "/models/m"}, "checkpoints": {"resume": resume},
+                                               "data": {"format": "text", "train": [{"inline": [{"text": text}]}]}})
+
+    directory = tmp_path / "checkpoint-40"
+    directory.mkdir()
+    (directory / "adapter_model.safetensors").write_bytes(b"x" * 16)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": 40}))
+    ck.mark_complete(directory, ck.provenance(spec("old corpus")))
+    cfg = SimpleNamespace(spec=spec("new corpus"), output_dir=tmp_path, resume_from=None)
+    with pytest.raises(ConfigError, match=r"trained on other data .* Name it in checkpoints.resume"):
+        resume_checkpoint(cfg)
+    cfg.spec = spec("new corpus", resume=str(directory))  # named on purpose: continues on the new data
+    assert resume_checkpoint(cfg) == str(directory)
+    cfg.spec = spec("old corpus")
+    assert resume_checkpoint(cfg) == str(directory)
+    # A marker from before the data was recorded is not held against a job.
+    legacy = ck.provenance(spec("old corpus"))
+    del legacy["data"]
+    ck.mark_complete(directory, legacy)
+    cfg.spec = spec("new corpus")
+    assert resume_checkpoint(cfg) == str(directory)

@@ -1,5 +1,6 @@
 """Checkpoint integrity: verify what was saved, mark it complete atomically, resume from the newest complete one."""
 
+import hashlib
 import json
 import os
 import re
@@ -39,9 +40,12 @@ def verify(directory: Path) -> dict:
 
 def provenance(spec: Any) -> dict[str, Any]:
     """What produced a checkpoint, as far as resuming it depends on: the base model and the method (LoRA shapes,
-    quantization). Recorded in every completion marker."""
+    quantization), and the data's fingerprint (the data section: sources, format, mapping, lengths, packing; a
+    file's content is not read). Recorded in every completion marker."""
+    data = json.dumps(spec.data.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
     return {"model": spec.model.name, "revision": spec.model.revision, "quantization": spec.model.quantization,
-            "method": spec.method.model_dump(mode="json", by_alias=True, exclude_none=True)}
+            "method": spec.method.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "data": hashlib.sha256(data.encode()).hexdigest()[:16]}
 
 
 def produced_by(directory: Path) -> dict[str, Any] | None:
@@ -52,12 +56,14 @@ def produced_by(directory: Path) -> dict[str, Any] | None:
         return None
 
 
-def incompatibility(directory: Path, spec: Any) -> str | None:
-    """Why the checkpoint cannot be resumed by this spec (another model, another method or shapes), or None."""
+def incompatibility(directory: Path, spec: Any, keys: tuple[str, ...] = ("model", "revision", "quantization",
+                                                                          "method", "data")) -> str | None:
+    """Why the checkpoint cannot be resumed by this spec (another model, method or shapes, other data), or None.
+    A key the marker did not record (written by an older trainer) is not held against it."""
     recorded, wanted = produced_by(directory), provenance(spec)
     if recorded is None:
         return None
-    changed = [key for key in wanted if recorded.get(key) != wanted[key]]
+    changed = [key for key in keys if key in recorded and recorded.get(key) != wanted[key]]
     if not changed:
         return None
     return "; ".join(f"{key}: checkpoint {json.dumps(recorded.get(key))}, this job {json.dumps(wanted[key])}"

@@ -62,7 +62,7 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
     if resume == "auto":
         found = checkpoints.newest_complete(cfg.output_dir)
         if found is not None:
-            _compatible(found, cfg)
+            _compatible(found, cfg, data_too=True)
             return str(found)
         if cfg.resume_from:
             try:
@@ -75,14 +75,24 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
         checkpoints.verify(Path(resume))
     except checkpoints.IncompleteCheckpoint as exc:
         raise ConfigError(f"checkpoints.resume points at an unusable checkpoint: {exc}") from exc
-    _compatible(Path(resume), cfg)
+    _compatible(Path(resume), cfg, data_too=False)  # a checkpoint named on purpose may continue on new data
     return resume
 
 
-def _compatible(checkpoint: Path, cfg: TrainerConfig) -> None:
+def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
     """A FineTuneJob deleted and created again under its name (or an edited output path) finds checkpoints another
-    model or method produced: resuming would crash on shapes, or silently train the wrong thing. Permanent."""
-    why = checkpoints.incompatibility(checkpoint, cfg.spec)
+    model or method produced: resuming would crash on shapes, or silently train the wrong thing. Permanent. Other
+    data is refused too when resuming automatically (the trainer would skip batches of data it never saw); a
+    checkpoint named in checkpoints.resume may continue on new data."""
+    if data_too:
+        why = checkpoints.incompatibility(checkpoint, cfg.spec, keys=("data",))
+        if why is not None and checkpoints.incompatibility(checkpoint, cfg.spec, keys=("model", "revision",
+                                                                                    "quantization", "method")) is None:
+            raise ConfigError(f"the checkpoint {checkpoint} was trained on other data (spec.data changed: {why}); "
+                              "resume: auto does not continue it, as it would skip batches of data it never saw. "
+                              f"Name it in checkpoints.resume ({checkpoint}) to continue on the new data, set "
+                              "checkpoints.resume: never, or give the job another name or output.subPath")
+    why = checkpoints.incompatibility(checkpoint, cfg.spec, keys=("model", "revision", "quantization", "method"))
     if why is not None:
         raise ConfigError(f"the checkpoint {checkpoint} was produced by another model or method ({why}); it is "
                           "not resumed. Delete the output directory's checkpoints, set checkpoints.resume: never, "
