@@ -272,3 +272,23 @@ def test_metrics_endpoint(kubectl, operator, namespace):
     assert "finetunejob_gpu_hours_total" in samples and "finetunejob_steps_redone_total" in samples
     st = status(kubectl, namespace, "measured")
     assert st["goodput"]["restartDowntimeSeconds"] >= 1 and st["goodput"]["runningSince"]
+
+
+def test_editing_the_topology_of_a_running_job_keeps_nodes_true_and_says_when_it_applies(kubectl, operator,
+                                                                                       namespace):
+    submit(kubectl, namespace, "regrow")
+    running(kubectl, namespace, "regrow", operator)
+    kubectl.run("patch", "ftj", "regrow", "-n", namespace, "--type=merge", "-p",
+                json.dumps({"spec": {"distributed": {"numNodes": 3}}}))
+
+    def pending():
+        st = status(kubectl, namespace, "regrow") or {}
+        cd = next((x for x in st.get("conditions", []) if x["type"] == "TopologyChangePending"), {})
+        return st if cd.get("status") == "True" else None
+
+    st = wait_for(pending, what="TopologyChangePending", op=operator)
+    assert (st["phase"], st["nodes"]) == ("Running", "2/2")  # the running attempt's, not the edit's 2/3
+    cd = next(x for x in st["conditions"] if x["type"] == "TopologyChangePending")
+    assert "numNodes is 3, attempt 1 runs on 2 node(s)" in cd["message"]
+    row = kubectl.run("get", "ftj", "regrow", "-n", namespace, "--no-headers").stdout.split()
+    assert row[1:3] == ["Running", "2/2"]
