@@ -136,10 +136,9 @@ def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, contr
         assert chart_operator.restarts == 0
 
 
+@pytest.mark.parametrize("runtime", ["containers"], indirect=True)  # the images, as containers
 def test_killed_node_gang_restarts_and_resumes_without_redoing_work(runtime, chart_operator, kubectl, control_plane,
                                                                     namespace, tiny_model_dir, tmp_path):
-    if runtime != "containers":
-        pytest.skip("the gang restart runs with the images as containers; process mode runs the short job only")
     shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
     job = tiny_two_node_job(tiny_model_dir, tmp_path, maxSteps=600)
     with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
@@ -162,13 +161,12 @@ def test_killed_node_gang_restarts_and_resumes_without_redoing_work(runtime, cha
     assert resumed_step >= 20 and min(first_after_restart) == resumed_step + 1
 
 
+@pytest.mark.parametrize("runtime", ["processes"], indirect=True)  # ten stop/resume cycles: fast starts
 def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_step(
         runtime, chart_operator, kubectl, control_plane, namespace, tiny_model_dir, tmp_path):
     """spec.runPolicy.suspend, flipped at random moments (startup, data preparation, mid-step, at a checkpoint):
     every node gets SIGTERM from its pod's deletion, the ranks agree on one stop step, save one checkpoint and exit
     143; the resumed gang starts right after it. Seeded, so a failure replays."""
-    if runtime != "processes":
-        pytest.skip("ten stop/resume cycles run in process mode (fast start); the containers run the other e2e")
     rng = random.Random(20261123)
     shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
     job = tiny_two_node_job(tiny_model_dir, tmp_path, maxSteps=100000)
