@@ -60,6 +60,7 @@ def test_sft_loss_decreases_and_the_model_is_saved(tiny_model_dir, tmp_path):
     record = progress(tmp_path)[-1]
     # checkpoint: the newest complete one when step 30 was logged (its save follows the log)
     assert record["maxSteps"] == 30 and record["tokensPerSecond"] > 0 and record["checkpoint"]["step"] == 28
+    assert "Traceback" not in result.log and "gemm_4bit_forward" not in result.log  # no noise from bitsandbytes
 
 
 def test_resume_skips_a_partial_checkpoint_and_matches_the_uninterrupted_run(tiny_model_dir, tmp_path):

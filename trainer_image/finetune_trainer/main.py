@@ -297,6 +297,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # bitsandbytes warns at import, on every CPU with AVX512-BF16, that it has no Hub kernel for 4-bit CPU matmuls
+    # (the `kernels` package is absent on purpose: it would download code at run time). No job of ours runs 4-bit
+    # on CPU (validation refuses it), so the line is noise in every pod's log.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     for sig in (signal.SIGTERM, signal.SIGINT):  # GracefulStop takes over once training runs
         signal.signal(sig, _stop_before_training)
     code, summary, unexpected = outcome(lambda: run(args.config))
