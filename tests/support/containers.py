@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 from tests.support.controlplane import ROOT
-from tests.support.pod_runner import PodRunner
+from tests.support.pod_runner import PodRunner, write_service_account
 
 PODMAN = [str(ROOT / "hack" / "podman.sh")]
 
@@ -113,12 +112,6 @@ def fs_group_volume(path: Path, gid: int) -> None:
 
 
 class ContainerPodRunner(PodRunner):
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        for proc in self.processes.values():
-            proc.remove()
-
     def _start(self, pod: dict[str, Any]) -> PodmanContainer:
         name = pod["metadata"]["name"]
         root = self.workdir / "pods" / name
@@ -136,9 +129,6 @@ class ContainerPodRunner(PodRunner):
                 continue
             if "projected" in volume:  # kube-api-access-*: the ServiceAccount admission's token, CA and namespace
                 local = self._service_account(pod, root)
-                (local / "namespace").write_text(pod["metadata"]["namespace"])
-                for f in local.iterdir():
-                    f.chmod(0o644)
             elif "emptyDir" in volume:
                 local.chmod(0o777)  # an emptyDir is world-writable
             elif "persistentVolumeClaim" in volume and "fsGroup" in pod_security:
@@ -174,13 +164,8 @@ class OperatorContainer:
     def start(self) -> OperatorContainer:
         pod = self.deployment["spec"]["template"]["spec"]
         container = pod["containers"][0]
-        sa_dir = self.workdir / "serviceaccount"
-        sa_dir.mkdir(parents=True, exist_ok=True)
-        (sa_dir / "token").write_text(self.token)
-        shutil.copy(self.cp.work / "certs" / "apiserver.crt", sa_dir / "ca.crt")
-        (sa_dir / "namespace").write_text(self.deployment["metadata"]["namespace"])
-        for f in sa_dir.iterdir():
-            f.chmod(0o644)
+        ca, namespace = self.cp.work / "certs" / "apiserver.crt", self.deployment["metadata"]["namespace"]
+        sa_dir = write_service_account(self.workdir / "serviceaccount", self.token, ca, namespace)
         args = ["--network", "host", *security_args(pod.get("securityContext", {}),
                                                        container.get("securityContext", {})),
                 "--volume", f"{sa_dir}:{c.SERVICEACCOUNT_DIR}:ro",

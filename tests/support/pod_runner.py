@@ -49,6 +49,20 @@ class LocalProcess:
     def kill(self) -> None:
         kill_tree(self.proc.pid)
 
+    remove = kill  # what is left of a process group once the pod is gone: nothing
+
+
+def write_service_account(directory: Path, token: str, ca: Path, namespace: str) -> Path:
+    """What a kubelet projects at /var/run/secrets/kubernetes.io/serviceaccount: token, CA and namespace,
+    readable by the container's user."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "token").write_text(token)
+    shutil.copy(ca, directory / "ca.crt")
+    (directory / "namespace").write_text(namespace)
+    for f in directory.iterdir():
+        f.chmod(0o644)
+    return directory
+
 
 class PodRunner:
     def __init__(self, kubectl, control_plane, namespace: str, workdir: Path):
@@ -69,7 +83,7 @@ class PodRunner:
         self._stop.set()
         self._thread.join(timeout=30)
         for proc in self.processes.values():
-            proc.kill()
+            proc.remove()
 
     def kill(self, pod_name: str) -> None:
         """SIGKILL one node's container (every process in it), as a node loss or an OOM kill would."""
@@ -156,15 +170,12 @@ class PodRunner:
                                              start_new_session=True))
 
     def _service_account(self, pod: dict[str, Any], root: Path) -> Path:
-        sa_dir = root / "serviceaccount"
-        sa_dir.mkdir(parents=True, exist_ok=True)
         # Bound to the pod, as a kubelet's projected token is: the chart's admission policy reads the pod name.
         token = self.kubectl.run("create", "token", pod["spec"]["serviceAccountName"], "-n", self.namespace,
                                  "--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
                                  f"--bound-object-uid={pod['metadata']['uid']}", "--duration=1h").stdout.strip()
-        (sa_dir / "token").write_text(token)
-        shutil.copy(self.cp.work / "certs" / "apiserver.crt", sa_dir / "ca.crt")
-        return sa_dir
+        return write_service_account(root / "serviceaccount", token, self.cp.work / "certs" / "apiserver.crt",
+                                     pod["metadata"]["namespace"])
 
     def _value_from(self, pod: dict[str, Any], item: dict[str, Any]) -> str:
         path = item["valueFrom"]["fieldRef"]["fieldPath"]

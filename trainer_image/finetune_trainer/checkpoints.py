@@ -56,8 +56,12 @@ def produced_by(directory: Path) -> dict[str, Any] | None:
         return None
 
 
-def incompatibility(directory: Path, spec: Any, keys: tuple[str, ...] = ("model", "revision", "quantization",
-                                                                          "method", "data")) -> str | None:
+# What a checkpoint's weights depend on (another value cannot be resumed at all), and what its data position does.
+MODEL_KEYS = ("model", "revision", "quantization", "method")
+DATA_KEYS = ("data",)
+
+
+def incompatibility(directory: Path, spec: Any, keys: tuple[str, ...] = MODEL_KEYS + DATA_KEYS) -> str | None:
     """Why the checkpoint cannot be resumed by this spec (another model, method or shapes, other data), or None.
     A key the marker did not record (written by an older trainer) is not held against it."""
     recorded, wanted = produced_by(directory), provenance(spec)

@@ -157,6 +157,11 @@ def load_rows(sources: list[DataSource], data: DataSpec, streaming: bool = False
 
 
 # --- one row -> ids and labels ----------------------------------------------------------------------------------
+def uses_chat_template(data: DataSpec, tokenizer: Any) -> bool:
+    """Rows are rendered with the chat template: conversations always, Alpaca rows when the tokenizer has one."""
+    return data.format in ("sharegpt", "messages") or (data.format == "alpaca" and bool(tokenizer.chat_template))
+
+
 @dataclass(frozen=True)
 class RowEncoder:
     """What turns a row into (ids, labels) for one data spec and tokenizer; picklable for worker processes."""
@@ -167,8 +172,8 @@ class RowEncoder:
 
     @classmethod
     def build(cls, data: DataSpec, tokenizer: Any) -> "RowEncoder":
-        uses_template = data.format in ("sharegpt", "messages") or (data.format == "alpaca" and tokenizer.chat_template)
-        return cls(data, tokenizer, ChatEncoder.for_tokenizer(tokenizer) if uses_template else None)
+        chat = ChatEncoder.for_tokenizer(tokenizer) if uses_chat_template(data, tokenizer) else None
+        return cls(data, tokenizer, chat)
 
     def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
         fmt, columns = self.data.format, self.data.columns

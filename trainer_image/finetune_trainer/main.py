@@ -5,6 +5,7 @@ what happened (finetune_operator.api.exit_codes). Started by torchrun, once per 
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -84,19 +85,17 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
     model or method produced: resuming would crash on shapes, or silently train the wrong thing. Permanent. Other
     data is refused too when resuming automatically (the trainer would skip batches of data it never saw); a
     checkpoint named in checkpoints.resume may continue on new data."""
-    if data_too:
-        why = checkpoints.incompatibility(checkpoint, cfg.spec, keys=("data",))
-        if why is not None and checkpoints.incompatibility(checkpoint, cfg.spec, keys=("model", "revision",
-                                                                                    "quantization", "method")) is None:
-            raise ConfigError(f"the checkpoint {checkpoint} was trained on other data (spec.data changed: {why}); "
-                              "resume: auto does not continue it, as it would skip batches of data it never saw. "
-                              f"Name it in checkpoints.resume ({checkpoint}) to continue on the new data, set "
-                              "checkpoints.resume: never, or give the job another name or output.subPath")
-    why = checkpoints.incompatibility(checkpoint, cfg.spec, keys=("model", "revision", "quantization", "method"))
+    why = checkpoints.incompatibility(checkpoint, cfg.spec, keys=checkpoints.MODEL_KEYS)
     if why is not None:
         raise ConfigError(f"the checkpoint {checkpoint} was produced by another model or method ({why}); it is "
                           "not resumed. Delete the output directory's checkpoints, set checkpoints.resume: never, "
                           "or give the job another name or output.subPath")
+    other_data = checkpoints.incompatibility(checkpoint, cfg.spec, keys=checkpoints.DATA_KEYS) if data_too else None
+    if other_data is not None:
+        raise ConfigError(f"the checkpoint {checkpoint} was trained on other data (spec.data changed: {other_data}); "
+                          "resume: auto does not continue it, as it would skip batches of data it never saw. "
+                          f"Name it in checkpoints.resume ({checkpoint}) to continue on the new data, set "
+                          "checkpoints.resume: never, or give the job another name or output.subPath")
 
 
 def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
@@ -149,8 +148,6 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
 
 def perplexity(loss: float) -> float:
     """exp(mean token cross-entropy); inf rather than an overflow for a diverged loss."""
-    import math
-
     return math.exp(loss) if loss < 700 else math.inf
 
 

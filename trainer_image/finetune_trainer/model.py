@@ -121,15 +121,23 @@ def apply_method(model, spec: FineTuneJobSpec, train_embeddings: bool = False):
     if method.type == "freeze":
         extra = [*method.freeze.extra_trainable_modules, *(embedding_module_names(model) if train_embeddings else [])]
         return _freeze_all_but_last_layers(model, method.freeze.trainable_layers, extra)
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import prepare_model_for_kbit_training
 
     if method.type == "qlora":
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=spec.training.gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = method.lora
-    if lora.init_from is not None:
-        return _continue_adapter(model, spec)
+    model = _continue_adapter(model, spec) if method.lora.init_from is not None else _new_adapter(
+        model, spec, train_embeddings)
+    if spec.training.gradient_checkpointing:
+        model.enable_input_require_grads()  # frozen embeddings would otherwise cut the graph under checkpointing
+    return model
+
+
+def _new_adapter(model, spec: FineTuneJobSpec, train_embeddings: bool):
+    from peft import LoraConfig, get_peft_model
+
+    lora = spec.method.lora
     targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
     # New tokens' rows must be trained and saved with the adapter, or the adapter's model cannot use them.
     to_save = list(dict.fromkeys([*lora.modules_to_save, *(embedding_module_names(model) if train_embeddings else [])]))
@@ -137,12 +145,9 @@ def apply_method(model, spec: FineTuneJobSpec, train_embeddings: bool = False):
                         modules_to_save=to_save or None, use_rslora=lora.use_rslora,
                         use_dora=lora.use_dora, task_type="CAUSAL_LM")
     try:
-        model = get_peft_model(model, config)
+        return get_peft_model(model, config)
     except ValueError as exc:
         raise ConfigError(f"LoRA cannot be applied ({exc}); check method.lora.targetModules") from exc
-    if spec.training.gradient_checkpointing:
-        model.enable_input_require_grads()  # frozen embeddings would otherwise cut the graph under checkpointing
-    return model
 
 
 def _continue_adapter(model, spec: FineTuneJobSpec):
@@ -151,15 +156,12 @@ def _continue_adapter(model, spec: FineTuneJobSpec):
 
     source = spec.method.lora.init_from
     try:
-        model = PeftModel.from_pretrained(model, source, is_trainable=True)
+        return PeftModel.from_pretrained(model, source, is_trainable=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         # A size mismatch (an adapter of another base model) is a RuntimeError: permanent, like a missing path.
         raise ConfigError(f"spec.method.lora.initFrom {source} cannot be loaded onto {spec.model.name}: "
                           f"{str(exc).splitlines()[0][:400]}; give a directory or Hub id with adapter_config.json "
                           "made for this base model") from exc
-    if spec.training.gradient_checkpointing:
-        model.enable_input_require_grads()
-    return model
 
 
 def _freeze_all_but_last_layers(model, n: int, extra: list[str]):

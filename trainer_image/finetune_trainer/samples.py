@@ -18,12 +18,13 @@ from finetune_operator.api.data import DataSpec
 from finetune_operator.api.evaluation import Generation
 
 from . import formats
+from .data import uses_chat_template
 
 SAMPLES_FILE = "samples.jsonl"
 
 
 def render_prompt(prompt: str, data: DataSpec, tokenizer: Any) -> str:
-    if data.format in ("sharegpt", "messages") or (data.format == "alpaca" and tokenizer.chat_template):
+    if uses_chat_template(data, tokenizer):
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
     if data.format == "alpaca":

@@ -28,7 +28,7 @@ class Kube:
         self.events = self.dyn.resources.get(api_version="v1", kind="Event")
         self.nodes = self.dyn.resources.get(api_version="v1", kind="Node")
         self._shape_lock = threading.Lock()
-        self._shape: tuple[float, list[dict[str, Any]] | None] = (float("-inf"), None)
+        self._shape: tuple[float, list[dict[str, Any]] | None] = (float("-inf"), None)  # (expires, nodes)
 
     @classmethod
     def from_environment(cls, connections: int = 16) -> "Kube":
@@ -70,19 +70,19 @@ class Kube:
         """(name, allocatable) of the node with the most of an extended resource, or None when the nodes cannot be
         read (no RBAC for it) or none has any."""
         with self._shape_lock:
-            read_at, allocatable = self._shape
-            if time.monotonic() - read_at > NODE_SHAPE_TTL_SECONDS:
+            expires, allocatable = self._shape
+            if time.monotonic() >= expires:
                 try:
                     nodes = self.nodes.get().to_dict()["items"]
                     allocatable = [{"name": n["metadata"]["name"], **((n.get("status") or {}).get("allocatable")
                                                                      or {})} for n in nodes]
-                    read_at = time.monotonic()
+                    expires = time.monotonic() + NODE_SHAPE_TTL_SECONDS
                 except ApiException as exc:
                     if exc.status not in (401, 403):
                         raise
                     allocatable = None
-                    read_at = time.monotonic() + NODE_SHAPE_FORBIDDEN_RETRY_SECONDS - NODE_SHAPE_TTL_SECONDS
-                self._shape = (read_at, allocatable)
+                    expires = time.monotonic() + NODE_SHAPE_FORBIDDEN_RETRY_SECONDS
+                self._shape = (expires, allocatable)
         counts = [(n["name"], _count(n.get(resource))) for n in allocatable or []]
         best = max(counts, key=lambda item: item[1], default=None)
         return best if best is not None and best[1] > 0 else None
