@@ -131,7 +131,8 @@ def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, contr
     check = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a0-0-*/termination-log")).read_text())
     assert check["exitCode"] == 0 and check["preflight"]["sources"][0]["kept"] > 0 and st["preflight"] == "Passed"
     assert st["goodput"]["gpuHours"] == 0 and "runningSince" not in st["goodput"]  # a CPU job, finished
-    if runtime == "containers":  # the kubelet-style liveness probe of the chart's Deployment answered all along
+    if runtime == "containers":  # kubelet-style probes of the chart's Deployment: started, then live all along
+        assert chart_operator.startup_probes[-1:] == [200], chart_operator.startup_probes
         assert chart_operator.probes and all(p == 200 for p in chart_operator.probes), chart_operator.probes
         assert chart_operator.restarts == 0
 

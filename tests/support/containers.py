@@ -157,7 +157,8 @@ class OperatorContainer:
 
     def __init__(self, deployment: dict[str, Any], token: str, control_plane, workdir: Path, name: str):
         self.deployment, self.token, self.cp, self.workdir, self.name = deployment, token, control_plane, workdir, name
-        self.probes: list[int | str] = []
+        self.probes: list[int | str] = []  # liveness
+        self.startup_probes: list[int | str] = []
         self.restarts = 0
         self._stop = threading.Event()
 
@@ -197,31 +198,39 @@ class OperatorContainer:
         return None if self._stop.is_set() else self.container.poll()
 
     def _probe_loop(self, container: dict[str, Any]) -> None:
-        """httpGet liveness as the kubelet does it: failureThreshold failures in a row restart the container. The
-        period is the chart's, shortened so a test sees several probes."""
-        probe = container["livenessProbe"]
+        """httpGet probes as the kubelet runs them: the startup probe until it answers once (failureThreshold
+        failures restart the container), then liveness (failureThreshold failures in a row restart it). Liveness's
+        period is the chart's, shortened so a test sees several probes; the tolerated silence stays the chart's."""
         ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-        port = probe["httpGet"]["port"]
-        url = f"http://127.0.0.1:{ports.get(port, port)}{probe['httpGet']['path']}"
-        period = 2.0
-        # The chart's period and threshold tolerate periodSeconds x failureThreshold of silence; so does this.
-        threshold = max(1, round(probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3) / period))
-        failures, started = 0, time.monotonic()
-        while not self._stop.wait(period):
+        startup, liveness = container.get("startupProbe"), container["livenessProbe"]
+        live_period = 2.0
+        live_threshold = max(1, round(liveness.get("periodSeconds", 10) * liveness.get("failureThreshold", 3)
+                                      / live_period))
+        phase, failures, started = ("startup" if startup else "liveness"), 0, time.monotonic()
+        while True:
+            probe = startup if phase == "startup" else liveness
+            period = probe.get("periodSeconds", 10) if phase == "startup" else live_period
+            if self._stop.wait(period):
+                return
             if time.monotonic() - started < probe.get("initialDelaySeconds", 0):
                 continue
+            port = probe["httpGet"]["port"]
+            url = f"http://127.0.0.1:{ports.get(port, port)}{probe['httpGet']['path']}"
+            record = self.startup_probes if phase == "startup" else self.probes
             try:
                 with urllib.request.urlopen(url, timeout=probe.get("timeoutSeconds", 1)) as response:
-                    self.probes.append(response.status)
+                    record.append(response.status)
                     failures = 0
+                    phase = "liveness"
             except OSError as exc:
-                self.probes.append(repr(exc))
+                record.append(repr(exc))
                 failures += 1
+            threshold = probe.get("failureThreshold", 3) if record is self.startup_probes else live_threshold
             if failures >= threshold:
                 self.restarts += 1
                 self.container.remove()
                 self.container = PodmanContainer(self.name, self.argv, self.workdir / "operator.log")
-                failures, started = 0, time.monotonic()
+                phase, failures, started = ("startup" if startup else "liveness"), 0, time.monotonic()
 
     def log_tail(self, lines: int = 60) -> str:
         path = self.workdir / "operator.log"
