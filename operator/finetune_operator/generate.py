@@ -2,9 +2,10 @@
 
 - crds/finetunejob.yaml and the chart's copy, the chart's values.schema.json and values.yaml,
   docs/spec-reference.md: from the pydantic models;
-- api/transformers_names.py: the TrainingArguments field names and the optimizer and scheduler names of the
-  installed transformers, so the operator validates extraArgs, `optim` and `lrScheduler` without installing
-  transformers (~225 MB with numpy and tokenizers) or importing it (which imports torch).
+- api/transformers_names.py: the TrainingArguments field names, the optimizer and scheduler names and the
+  experiment-tracker integrations of the installed transformers, so the operator validates extraArgs, `optim`,
+  `lrScheduler` and `tracking.reportTo` without installing transformers (~225 MB with numpy and tokenizers) or
+  importing it (which imports torch).
 
 transformers' source is read with `ast`, never imported; unit tests check the reader against the real
 dataclass and enums, and the committed files against what this writes.
@@ -25,11 +26,12 @@ class TransformersNotInstalled(RuntimeError):
 
 
 def transformers_source(module: str) -> ast.Module:
-    """The parsed source of transformers/<module>.py, found without importing transformers."""
+    """The parsed source of transformers/<module>.py (a module path such as integrations/integration_utils),
+    found without importing transformers."""
     spec = importlib.util.find_spec("transformers")
     if spec is None or spec.origin is None:
         raise TransformersNotInstalled("transformers is not installed; install requirements/trainer.txt")
-    return ast.parse(Path(spec.origin).with_name(f"{module}.py").read_text(encoding="utf-8"))
+    return ast.parse((Path(spec.origin).parent / f"{module}.py").read_text(encoding="utf-8"))
 
 
 def dataclass_init_fields(module: ast.Module, class_name: str) -> list[str]:
@@ -48,11 +50,21 @@ def enum_values(module: ast.Module, class_name: str) -> list[str]:
             and isinstance(stmt.value.value, str)]
 
 
+def dict_keys(module: ast.Module, name: str) -> list[str]:
+    """The string keys of a module-level dict literal `name = {...}`."""
+    for stmt in module.body:
+        if (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)):
+            return [k.value for k in stmt.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    raise TransformersNotInstalled(f"{name} not found in the installed transformers")
+
+
 def names_module() -> str:
     """The source of api/transformers_names.py for the installed transformers."""
     args = sorted(dataclass_init_fields(transformers_source("training_args"), "TrainingArguments"))
     optimizers = sorted(enum_values(transformers_source("training_args"), "OptimizerNames"))
     schedulers = sorted(enum_values(transformers_source("trainer_utils"), "SchedulerType"))
+    integrations = sorted(dict_keys(transformers_source("integrations/integration_utils"), "INTEGRATION_TO_CALLBACK"))
     version = importlib.metadata.version("transformers")
 
     def frozen(name: str, doc: str, values: list[str]) -> str:
@@ -74,6 +86,8 @@ def names_module() -> str:
                optimizers),
         frozen("SCHEDULER_NAMES", "Values of transformers.SchedulerType (TrainingArguments.lr_scheduler_type).",
                schedulers),
+        frozen("REPORTING_INTEGRATIONS", "Keys of transformers' INTEGRATION_TO_CALLBACK (TrainingArguments.report_to).",
+               integrations),
     ])
 
 

@@ -326,3 +326,22 @@ def test_hub_downloads_are_cached_on_the_output_volume_across_attempts():
         name=job.name, namespace="d", attempt=attempt))["spec"]["template"]["spec"]["containers"][0]["env"]}
         for attempt in (1, 2)]
     assert envs[0]["HF_HOME"] == envs[1]["HF_HOME"] == "/output/.cache/huggingface"
+
+
+def test_trackers_and_the_push_token_are_rendered_from_secrets_only():
+    objs = render({"spec.tracking": {"reportTo": ["wandb", "mlflow"], "runName": "sft-v2",
+                                     "mlflow": {"trackingUri": "http://mlflow.mlflow:5000"}},
+                   "spec.pod.secretEnv": [{"name": "WANDB_API_KEY", "secretName": "wandb", "key": "api-key"}],
+                   "spec.output.push": {"repo": "acme/llama-sft", "tokenSecret": {"name": "hf-write"}}})
+    args = files(objs)[c.CONFIG_FILE]["trainingArguments"]
+    assert args["report_to"] == ["tensorboard", "wandb", "mlflow"] and args["run_name"] == "sft-v2"
+    assert "push_to_hub" not in args and "hub_token" not in args  # the trainer pushes itself, after saving
+    env = env_of(objs)
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-write", "key": "token"}}
+    assert env["WANDB_API_KEY"] == {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": False}}
+    assert not any("value" in e and e["name"] in c.SECRET_ENV_NAMES for e in container(objs)["env"])
+
+
+def test_without_trackers_only_tensorboard_and_the_job_name():
+    args = files(render())[c.CONFIG_FILE]["trainingArguments"]
+    assert args["report_to"] == ["tensorboard"] and args["run_name"] == "test-job"

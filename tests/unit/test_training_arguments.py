@@ -7,7 +7,12 @@ import pytest
 import yaml
 
 from finetune_operator.api.training import MANAGED_TRAINING_ARGUMENTS
-from finetune_operator.api.transformers_names import OPTIMIZER_NAMES, SCHEDULER_NAMES, TRAINING_ARGUMENT_NAMES
+from finetune_operator.api.transformers_names import (
+    OPTIMIZER_NAMES,
+    REPORTING_INTEGRATIONS,
+    SCHEDULER_NAMES,
+    TRAINING_ARGUMENT_NAMES,
+)
 from finetune_operator.api.validation import validate_job
 from finetune_operator.generate import NAMES_MODULE, names_module
 from finetune_operator.render import RenderContext
@@ -29,6 +34,9 @@ def test_generated_names_match_the_installed_transformers():
     assert real_fields() == TRAINING_ARGUMENT_NAMES
     assert {o.value for o in OptimizerNames} == OPTIMIZER_NAMES
     assert {s.value for s in SchedulerType} == SCHEDULER_NAMES
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    assert set(INTEGRATION_TO_CALLBACK) == REPORTING_INTEGRATIONS and {"wandb", "mlflow"} <= REPORTING_INTEGRATIONS
     assert NAMES_MODULE.read_text() == names_module(), "api/transformers_names.py is stale: run ./hack/generate.sh"
 
 

@@ -22,6 +22,18 @@ class DataError(TrainerError):
     exit_code = exit_codes.DATA_ERROR
 
 
+class PushFailed(TrainerError):
+    """The model is saved; the Hub push failed in a way a later attempt may get through (network, 5xx)."""
+
+    exit_code = exit_codes.PUSH_FAILED
+
+
+class PushRefused(TrainerError):
+    """The model is saved; the Hub refused the push (token, permission, repository name): retrying cannot help."""
+
+    exit_code = exit_codes.PUSH_REFUSED
+
+
 class LossDiverged(TrainerError):
     exit_code = exit_codes.DIVERGED
 

@@ -135,6 +135,15 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
                 logs["eval_perplexity"] = perplexity(logs["eval_loss"])
             super().log(logs, *rest, **kwargs)
 
+        def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+            # transformers trains one step past max_steps when it resumes a checkpoint saved at max_steps in mid-epoch
+            # (its skip-ahead runs a step before any stop check): an attempt that resumes a finished run, e.g. to
+            # retry its push, would train on and overwrite the model.
+            if 0 < self.state.max_steps <= self.state.global_step:
+                self.control.should_training_stop = True
+                return
+            super()._run_epoch(*args, **kwargs)
+
     trainer = FineTuneTrainer(
         model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
         data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
@@ -186,6 +195,7 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
 
 
 def run(config_path: str) -> dict[str, Any]:
+    from . import tracking
     from .model import load_model, load_tokenizer, trainable_parameters
 
     cfg, args = setup(config_path)
@@ -198,6 +208,15 @@ def run(config_path: str) -> dict[str, Any]:
     trainable, total = trainable_parameters(model)
     trainer, watchdog, stop = build_trainer(cfg, args, tokenizer, model, data, reporter)
     resume = resume_checkpoint(cfg)
+    runs = tracking.configure(cfg, resuming=resume is not None, rank=args.process_index)
+    trainer.add_callback(tracking.TrackerRunRecorder(cfg.output_dir, runs))
+    pusher = None
+    push = cfg.spec.output.push
+    if push is not None and push.strategy == "checkpoint" and trainer.args.should_save:
+        from .hub import CheckpointPushCallback, CheckpointPusher
+
+        pusher = CheckpointPusher(cfg)
+        trainer.add_callback(CheckpointPushCallback(pusher))
     if resume is not None and reporter is not None:  # say what this attempt restored from (kubectl get -o yaml)
         step = checkpoints.step_of(Path(resume)) or 0
         reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": resume}}, force=True)
@@ -212,7 +231,7 @@ def run(config_path: str) -> dict[str, Any]:
         paths.update(loss_plot(cfg))
     history = [h for h in trainer.state.log_history if "loss" in h]
     evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
-    return {
+    summary = {
         "reason": exit_codes.reason(exit_codes.SUCCESS), "steps": trainer.state.global_step,
         "resumedFrom": resume, "finalLoss": history[-1]["loss"] if history else None,
         "trainLoss": result.training_loss, "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
@@ -226,8 +245,19 @@ def run(config_path: str) -> dict[str, Any]:
         "totalParameters": total, "worldSize": args.world_size,
         "distributedType": str(trainer.accelerator.distributed_type),
         "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), **peak_memory(),
-        "data": data.stats, **paths,
+        "data": data.stats, **paths, **({"trackerRuns": runs} if runs else {}),
     }
+    if pusher is not None:
+        pusher.wait()
+        summary.update(checkpointPushes=pusher.pushed, **({"checkpointPushFailures": pusher.failures}
+                                                           if pusher.failures else {}))
+    if cfg.spec.output.push is not None and trainer.args.should_save:
+        from .hub import push_final
+
+        summary.update(push_final(cfg, paths, summary))
+        if reporter is not None:
+            reporter.report({"pushed": summary["pushed"]}, force=True)
+    return summary
 
 
 def loss_plot(cfg: TrainerConfig) -> dict[str, str]:

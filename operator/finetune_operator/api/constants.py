@@ -129,6 +129,13 @@ RESERVED_ENV_NAMES: Final = frozenset(
     }
 )
 RESERVED_ENV_PREFIXES: Final = ("PET_", "TORCHELASTIC_", "FINETUNE_")
+# Variables that hold credentials of the trackers and the Hub: never as a plain pod.env value (it would sit in the
+# FineTuneJob, the Job and every pod spec, readable by anyone who can read those).
+SECRET_ENV_NAMES: Final = frozenset({
+    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD",
+    "COMET_API_KEY", "NEPTUNE_API_TOKEN", "CLEARML_API_SECRET_KEY", "SWANLAB_API_KEY", "DAGSHUB_USER_TOKEN",
+    "AZURE_CLIENT_SECRET", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+})
 
 # Kubernetes limits a pod hostname to one DNS label; Indexed Job hostnames are "<job>-a<attempt>-<index>".
 MAX_JOB_NAME_LENGTH: Final = 48

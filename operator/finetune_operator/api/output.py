@@ -9,6 +9,34 @@ from .constants import OUTPUT_MOUNT_PATH
 from .k8s_names import DNS_SUBDOMAIN_PATTERN
 
 
+class SecretKey(ApiModel):
+    name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Secret in the job's namespace.")
+    key: str = Field(default="token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+                     description="Key in the Secret.")
+
+
+class HubPush(ApiModel):
+    """Where the result goes on the Hugging Face Hub (or a Hub-compatible server)."""
+
+    repo: str = Field(
+        max_length=200, pattern=r"^[A-Za-z0-9][-._A-Za-z0-9]*/[A-Za-z0-9][-._A-Za-z0-9]*$",
+        description="The model repository, namespace/name; created when missing.")
+    private: bool = Field(default=True, description="Create the repository private (an existing one keeps its "
+                          "visibility).")
+    strategy: Literal["end", "checkpoint"] = Field(
+        default="end", description="end: push the final model (adapter for LoRA), tokenizer, chat template and a "
+        "model card once training succeeded; checkpoint: also push every checkpoint as it is saved to "
+        "last-checkpoint/ in the repository (in the background; a failed checkpoint push only warns).")
+    revision: str = Field(default="main", min_length=1, max_length=255, pattern=r"^[^\s~^:?*\[\\]+$",
+                          description="Branch pushed to; created from main when missing.")
+    token_secret: SecretKey | None = Field(
+        default=None, description="The Secret holding a write token (key `token` by default), given to the "
+        "trainer as HF_TOKEN; without it HF_TOKEN must be in pod.secretEnv.")
+    endpoint: str | None = Field(
+        default=None, max_length=2048, pattern=r"^https?://[^\s@]+$",
+        description="A Hub-compatible server (e.g. a private Hub); defaults to https://huggingface.co.")
+
+
 class OutputSpec(ApiModel):
     claim_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
@@ -20,8 +48,13 @@ class OutputSpec(ApiModel):
         description="Directory inside the claim (relative, no '..'); defaults to the job name.",
     )
     merge_adapter: bool = Field(
-        default=False, description="lora/qlora: also save the base model with the adapter merged in."
+        default=False, description="lora/qlora: also save the base model with the adapter merged in (merged/; "
+        "pushed to the repository's merged/ folder)."
     )
+    push: HubPush | None = Field(
+        default=None, description="Push the result to the Hugging Face Hub. The model is saved to the output "
+        "directory first: a failed push never loses it (a refused token fails the job at once, a network error "
+        "fails the attempt and the next one resumes at the last step and only pushes).")
 
     @field_validator("sub_path")
     @classmethod

@@ -11,6 +11,7 @@ from .constants import (
     DEFAULT_TERMINATION_GRACE_SECONDS,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
+    SECRET_ENV_NAMES,
 )
 from .errors import SpecRuleErrors
 from .k8s_names import (
@@ -86,6 +87,9 @@ class EnvVar(ApiModel):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, name: str) -> str:
+        if name in SECRET_ENV_NAMES:
+            raise ValueError(f"{name} holds a credential; a plain value would be readable in the job and every pod "
+                             f"spec: give it in pod.secretEnv (a Secret's key) instead")
         return reject_reserved_env_name(name)
 
 

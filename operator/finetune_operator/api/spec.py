@@ -16,6 +16,7 @@ from .model import ModelSpec
 from .output import CheckpointSpec, OutputSpec
 from .resources import PodSpec, ResourcesSpec
 from .run_policy import RunPolicy
+from .tracking import TrackingSpec
 from .training import TrainingSpec
 
 FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3")
@@ -48,6 +49,8 @@ class FineTuneJobSpec(ApiModel):
     checkpoints: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec, description="What evaluation does beyond "
                                        "the validation loss and its perplexity: early stopping.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment trackers (wandb, mlflow, "
+                                   "...) besides TensorBoard.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and suspension.")
 
     @property
@@ -192,8 +195,39 @@ def _early_stopping_rules(spec: Any) -> list[FieldError]:
     return []
 
 
+def _credential_rules(spec: Any) -> list[FieldError]:
+    """Credentials the push and the trackers need come from Secrets; a missing one would fail after training."""
+    errors = []
+    secret_env = {s.name for s in spec.pod.secret_env}
+    push = spec.output.push
+    if push is not None and push.token_secret is None and "HF_TOKEN" not in secret_env:
+        errors.append(FieldError("output.push.tokenSecret", None, "pushing needs a Hub token with write access",
+                                 "set output.push.tokenSecret.name (a Secret with key token), or HF_TOKEN in "
+                                 "pod.secretEnv"))
+    if push is not None and push.token_secret is not None and "HF_TOKEN" in secret_env:
+        errors.append(FieldError("output.push.tokenSecret", push.token_secret.name, "HF_TOKEN is also given in "
+                                 "pod.secretEnv; the trainer would get one of the two",
+                                 "give the token once: remove one of them"))
+    tracking, plain_env = spec.tracking, {e.name for e in spec.pod.env}
+    wandb_offline = tracking.wandb is not None and tracking.wandb.offline
+    if "wandb" in tracking.report_to and not wandb_offline and "WANDB_API_KEY" not in secret_env:
+        errors.append(FieldError("tracking.reportTo", tracking.report_to, "wandb needs an API key to log in, and "
+                                 "would fail the run at its first step without one",
+                                 "add WANDB_API_KEY to pod.secretEnv, or set tracking.wandb.offline: true"))
+    if "mlflow" in tracking.report_to and tracking.mlflow is None and "MLFLOW_TRACKING_URI" not in plain_env:
+        errors.append(FieldError("tracking.mlflow.trackingUri", None, "mlflow needs its tracking server (MLflow's "
+                                 "own default, a directory in the container, is lost with the pod)",
+                                 "set tracking.mlflow.trackingUri, e.g. http://mlflow.mlflow:5000 or "
+                                 "file:///output/mlruns"))
+    for name in ("mlflow", "wandb"):
+        if getattr(tracking, name) is not None and name not in tracking.report_to:
+            errors.append(FieldError(f"tracking.{name}", "set", f"{name} is not in tracking.reportTo, so these "
+                                     "settings would do nothing", f"add {name} to tracking.reportTo, or remove them"))
+    return errors
+
+
 SECTIONS = ("model", "data", "method", "training", "distributed", "resources", "pod", "output", "checkpoints",
-            "evaluation", "run_policy")
+            "evaluation", "tracking", "run_policy")
 RULES = (
     Rule(("method", "model"), _method_rules),
     Rule(("model", "distributed"), _quantized_sharding_rules),
@@ -201,4 +235,5 @@ RULES = (
     Rule(("distributed", "model", "training"), _hardware_rules),
     Rule(("data", "training"), _data_rules),
     Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),
+    Rule(("output", "pod", "tracking"), _credential_rules),
 )

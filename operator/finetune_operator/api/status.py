@@ -78,6 +78,12 @@ class CheckpointRef(ApiModel):
                                       "method produced).")
 
 
+class PushRef(ApiModel):
+    repo: str = Field(max_length=200, description="The Hub repository the final model was pushed to.")
+    revision: str = Field(default="main", max_length=255, description="The branch pushed to.")
+    commit: str = Field(default="", max_length=4096, description="The commit's URL.")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = Field(default=None, description="Pending, Queued, Running, Restarting, Suspended, "
                                 "Succeeded or Failed.")
@@ -99,5 +105,7 @@ class FineTuneJobStatus(ApiModel):
                                         description="When the job succeeded or failed.")
     observed_generation: int | None = Field(default=None, ge=0, description="Spec generation last reconciled.")
     goodput: Goodput | None = Field(default=None, description="GPU-hours used and what restarts cost.")
+    pushed: PushRef | None = Field(default=None, description="Where spec.output.push put the final model "
+                                   "(written by the trainer once the push succeeded).")
     preflight: Literal["Running", "Passed", "Failed"] | None = Field(
         default=None, description="The preflight check's outcome (spec.runPolicy.preflight).")

@@ -185,3 +185,21 @@ SCHEDULER_NAMES: Final[frozenset[str]] = frozenset({
     "reduce_lr_on_plateau",
     "warmup_stable_decay",
 })
+
+# Keys of transformers' INTEGRATION_TO_CALLBACK (TrainingArguments.report_to).
+REPORTING_INTEGRATIONS: Final[frozenset[str]] = frozenset({
+    "azure_ml",
+    "clearml",
+    "codecarbon",
+    "comet_ml",
+    "dagshub",
+    "dvclive",
+    "flyte",
+    "kubeflow",
+    "mlflow",
+    "neptune",
+    "swanlab",
+    "tensorboard",
+    "trackio",
+    "wandb",
+})

@@ -142,6 +142,9 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
                  f"  model:      {summary.get('model')}",
                  f"  merged:     {summary['merged']}" if summary.get("merged") else "",
                  f"  loss plot:  {summary['lossPlot']}" if summary.get("lossPlot") else "",
+                 f"  pushed:     {summary['pushed']['repo']} ({summary['pushed']['commit']})"
+                 if summary.get("pushed") else "",
+                 *(f"  {name + ':':<11} run {run_id}" for name, run_id in (summary.get("trackerRuns") or {}).items()),
                  *(f"  sample:     {_short(r.get('prompt'))} -> {_short(r.get('completion'))}"
                    for r in summary.get("samples") or []),
                  f"  resumed:    from {summary['resumedFrom']}" if summary.get("resumedFrom") else "",
@@ -166,6 +169,11 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO = sys.stdout, port: int | 
     # both must still stop the nodes gracefully.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
+    missing = [e["name"] for e in trainer_env(job.spec, RenderContext(name=job.name, namespace="local"))
+               if "secretKeyRef" in e.get("valueFrom", {}) and not e["valueFrom"]["secretKeyRef"].get("optional")
+               and e["name"] not in os.environ]
+    for name in missing:  # no Secrets here: the shell's variable of the same name stands in for each
+        print(f"warning: {name} comes from a Secret in a cluster; set it in this shell for a local run", file=out)
     nodes = start_nodes(job, workdir, port)
     d = job.spec.distributed
     print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "

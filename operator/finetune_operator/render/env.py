@@ -42,6 +42,10 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
          "valueFrom": {"secretKeyRef": {"name": s.secret_name, "key": s.key, "optional": s.optional}}}
         for s in spec.pod.secret_env
     ]
+    push = spec.output.push
+    if push is not None and push.token_secret is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": push.token_secret.name,
+                                                                        "key": push.token_secret.key}}})
     return env
 
 

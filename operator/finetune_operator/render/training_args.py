@@ -37,7 +37,8 @@ def training_arguments(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, A
         "save_total_limit": ck.keep,
         "seed": t.seed,
         "ddp_timeout": d.collective_timeout_seconds,
-        "report_to": ["tensorboard"],
+        "report_to": spec.tracking.trackers,
+        "run_name": spec.tracking.run_name or ctx.name,
         # The trainer hands over already-tokenized columns; the default would drop them by the model's signature.
         "remove_unused_columns": False,
         "include_num_input_tokens_seen": "non_padding",

@@ -1,0 +1,105 @@
+"""The trainer's side of spec.tracking and spec.output.push that needs no run: the trackers' environment, the model
+card, and which Hub failures are retried."""
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from finetune_operator.api.validation import validate_job
+from finetune_trainer import hub, tracking
+from finetune_trainer.config import TrainerConfig
+from finetune_trainer.errors import PushFailed, PushRefused
+from tests.builders import make_job
+
+
+def config(overrides: dict, tmp_path: Path) -> TrainerConfig:
+    spec = validate_job(make_job(overrides)).spec
+    return TrainerConfig(job_name="llama-sft", namespace="team-a", spec=spec, training_arguments={},
+                         output_dir=tmp_path, resume_from=None)
+
+
+TRACKED = {"spec.tracking": {"reportTo": ["wandb", "mlflow"], "mlflow": {"trackingUri": "http://mlflow:5000"},
+                             "wandb": {"entity": "acme"}},
+           "spec.pod.secretEnv": [{"name": "WANDB_API_KEY", "secretName": "wandb", "key": "key"}]}
+
+
+def test_a_fresh_run_gets_new_tracker_runs_in_the_namespace_project(tmp_path):
+    env = tracking.tracker_environment(config(TRACKED, tmp_path), recorded={})
+    assert env["WANDB_PROJECT"] == env["MLFLOW_EXPERIMENT_NAME"] == "team-a"
+    assert env["WANDB_ENTITY"] == "acme" and env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert env["WANDB_DIR"] == str(tmp_path) and env["WANDB_RESUME"] == "allow" and len(env["WANDB_RUN_ID"]) == 12
+    assert "MLFLOW_RUN_ID" not in env and "MLFLOW_ALLOW_FILE_STORE" not in env and "WANDB_MODE" not in env
+    assert yaml.safe_load(env["MLFLOW_TAGS"]) == {"finetunejob.name": "llama-sft", "finetunejob.namespace": "team-a"}
+
+
+def test_a_resumed_run_continues_the_recorded_runs_and_keeps_its_parameters(tmp_path):
+    env = tracking.tracker_environment(config(TRACKED, tmp_path), recorded={"wandb": "abc", "mlflow": "f00"})
+    assert env["WANDB_RUN_ID"] == "abc" and env["MLFLOW_RUN_ID"] == "f00" and env["MLFLOW_MAX_LOG_PARAMS"] == "0"
+
+
+def test_only_a_resumed_attempt_reads_the_recorded_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "environ", {})  # configure() sets the trackers' variables: not in this process's
+    cfg = config(TRACKED, tmp_path)
+    tracking.write_runs(tmp_path, {"wandb": "old", "mlflow": "old"})  # a deleted job of the same name left them
+    fresh = tracking.configure(cfg, resuming=False, rank=0)
+    assert fresh["wandb"] != "old" and "mlflow" not in fresh and tracking.read_runs(tmp_path) == fresh
+    resumed = tracking.configure(cfg, resuming=True, rank=0)
+    assert resumed == fresh
+
+
+def test_no_trackers_no_environment(tmp_path):
+    assert tracking.configure(config({}, tmp_path), resuming=True, rank=0) == {}
+    assert not (tmp_path / tracking.RUNS_FILE).exists()
+
+
+PUSH = {"spec.output.push": {"repo": "acme/llama-sft", "tokenSecret": {"name": "hf"}},
+        "spec.data.train": [{"hub": {"name": "tatsu-lab/alpaca"}}]}
+
+
+def test_the_model_card_has_hub_metadata_settings_metrics_and_the_spec(tmp_path):
+    card = hub.model_card(config(PUSH, tmp_path), {"steps": 100, "finalLoss": 1.23456, "evalLoss": None})
+    _, front, body = card.split("---", 2)
+    meta = yaml.safe_load(front)
+    assert meta["library_name"] == "peft" and meta["datasets"] == ["tatsu-lab/alpaca"]
+    assert meta["pipeline_tag"] == "text-generation" and "finetunejob" in meta["tags"]
+    assert "| final train loss | 1.235 |" in body and "eval loss" not in body.split("## Configuration")[0]
+    assert "FineTuneJob `team-a/llama-sft`" in body
+    config_block = body.split("```yaml")[1].split("```")[0]
+    assert set(yaml.safe_load(config_block)) == {"model", "data", "method", "training", "evaluation"}  # no pod
+
+
+class HubError(Exception):
+    def __init__(self, status: int):
+        super().__init__(f"{status} Client Error")
+        self.response = type("Response", (), {"status_code": status})()
+
+
+@pytest.mark.parametrize(("status", "error", "calls"), [(403, PushRefused, 1), (401, PushRefused, 1),
+                                                         (503, PushFailed, hub.TRIES), (429, PushFailed, hub.TRIES),
+                                                         (None, PushFailed, hub.TRIES)])
+def test_refusals_fail_at_once_and_outages_are_retried(monkeypatch, status, error, calls):
+    monkeypatch.setattr(hub, "RETRY_SECONDS", 0)
+    attempts = []
+
+    def push() -> str:
+        attempts.append(1)
+        raise HubError(status) if status else ConnectionError("connection refused")
+
+    with pytest.raises(error, match="the model is saved"):
+        hub.with_retries(push, "pushing final/")
+    assert len(attempts) == calls
+
+
+def test_an_outage_that_ends_is_retried_to_success(monkeypatch):
+    monkeypatch.setattr(hub, "RETRY_SECONDS", 0)
+    outcomes = iter([HubError(502), "http://hub/commit/1"])
+
+    def push() -> str:
+        result = next(outcomes)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    assert hub.with_retries(push, "pushing") == "http://hub/commit/1"
