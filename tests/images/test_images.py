@@ -66,3 +66,34 @@ print(json.dumps({"uid": os.getuid(), "python": list(sys.version_info[:2]), "tor
     # The CPU variant: what DeepSpeed's CPU accelerator loads, compiled at build time, not in every pod.
     assert {"cpu_adam", "deepspeed_shm_comm"} <= set(facts["ops"]), facts
     assert facts["flash_attn"] is False  # so the trainer refuses flash_attention_2 (tests/unit: check_attention)
+
+
+def test_trainer_image_runs_the_trackers_with_the_trainers_own_environment(images):
+    """wandb runs its Go service binary and MLflow its file store inside the image, non-root on a read-only root,
+    with the variables the trainer sets (finetune_trainer.tracking); /tmp stands in for the output volume."""
+    _, trainer_image = images
+    out = run(trainer_image, "-c", """
+import json, os
+from pathlib import Path
+from finetune_operator.api.spec import FineTuneJobSpec
+from finetune_trainer.config import TrainerConfig
+from finetune_trainer.tracking import tracker_environment
+spec = FineTuneJobSpec.model_validate({"model": {"name": "/models/m"},
+    "data": {"format": "alpaca", "train": [{"path": "/data/d"}]}, "distributed": {"gpusPerNode": 0},
+    "tracking": {"reportTo": ["wandb", "mlflow"], "wandb": {"offline": True},
+                 "mlflow": {"trackingUri": "file:///tmp/out/mlruns"}}})
+os.environ.update(tracker_environment(TrainerConfig("job", "ns", spec, {}, Path("/tmp/out"), None), {}))
+import mlflow, wandb
+run = wandb.init()
+run.log({"train/loss": 1.5})
+run.finish()
+mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+with mlflow.start_run() as active:
+    mlflow.log_metric("loss", 1.5, step=1)
+history = mlflow.tracking.MlflowClient().get_metric_history(active.info.run_id, "loss")
+print(json.dumps({"wandb": [p.name for p in Path("/tmp/out/wandb").glob("offline-run-*")],
+                  "runId": os.environ["WANDB_RUN_ID"], "mlflow": [(m.step, m.value) for m in history]}))
+""", tmp=True)
+    facts = json.loads(out.strip().splitlines()[-1])
+    assert [name.endswith(facts["runId"]) for name in facts["wandb"]] == [True], facts
+    assert facts["mlflow"] == [[1, 1.5]], facts

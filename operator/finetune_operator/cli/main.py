@@ -116,7 +116,12 @@ def describe(job: ValidatedJob) -> str:
         f"  topology:   {d.num_nodes} node(s) x {device} = {d.world_size} process(es), {_strategy(job)}",
         f"  batch:      global batch size {s.global_batch_size} = {t.per_device_train_batch_size} per device x "
         f"{t.gradient_accumulation_steps} accumulation x {d.world_size} process(es)",
+        f"  tracking:   {', '.join(s.tracking.trackers)}",
     ]
+    if s.output.push is not None:
+        p = s.output.push
+        when = "at the end" + (" and every checkpoint" if p.strategy == "checkpoint" else "")
+        lines.append(f"  push:       {p.repo} ({'private' if p.private else 'public'}, {when})")
     lines += [f"  warning:    {w}" for w in job.warnings]
     return "\n".join(lines)
 
