@@ -345,3 +345,13 @@ def test_trackers_and_the_push_token_are_rendered_from_secrets_only():
 def test_without_trackers_only_tensorboard_and_the_job_name():
     args = files(render())[c.CONFIG_FILE]["trainingArguments"]
     assert args["report_to"] == ["tensorboard"] and args["run_name"] == "test-job"
+
+
+def test_a_shared_cache_volume_holds_hub_downloads_and_tokenized_data():
+    objs = render({"spec.data.cacheDir": "/hf-cache/team",
+                   "spec.pod.volumes": [{"name": "hf-cache", "mountPath": "/hf-cache", "claimName": "hf-cache"}]})
+    assert env_of(objs)["HF_HOME"] == "/hf-cache/team/huggingface"
+    assert files(objs)[c.CONFIG_FILE]["cacheDir"] == "/hf-cache/team"
+    default = render()  # the job's own output volume, where a gang restart finds them again
+    assert env_of(default)["HF_HOME"] == f"{c.OUTPUT_MOUNT_PATH}/.cache/huggingface"
+    assert files(default)[c.CONFIG_FILE]["cacheDir"] == f"{c.OUTPUT_MOUNT_PATH}/.cache"

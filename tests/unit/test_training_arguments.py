@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ from finetune_operator.api.validation import validate_job
 from finetune_operator.generate import NAMES_MODULE, names_module
 from finetune_operator.render import RenderContext
 from finetune_operator.render.configmap import config_files
+from tests.builders import make_job
 from tests.conftest import EXAMPLES
 
 transformers = pytest.importorskip("transformers")
@@ -105,3 +107,16 @@ def test_trainer_refuses_fsdp_on_cpu(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="FSDP through the Trainer needs GPUs"):
         load_config(path)
+
+
+def test_the_trainer_caches_where_the_config_says(tmp_path):
+    from finetune_trainer.config import load_config
+
+    job = validate_job(make_job({"spec.data.cacheDir": "/hf-cache/team", "spec.pod.volumes": [
+        {"name": "hf-cache", "mountPath": "/hf-cache", "claimName": "hf-cache"}]}))
+    for ctx, expected in ((RenderContext(name=job.name, namespace="d"), "/hf-cache/team"),
+                          (RenderContext(name=job.name, namespace="d", output_dir=str(tmp_path),
+                                         cache_dir=str(tmp_path / ".cache")), str(tmp_path / ".cache"))):
+        path = tmp_path / "trainer.json"
+        path.write_text(config_files(job.spec, ctx)["trainer.json"])
+        assert load_config(path).cache == Path(expected)

@@ -20,6 +20,11 @@ class TrainerConfig:
     training_arguments: dict[str, Any]
     output_dir: Path
     resume_from: str | None
+    cache_dir: Path | None = None  # spec.data.cacheDir as rendered; None: <output>/.cache
+
+    @property
+    def cache(self) -> Path:
+        return self.cache_dir or self.output_dir / ".cache"
 
 
 def load_config(path: str | Path) -> TrainerConfig:
@@ -37,6 +42,7 @@ def load_config(path: str | Path) -> TrainerConfig:
             training_arguments=dict(doc["trainingArguments"]),
             output_dir=Path(doc["outputDir"]),
             resume_from=doc.get("resumeFrom"),
+            cache_dir=Path(doc["cacheDir"]) if doc.get("cacheDir") else None,
         )
     except (KeyError, TypeError, ValidationError) as exc:
         raise ConfigError(f"invalid trainer config {path}: {exc}") from exc

@@ -46,7 +46,7 @@ def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
 
     # Rank 0 tokenizes and caches, reporting a heartbeat; the others wait, then load the cache instead of
     # tokenizing inside a collective.
-    cache = cfg.output_dir / ".cache" / "tokenized"
+    cache = cfg.cache / "tokenized"
     with rank_zero_first(args.process_index, args.world_size):
         if args.process_index != 0:
             return prepare(cfg.spec.data, tokenizer, cache, args.seed)

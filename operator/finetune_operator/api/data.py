@@ -6,6 +6,7 @@ from pydantic import Field, model_validator
 
 from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
+from .volumes import AbsolutePath
 
 DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text"]
 FileType = Literal["json", "jsonl", "parquet", "csv", "text"]
@@ -123,6 +124,12 @@ class DataSpec(ApiModel):
     streaming: bool = Field(
         default=False, description="Stream the dataset instead of tokenizing it up front (needs training.maxSteps)."
     )
+    cache_dir: AbsolutePath | None = Field(
+        default=None, max_length=4096,
+        description="Where Hub downloads (HF_HOME: models, tokenizers, datasets) and tokenized data are cached; "
+        "default <output>/.cache, which a gang restart of the same job finds again. Point it into a writable volume "
+        "of pod.volumes (e.g. a team's shared cache claim) so that every job downloads a model once. `finetune run` "
+        "uses your own HF_HOME and the run's output directory instead.")
 
     @model_validator(mode="after")
     def _data_rules(self) -> "DataSpec":

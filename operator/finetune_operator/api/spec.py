@@ -195,6 +195,22 @@ def _early_stopping_rules(spec: Any) -> list[FieldError]:
     return []
 
 
+def _cache_rules(spec: Any) -> list[FieldError]:
+    """The root filesystem is read-only: a cache outside the output volume must be on a writable volume."""
+    cache = spec.data.cache_dir
+    if cache is None:
+        return []
+    writable = [spec.output.mount_path, *(v.mount_path for v in spec.pod.volumes if not v.read_only)]
+    if any(cache == m or cache.startswith(m.rstrip("/") + "/") for m in writable):
+        return []
+    read_only = [v.mount_path for v in spec.pod.volumes if v.read_only]
+    why = ("is on a read-only volume" if any(cache == m or cache.startswith(m.rstrip("/") + "/") for m in read_only)
+           else "is on no volume, and the pods' root filesystem is read-only")
+    return [FieldError("data.cacheDir", cache, why, "mount a writable volume there with pod.volumes (e.g. a shared "
+                       "cache claim at /hf-cache and cacheDir: /hf-cache), or remove cacheDir to cache in the output "
+                       "volume")]
+
+
 def _credential_rules(spec: Any) -> list[FieldError]:
     """Credentials the push and the trackers need come from Secrets; a missing one would fail after training."""
     errors = []
@@ -236,4 +252,5 @@ RULES = (
     Rule(("data", "training"), _data_rules),
     Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),
     Rule(("output", "pod", "tracking"), _credential_rules),
+    Rule(("data", "pod", "output"), _cache_rules),
 )

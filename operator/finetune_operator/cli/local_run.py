@@ -45,7 +45,8 @@ def free_port() -> int:
 def prepare(job: ValidatedJob, workdir: Path) -> tuple[Path, RenderContext]:
     """Writes the ConfigMap's files under workdir/config, exactly as a pod would see them mounted."""
     ctx = RenderContext(name=job.name, namespace="local", config_dir=str(workdir / "config"),
-                        output_dir=str(workdir / "output"), job_labels=job.labels)
+                        output_dir=str(workdir / "output"), cache_dir=str(workdir / "output" / ".cache"),
+                        job_labels=job.labels)
     (workdir / "config").mkdir(parents=True, exist_ok=True)
     (workdir / "output").mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(parents=True, exist_ok=True)

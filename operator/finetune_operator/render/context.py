@@ -18,5 +18,7 @@ class RenderContext:
     # Where the trainer finds its config and writes output; `finetune run` points these at local directories.
     config_dir: str = CONFIG_MOUNT_PATH
     output_dir: str = OUTPUT_MOUNT_PATH
+    # `finetune run` caches in its own output directory, whatever spec.data.cacheDir says about the pods.
+    cache_dir: str | None = None
     # Set when resuming an attempt from a checkpoint the operator recorded in status.checkpoint.
     resume_from: str | None = None

@@ -7,6 +7,7 @@ from ..api import constants as c
 from ..api.spec import FineTuneJobSpec
 from .context import RenderContext
 from .names import master_address
+from .trainer_config import cache_dir
 
 
 def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
@@ -24,9 +25,9 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
         {"name": c.ENV_JOB_NAMESPACE, "valueFrom": _field_ref("metadata.namespace")},
         {"name": c.ENV_POD_NAME, "valueFrom": _field_ref("metadata.name")},
         {"name": c.ENV_ATTEMPT, "value": str(ctx.attempt)},
-        # Hub downloads (models, tokenizers, datasets) go to the output volume, where the next attempt of a gang
-        # restart finds them instead of downloading again (the root filesystem is read-only anyway).
-        {"name": c.ENV_HF_HOME, "value": posixpath.join(ctx.output_dir, ".cache", "huggingface")},
+        # Hub downloads (models, tokenizers, datasets) go to the output volume (or data.cacheDir), where the next
+        # attempt of a gang restart finds them instead of downloading again (the root filesystem is read-only).
+        {"name": c.ENV_HF_HOME, "value": posixpath.join(cache_dir(spec, ctx), "huggingface")},
         {"name": c.ENV_TORCH_EXTENSIONS_DIR, "value": posixpath.join(c.CACHE_MOUNT_PATH, "torch_extensions")},
         {"name": c.ENV_TRITON_CACHE_DIR, "value": posixpath.join(c.CACHE_MOUNT_PATH, "triton")},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

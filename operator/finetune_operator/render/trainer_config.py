@@ -1,5 +1,6 @@
 """The document mounted into every trainer pod: the validated spec plus everything derived from it."""
 
+import posixpath
 from typing import Any
 
 from ..api.constants import API_VERSION
@@ -8,6 +9,11 @@ from .context import RenderContext
 from .training_args import training_arguments
 
 TRAINER_CONFIG_KIND = "TrainerConfig"
+
+
+def cache_dir(spec: FineTuneJobSpec, ctx: RenderContext) -> str:
+    """Hub downloads (HF_HOME is its huggingface/) and tokenized data: spec.data.cacheDir, else the output's .cache."""
+    return ctx.cache_dir or spec.data.cache_dir or posixpath.join(ctx.output_dir, ".cache")
 
 
 def trainer_config(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
@@ -19,5 +25,6 @@ def trainer_config(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
         "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True),
         "trainingArguments": training_arguments(spec, ctx),
         "outputDir": ctx.output_dir,
+        "cacheDir": cache_dir(spec, ctx),
         "resumeFrom": ctx.resume_from,
     }
