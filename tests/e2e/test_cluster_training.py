@@ -16,6 +16,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.support.containers import ContainerPodRunner, OperatorContainer, built_images
+from tests.support.hub_server import StandInHub
 from tests.support.operator_process import OperatorProcess
 from tests.support.pod_runner import PodRunner
 
@@ -112,11 +113,25 @@ def progress_records(workdir):
     return [r for r in records if r.get("phase") != "Preparing"]  # the data preparation's heartbeat
 
 
+def with_tracking_and_push(job, hub_url):
+    """wandb offline and a push to a stand-in Hub, its token from a Secret; the test kubelet keeps pods off the Hub
+    (HF_HUB_OFFLINE=1) unless the pod says otherwise, as this one must to push."""
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["tracking"] = {"reportTo": ["wandb"], "wandb": {"offline": True}}
+    doc["spec"]["output"]["push"] = {"repo": "acme/tiny-2node", "endpoint": hub_url,
+                                     "tokenSecret": {"name": "hf-write"}}
+    doc["spec"].setdefault("pod", {})["env"] = [{"name": "HF_HUB_OFFLINE", "value": "0"}]
+    job.write_text(yaml.safe_dump(doc))
+
+
 def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, control_plane, namespace, tiny_model_dir,
                                          tmp_path):
     shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
     job = tiny_two_node_job(tiny_model_dir, tmp_path, preflight=True)
-    with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
+    kubectl.run("create", "secret", "generic", "hf-write", "-n", namespace, "--from-literal=token=hf_e2e_write")
+    with StandInHub(token="hf_e2e_write") as hub, pod_runner(runtime, kubectl, control_plane, namespace,
+                                                             tmp_path) as runner:
+        with_tracking_and_push(job, hub.url)
         kubectl.run("apply", "-n", namespace, "-f", str(job))
         st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300,
                          chart_operator, runner)
@@ -131,6 +146,12 @@ def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, contr
     check = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a0-0-*/termination-log")).read_text())
     assert check["exitCode"] == 0 and check["preflight"]["sources"][0]["kept"] > 0 and st["preflight"] == "Passed"
     assert st["goodput"]["gpuHours"] == 0 and "runningSince" not in st["goodput"]  # a CPU job, finished
+    # The adapter reached the Hub with the token from the Secret, and the status says where; wandb ran offline.
+    final = tmp_path / "pvc" / "shared" / "tiny-cpu-sft" / "final"
+    assert st["pushed"]["repo"] == "acme/tiny-2node" and st["pushed"]["commit"].startswith(hub.url)
+    pushed = hub.files("acme/tiny-2node")
+    assert pushed["adapter_model.safetensors"] == (final / "adapter_model.safetensors").read_bytes()
+    assert list((tmp_path / "pvc" / "shared" / "tiny-cpu-sft" / "wandb").glob("offline-run-*/run-*.wandb"))
     if runtime == "containers":  # kubelet-style probes of the chart's Deployment: started, then live all along
         assert chart_operator.startup_probes[-1:] == [200], chart_operator.startup_probes
         assert chart_operator.probes and all(p == 200 for p in chart_operator.probes), chart_operator.probes

@@ -14,6 +14,7 @@ the real image, mounts at their pod paths, the pod's user, groups and read-only 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -178,6 +179,10 @@ class PodRunner:
                                      pod["metadata"]["namespace"])
 
     def _value_from(self, pod: dict[str, Any], item: dict[str, Any]) -> str:
+        secret = item["valueFrom"].get("secretKeyRef")
+        if secret is not None:  # read from the apiserver, as the kubelet does (a missing one fails the test)
+            data = self.kubectl.json("get", "secret", secret["name"], "-n", self.namespace)["data"]
+            return base64.b64decode(data[secret["key"]]).decode()
         path = item["valueFrom"]["fieldRef"]["fieldPath"]
         if path == "metadata.name":
             return pod["metadata"]["name"]
