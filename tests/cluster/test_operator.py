@@ -7,21 +7,9 @@ import json
 import time
 import urllib.request
 
-import pytest
-
 from finetune_operator.api import constants as c
 from tests.builders import make_job
-from tests.support.controlplane import free_port
-from tests.support.operator_process import OperatorProcess
 from tests.support.pod_status import terminated
-
-
-@pytest.fixture(scope="module")
-def operator(kubectl, control_plane):
-    op = OperatorProcess(control_plane.kubeconfig, control_plane.work / "operator.log", restart_backoff=1,
-                         metrics_port=free_port()).start()
-    yield op
-    op.stop()
 
 
 def wait_for(predicate, timeout=45.0, what="condition", op=None):

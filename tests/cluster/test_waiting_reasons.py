@@ -9,18 +9,9 @@ import pytest
 
 from finetune_operator.api import constants as c
 from tests.builders import make_job
-from tests.support.controlplane import fake_gpu_node, free_port
-from tests.support.operator_process import OperatorProcess
+from tests.support.controlplane import fake_gpu_node
 
 POOL = "test.finetunejob.dev/pool"
-
-
-@pytest.fixture(scope="module")
-def operator(kubectl, control_plane):
-    op = OperatorProcess(control_plane.kubeconfig, control_plane.work / "operator-waiting.log", restart_backoff=1,
-                         metrics_port=free_port()).start()
-    yield op
-    op.stop()
 
 
 def submit(kubectl, ns, name, **overrides):

@@ -355,3 +355,15 @@ def test_a_shared_cache_volume_holds_hub_downloads_and_tokenized_data():
     default = render()  # the job's own output volume, where a gang restart finds them again
     assert env_of(default)["HF_HOME"] == f"{c.OUTPUT_MOUNT_PATH}/.cache/huggingface"
     assert files(default)[c.CONFIG_FILE]["cacheDir"] == f"{c.OUTPUT_MOUNT_PATH}/.cache"
+
+
+@pytest.mark.parametrize(("distributed", "sharded"), [
+    ({"strategy": "ddp"}, False),
+    ({"strategy": "deepspeed", "deepspeed": {"zeroStage": 2}}, False),
+    ({"strategy": "deepspeed", "deepspeed": {"zeroStage": 3}}, True),
+    ({"strategy": "fsdp"}, True),
+])
+def test_which_strategies_shard_the_parameters(distributed, sharded):
+    """Generation samples under these need every rank (synced_gpus); the trainer asks the API, not its own rule."""
+    spec = validate_job(make_job({"spec.distributed": {"numNodes": 2, "gpusPerNode": 8, **distributed}})).spec
+    assert spec.distributed.shards_parameters is sharded

@@ -121,11 +121,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
     if evaluation.prompts:
         from .samples import SampleCallback
 
-        d = cfg.spec.distributed
-        sharded = d.strategy == "fsdp" or (d.strategy == "deepspeed" and d.deepspeed is not None
-                                           and d.deepspeed.zero_stage == 3)
         samples = SampleCallback(list(evaluation.prompts), evaluation.generation, cfg.spec.data, tokenizer,
-                                 cfg.output_dir, sharded, stop)
+                                 cfg.output_dir, cfg.spec.distributed.shards_parameters, stop)
         callbacks.append(samples)
 
     class FineTuneTrainer(Trainer):
@@ -151,8 +148,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
-    trainer.samples = samples
-    return trainer, watchdog, stop
+    return trainer, watchdog, stop, samples
 
 
 def perplexity(loss: float) -> float:
@@ -206,7 +202,7 @@ def run(config_path: str) -> dict[str, Any]:
     data = prepare_data(cfg, args, tokenizer, reporter)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     trainable, total = trainable_parameters(model)
-    trainer, watchdog, stop = build_trainer(cfg, args, tokenizer, model, data, reporter)
+    trainer, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter)
     resume = resume_checkpoint(cfg)
     runs = tracking.configure(cfg, resuming=resume is not None, rank=args.process_index)
     trainer.add_callback(tracking.TrackerRunRecorder(cfg.output_dir, runs))
@@ -238,8 +234,8 @@ def run(config_path: str) -> dict[str, Any]:
         "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,
         **early_stopping(cfg, trainer),
         **({"adapterInitFrom": cfg.spec.method.lora.init_from} if cfg.spec.method.lora.init_from else {}),
-        **({"samples": [{**r, "completion": r["completion"][:500]} for r in trainer.samples.last]}
-           if trainer.samples is not None else {}),
+        **({"samples": [{**r, "completion": r["completion"][:500]} for r in samples.last]}
+           if samples is not None else {}),
         "trainRuntimeSeconds": result.metrics.get("train_runtime"),
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,

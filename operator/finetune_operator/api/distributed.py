@@ -122,6 +122,12 @@ class DistributedSpec(ApiModel):
         return self.gpus_per_node if self.gpus_per_node > 0 else self.cpu_processes_per_node
 
     @property
+    def shards_parameters(self) -> bool:
+        """FSDP or ZeRO-3: each rank holds a slice of every weight, so generation needs every rank (synced_gpus)."""
+        return self.strategy == "fsdp" or (self.strategy == "deepspeed" and self.deepspeed is not None
+                                           and self.deepspeed.zero_stage == 3)
+
+    @property
     def world_size(self) -> int:
         return self.num_nodes * self.processes_per_node
 
