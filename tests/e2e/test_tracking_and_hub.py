@@ -105,20 +105,20 @@ def test_push_sends_the_adapter_tokenizer_template_and_a_model_card_never_the_ca
     assert "AutoPeftModelForCausalLM.from_pretrained('acme/tiny-sft')" in card
 
 
-def test_a_failed_push_keeps_the_model_and_the_next_run_only_pushes(tiny_model_dir, tmp_path):
+def test_a_refused_token_fails_before_training_and_an_outage_keeps_the_model(tiny_model_dir, tmp_path):
     final = tmp_path / "output" / "final" / "adapter_model.safetensors"
     with StandInHub(token="hf_write_token") as hub:
-        hub.refuse = True  # a token without write access: permanent, said at once
+        hub.refuse = True  # a token without write access: permanent, and said before any step is trained
         code, out = finetune_run(tiny_model_dir, tmp_path, push_spec(hub), env={"HF_TOKEN": "hf_write_token"})
         assert code == exit_codes.PUSH_REFUSED, out
-        assert "PushRefused" in out and "403" in out and "the model is saved" in out
-        trained = final.read_bytes()
+        assert "PushRefused" in out and "403" in out and "nothing was trained yet" in out
+        assert not (tmp_path / "output" / "progress.jsonl").exists() and not final.exists()
 
-        hub.refuse, hub.unavailable = False, True  # the Hub is down: retryable; the model stays
+        hub.refuse, hub.unavailable = False, True  # the Hub is down: training goes on, the push fails, retryable
         code, out = finetune_run(tiny_model_dir, tmp_path, push_spec(hub), env={"HF_TOKEN": "hf_write_token"})
         assert code == exit_codes.PUSH_FAILED, out
-        assert "PushFailed" in out and "run the same command again to resume" in out
-        assert final.read_bytes() == trained  # nothing was trained again
+        assert "PushFailed" in out and "the model is saved" in out and "run the same command again to resume" in out
+        trained = final.read_bytes()
 
         hub.unavailable = False
         code, out = finetune_run(tiny_model_dir, tmp_path, push_spec(hub), env={"HF_TOKEN": "hf_write_token"})
@@ -128,11 +128,33 @@ def test_a_failed_push_keeps_the_model_and_the_next_run_only_pushes(tiny_model_d
 
 
 @pytest.mark.parametrize("token", [None, "wrong"])
-def test_a_missing_or_wrong_token_is_refused_without_losing_the_model(tiny_model_dir, tmp_path, token):
+def test_a_missing_or_wrong_token_fails_at_once(tiny_model_dir, tmp_path, token):
     with StandInHub(token="hf_write_token") as hub:
         code, out = finetune_run(tiny_model_dir, tmp_path, push_spec(hub), env={"HF_TOKEN": token} if token else {},
                                  steps=2)
     if token is None:
         assert "warning: HF_TOKEN comes from a Secret in a cluster" in out
     assert code == exit_codes.PUSH_REFUSED, out
-    assert "401" in out and (tmp_path / "output" / "final" / "adapter_model.safetensors").exists()
+    assert "401" in out and not (tmp_path / "output" / "progress.jsonl").exists()  # no step was trained
+
+
+def test_the_preflight_checks_the_hub_repository(tiny_model_dir, tmp_path):
+    """runPolicy.preflight's pod (here as a process) refuses a token the Hub refuses, before any GPU is requested."""
+    from finetune_operator.api.validation import validate_job
+    from finetune_operator.cli.local_run import prepare
+
+    doc = yaml.safe_load(Path(TINY).read_text())
+    doc["spec"]["model"]["name"] = str(tiny_model_dir)
+    with StandInHub(token="hf_write_token") as hub:
+        doc["spec"]["output"] = {"push": {"repo": "acme/tiny-sft", "endpoint": hub.url,
+                                          "tokenSecret": {"name": "hf-write"}}}
+        config, _ = prepare(validate_job(doc), tmp_path)
+        results = {}
+        for token in ("wrong", "hf_write_token"):
+            proc = subprocess.run([sys.executable, "-m", "finetune_trainer.preflight", "--config", str(config)],
+                                  capture_output=True, text=True, timeout=300, cwd=ROOT,
+                                  env={**os.environ, "HF_TOKEN": token, "HF_HUB_OFFLINE": "0"})
+            results[token] = proc
+        assert "acme/tiny-sft" in hub.repos  # created by the good token's check
+    assert results["wrong"].returncode == exit_codes.PUSH_REFUSED, results["wrong"].stdout
+    assert '"hubCheck": "ok"' in results["hf_write_token"].stdout and results["hf_write_token"].returncode == 0

@@ -61,23 +61,45 @@ def ensure_repo(api, cfg: TrainerConfig) -> None:
         api.create_branch(push.repo, branch=push.revision, exist_ok=True)
 
 
-def with_retries(action: Callable[[], str], what: str) -> str:
-    """Runs `action`, again after a network error or a 5xx/429; a refusal (4xx) is not retried."""
+SAVED = "the model is saved in the output directory"
+
+
+def with_retries(action: Callable[[], str], what: str, state: str = SAVED) -> str:
+    """Runs `action`, again after a network error or a 5xx/429; a refusal (4xx) is not retried. `state` says what
+    is safe so far, in the error."""
     for attempt in range(1, TRIES + 1):
         try:
             return action()
-        except Exception as exc:
+        except Exception as exc:  # huggingface_hub raises httpx, OSError and its own errors
             status = _status(exc)
             if status is not None and 400 <= status < 500 and status != 429:
-                raise PushRefused(f"{what}: the Hub refused it ({status}: {_first_line(exc)}); the model is saved in "
-                                  "the output directory. Check the token's write access and output.push.repo") from exc
+                raise PushRefused(f"{what}: the Hub refused it ({status}: {_first_line(exc)}); {state}. Check the "
+                                  "token's write access and output.push.repo") from exc
             if attempt == TRIES:
-                raise PushFailed(f"{what} failed {TRIES} times ({_first_line(exc)}); the model is saved in the "
-                                 "output directory, and the next attempt resumes at the last step and only "
-                                 "pushes") from exc
+                raise PushFailed(f"{what} failed {TRIES} times ({_first_line(exc)}); {state}, and the next attempt "
+                                 "resumes at the last step and only pushes") from exc
             log.warning("%s failed (%s); retrying in %.0f s", what, _first_line(exc), RETRY_SECONDS * attempt)
             time.sleep(RETRY_SECONDS * attempt)
     raise AssertionError("unreachable")
+
+
+def check_access(cfg: TrainerConfig) -> dict[str, str]:
+    """Before training (and in the preflight), as the Trainer's own push_to_hub does: the repository exists or is
+    created with the token, so a missing or refused token fails in the first minute instead of after the run
+    (PushRefused, permanent). An unreachable Hub only warns: the push at the end tries again."""
+    push = cfg.spec.output.push
+    api = hub_api(cfg)
+
+    def create() -> str:
+        ensure_repo(api, cfg)
+        return push.repo
+
+    try:
+        with_retries(create, f"checking the Hub repository {push.repo}", state="nothing was trained yet")
+    except PushFailed as exc:
+        log.warning("%s; training goes on and the push at the end tries again", exc)
+        return {"hubCheck": "unreachable"}
+    return {"hubCheck": "ok"}
 
 
 def _status(exc: Exception) -> int | None:

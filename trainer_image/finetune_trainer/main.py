@@ -195,6 +195,10 @@ def run(config_path: str) -> dict[str, Any]:
     from .model import load_model, load_tokenizer, trainable_parameters
 
     cfg, args = setup(config_path)
+    if cfg.spec.output.push is not None and args.should_save:  # a refused token fails now, not after the run
+        from .hub import check_access
+
+        check_access(cfg)
     from .status_report import StatusReporter
 
     tokenizer = load_tokenizer(cfg.spec)

@@ -4,10 +4,11 @@ or anywhere with `python -m finetune_trainer.preflight --config trainer.json`.
 - the tokenizer loads, and the model's config (no weights);
 - every data source is readable and its first rows give trainable examples (read as a stream: a Hub dataset or a
   large file is not downloaded whole);
-- the output directory is writable; a checkpoint named in checkpoints.resume verifies.
+- the output directory is writable; a checkpoint named in checkpoints.resume verifies;
+- with output.push, the Hub repository exists or the token creates it (a refused token: exit 77).
 
-Exit codes and the termination message follow the trainer's contract (78 config, 65 data), so the operator fails the
-job with the same reasons a first attempt would have, minus the GPUs it would have held.
+Exit codes and the termination message follow the trainer's contract (78 config, 65 data, 77 push refused), so the
+operator fails the job with the same reasons a first attempt would have, minus the GPUs it would have held.
 """
 
 import argparse
@@ -83,7 +84,12 @@ def run(config_path: str) -> dict[str, Any]:
     sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer) for i, s in enumerate(data.train)]
     sources += [check_source(s, f"data.validation[{i}]", cfg, tokenizer) for i, s in enumerate(data.validation or [])]
     check_output(cfg)
-    return {"reason": "Succeeded", "preflight": {**model, "rowsChecked": ROWS_PER_SOURCE, "sources": sources}}
+    hub = {}
+    if cfg.spec.output.push is not None:
+        from .hub import check_access
+
+        hub = check_access(cfg)
+    return {"reason": "Succeeded", "preflight": {**model, "rowsChecked": ROWS_PER_SOURCE, "sources": sources, **hub}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
