@@ -44,6 +44,17 @@ def test_runs_the_tiny_example_to_a_saved_model(tiny_model_dir, tmp_path):
     # The picture at the end: loss against step, written by the trainer, named in the summary.
     plot = tmp_path / "output" / "loss.png"
     assert f"loss plot:  {plot}" in out and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
+    assert summary["attemptSteps"] == 30 and summary["attemptTokens"] == summary["tokensSeen"] > 0
+    assert f"tokens/s:   {summary['tokensSeen'] / summary['trainRuntimeSeconds']:.0f}" in out
+
+    # The same command again resumes the finished run: nothing is trained, so no rate or training loss is claimed.
+    again = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--output", str(tmp_path))
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out
+    assert "Succeeded: 30 steps" in out and "resumed:    from" in out and "tokens/s:" not in out
+    summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
+    assert summary["attemptSteps"] == 0 and summary["trainLoss"] is None and summary["tokensPerSecond"] is None
 
 
 def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir, tmp_path):
@@ -70,6 +81,11 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir,
     records = [json.loads(line) for line in progress.read_text().splitlines()[before:]]
     steps = [r["step"] for r in records if r.get("phase") != "Preparing"]
     assert min(steps) == stopped_at + 1  # nothing before the checkpoint was trained again
+    summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
+    first_run = [json.loads(line) for line in progress.read_text().splitlines()[:before]]
+    tokens_at_checkpoint = next(r["tokensSeen"] for r in first_run if r.get("step") == stopped_at)
+    assert summary["attemptSteps"] == 5  # the rate counts this attempt's tokens, not the first run's
+    assert summary["attemptTokens"] == summary["tokensSeen"] - tokens_at_checkpoint > 0
 
 
 def test_two_nodes_on_one_machine(tiny_model_dir, tmp_path):

@@ -38,7 +38,7 @@ class ProgressCallback(TrainerCallback):
         self.counts: throughput.ParameterCounts | None = None
         self.peak: float | None = None
         self.started: float | None = None
-        self.start_step = 0
+        self.start_step = self.start_tokens = 0
         self.last_time: float | None = None
         self.last_tokens = 0
         self.checkpoint: dict[str, Any] | None = None
@@ -47,7 +47,7 @@ class ProgressCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.started = self.last_time = time.monotonic()
         self.start_step = state.global_step  # a resumed run's rate counts only steps done in this process
-        self.last_tokens = state.num_input_tokens_seen
+        self.start_tokens = self.last_tokens = state.num_input_tokens_seen
         if kwargs.get("model") is not None:
             self.counts = throughput.parameter_counts(kwargs["model"])
         self.peak = throughput.peak_flops(_device_name(), self.precision, self.peak_tflops)
@@ -88,6 +88,13 @@ class ProgressCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self.checkpoint is not None:
             self._report(self.last_record, force=True)
+
+    def attempt_totals(self, state, runtime_seconds: float | None) -> dict[str, Any]:
+        """Steps and tokens of this process's training alone: a resumed attempt's rate must not count the tokens
+        of the attempts before it (a run resumed at its last step trained nothing)."""
+        steps, tokens = state.global_step - self.start_step, state.num_input_tokens_seen - self.start_tokens
+        rate = tokens / runtime_seconds if steps > 0 and tokens > 0 and runtime_seconds else None
+        return {"attemptSteps": steps, "attemptTokens": tokens, "tokensPerSecond": rate}
 
     def _report(self, record: dict[str, Any], force: bool = False) -> None:
         if self.reporter is None:

@@ -148,7 +148,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
-    return trainer, watchdog, stop, samples
+    return trainer, progress, watchdog, stop, samples
 
 
 def perplexity(loss: float) -> float:
@@ -206,7 +206,7 @@ def run(config_path: str) -> dict[str, Any]:
     data = prepare_data(cfg, args, tokenizer, reporter)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     trainable, total = trainable_parameters(model)
-    trainer, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter)
+    trainer, progress, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter)
     resume = resume_checkpoint(cfg)
     runs = tracking.configure(cfg, resuming=resume is not None, rank=args.process_index)
     trainer.add_callback(tracking.TrackerRunRecorder(cfg.output_dir, runs))
@@ -230,17 +230,19 @@ def run(config_path: str) -> dict[str, Any]:
     if trainer.args.should_save:
         paths.update(loss_plot(cfg))
     history = [h for h in trainer.state.log_history if "loss" in h]
+    attempt = progress.attempt_totals(trainer.state, result.metrics.get("train_runtime"))
     evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
     summary = {
         "reason": exit_codes.reason(exit_codes.SUCCESS), "steps": trainer.state.global_step,
         "resumedFrom": resume, "finalLoss": history[-1]["loss"] if history else None,
-        "trainLoss": result.training_loss, "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
+        "trainLoss": result.training_loss if attempt["attemptSteps"] > 0 else None,
+        "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
         "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,
         **early_stopping(cfg, trainer),
         **({"adapterInitFrom": cfg.spec.method.lora.init_from} if cfg.spec.method.lora.init_from else {}),
         **({"samples": [{**r, "completion": r["completion"][:500]} for r in samples.last]}
            if samples is not None else {}),
-        "trainRuntimeSeconds": result.metrics.get("train_runtime"),
+        "trainRuntimeSeconds": result.metrics.get("train_runtime"), **attempt,
         "tokensSeen": trainer.state.num_input_tokens_seen, "trainableParameters": trainable,
         "totalParameters": total, "worldSize": args.world_size,
         "distributedType": str(trainer.accelerator.distributed_type),

@@ -131,8 +131,7 @@ def results(nodes: list[Node]) -> tuple[int, dict[str, Any]]:
 
 def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
     if code == 0:
-        rate = summary.get("tokensSeen", 0) / summary["trainRuntimeSeconds"] if summary.get(
-            "trainRuntimeSeconds") else None
+        rate = summary.get("tokensPerSecond")
         lines = [f"Succeeded: {summary.get('steps')} steps, final loss {_number(summary.get('finalLoss'))}"
                  + (f", eval loss {_number(summary['evalLoss'])}" if summary.get("evalLoss") is not None else "")
                  + (f" (perplexity {_number(summary['evalPerplexity'])})"
