@@ -177,3 +177,42 @@ def test_the_run_summary_shows_eval_loss_perplexity_the_plot_and_the_last_sample
         in text
     assert "loss plot:  out/loss.png" in text
     assert "sample:     'What is 2 plus 3?' -> '" + "5" * 57 + "...'" in text
+
+
+def _gpu_dev(tmp_path: Path, count: int) -> Path:
+    """A /dev as the NVIDIA driver leaves it: one node per GPU beside the control nodes that are not GPUs."""
+    for name in [f"nvidia{i}" for i in range(count)] + ["nvidiactl", "nvidia-uvm", "nvidia-modeset"]:
+        (tmp_path / name).touch()
+    return tmp_path
+
+
+def test_visible_gpus_counts_device_nodes_narrowed_by_cuda_visible_devices(tmp_path, monkeypatch):
+    from finetune_operator.cli.local_run import visible_gpus
+
+    dev = _gpu_dev(tmp_path, 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus(dev) == 4
+    (tmp_path / "cpu-only").mkdir()
+    assert visible_gpus(_gpu_dev(tmp_path / "cpu-only", 0)) == 0
+    for value, expected in [("0,1", 2), ("", 0), ("-1", 0), ("2,-1,3", 1), ("0,1,2,3,4,5", 4)]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert visible_gpus(dev) == expected, value
+
+
+def test_a_local_run_of_a_gpu_job_on_a_machine_without_enough_gpus_says_which_field_to_change(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """The TrainingArguments error it replaces ("bf16/gpu ... assign use_cpu") named no field of the spec."""
+    from finetune_operator.api import exit_codes
+    from finetune_operator.cli import local_run
+
+    gpu_job = tmp_path / "gpu.yaml"
+    gpu_job.write_text(Path(TINY).read_text().replace("gpusPerNode: 0", "gpusPerNode: 2"))
+    started = []
+    monkeypatch.setattr(local_run, "start_nodes", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(local_run, "visible_gpus", lambda: 1)
+    assert main(["run", str(gpu_job), "--output", str(tmp_path / "run")]) == exit_codes.CONFIG_ERROR
+    out = capsys.readouterr().out
+    assert ("spec.distributed.gpusPerNode: 2: each node's processes need that many GPUs and on this machine 1 "
+            "NVIDIA GPU(s) are visible; fix: --set spec.distributed.gpusPerNode=0") in out
+    assert not started and not (tmp_path / "run").exists()
+    assert "claimName" not in out  # a local run has no pods to lose an emptyDir with

@@ -55,3 +55,26 @@ def test_status_reports_are_rate_limited():
     assert reporter.report({"progress": {"step": 2}}) is False and reporter.failures == 1  # skipped, not sent
     reporter.report({"progress": {"step": 3}}, force=True)
     assert reporter.failures == 2  # the final report is forced through the limit
+
+
+def test_a_gpu_job_that_sees_no_gpu_says_whether_the_image_or_the_node_is_at_fault(monkeypatch):
+    """Before TrainingArguments' "bf16/gpu ... assign use_cpu", which names no field of the spec: a CPU torch is the
+    image's fault (permanent, 78), a CUDA torch without a device the node's (retryable, another node may serve)."""
+    import torch
+
+    from finetune_operator.api import exit_codes
+    from finetune_trainer.errors import ConfigError, NoGPUVisible
+    from finetune_trainer.main import require_gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    require_gpus(0)  # a CPU job needs none
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ConfigError, match="gpusPerNode is 8 but this image's torch .* is a CPU build"):
+        require_gpus(8)
+    monkeypatch.setattr(torch.version, "cuda", "13.2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(NoGPUVisible, match=r"torch \(CUDA 13.2\) sees no GPU \(CUDA_VISIBLE_DEVICES=''\)") as caught:
+        require_gpus(8)
+    assert not exit_codes.is_permanent(caught.value.exit_code)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    require_gpus(8)

@@ -22,6 +22,10 @@ class DataError(TrainerError):
     exit_code = exit_codes.DATA_ERROR
 
 
+class NoGPUVisible(TrainerError):
+    """A GPU job on a node whose GPU is not visible (driver, device plugin): retryable, another node may serve."""
+
+
 class PushFailed(TrainerError):
     """The model is saved; the Hub push failed in a way a later attempt may get through (network, 5xx)."""
 

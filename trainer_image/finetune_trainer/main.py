@@ -26,6 +26,7 @@ log = logging.getLogger("finetune_trainer")
 def setup(config_path: str):
     """Config -> (TrainerConfig, TrainingArguments). Building the arguments also initialises torch.distributed."""
     cfg = load_config(config_path)
+    require_gpus(cfg.spec.distributed.gpus_per_node)
     if cfg.spec.distributed.gpus_per_node == 0 and cfg.spec.distributed.deepspeed is not None:
         os.environ.setdefault(c.ENV_DS_ACCELERATOR, "cpu")
     args = training_arguments(cfg)
@@ -33,6 +34,26 @@ def setup(config_path: str):
         raise ConfigError("FSDP through the Trainer needs GPUs; on CPU it silently runs as DDP")
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     return cfg, args
+
+
+def require_gpus(gpus_per_node: int) -> None:
+    """A GPU job that sees no GPU says why before TrainingArguments does (its "bf16/gpu ... use_cpu" names no field
+    of ours): a torch without CUDA is the image's fault (permanent); a CUDA torch without a device is the node's
+    (driver, device plugin), which another attempt on another node may not share."""
+    import torch
+
+    from .errors import NoGPUVisible
+
+    if gpus_per_node == 0 or torch.cuda.is_available():
+        return
+    if torch.version.cuda is None:
+        raise ConfigError(f"spec.distributed.gpusPerNode is {gpus_per_node} but this image's torch "
+                          f"{torch.__version__} is a CPU build; use the CUDA trainer image for GPU jobs, or set "
+                          "spec.distributed.gpusPerNode: 0")
+    raise NoGPUVisible(f"spec.distributed.gpusPerNode is {gpus_per_node} but torch (CUDA {torch.version.cuda}) sees "
+                       f"no GPU (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): the node's "
+                       "NVIDIA driver or device plugin did not expose one; to train on CPUs set "
+                       "spec.distributed.gpusPerNode: 0")
 
 
 def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):

@@ -36,6 +36,32 @@ class Node:
     log_file: Path
 
 
+def visible_gpus(dev: Path = Path("/dev")) -> int:
+    """NVIDIA GPUs the trainer processes of this machine could use: the device nodes the driver creates, narrowed
+    by CUDA_VISIBLE_DEVICES as CUDA narrows them (no torch import: this runs before anything starts)."""
+    devices = [p for p in dev.glob("nvidia[0-9]*") if p.name[len("nvidia"):].isdigit()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return len(devices)
+    listed = [d for d in visible.split(",") if d.strip()]
+    # CUDA stops at the first invalid entry (-1 is the usual "none").
+    count = next((i for i, d in enumerate(listed) if d.strip().startswith("-")), len(listed))
+    return min(count, len(devices))
+
+
+def gpu_shortfall(job: ValidatedJob, available: int) -> str | None:
+    """Why this machine cannot run the job's GPU processes, with the fix; None when it can. A pod gets its GPUs
+    from the scheduler, a local run only has this machine's."""
+    wanted = job.spec.distributed.gpus_per_node
+    if wanted == 0 or wanted <= available:
+        return None
+    have = f"{available} NVIDIA GPU(s) are visible" if available else "no NVIDIA GPU is visible"
+    return (f"1 error(s) in the FineTuneJob for a local run:\n  - spec.distributed.gpusPerNode: {wanted}: each "
+            f"node's processes need that many GPUs and on this machine {have}; fix: --set "
+            "spec.distributed.gpusPerNode=0 to train on the CPU (with cpuProcessesPerNode processes per node), "
+            "or run it on a cluster")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -164,7 +190,8 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def run(job: ValidatedJob, workdir: Path, out: TextIO = sys.stdout, port: int | None = None) -> int:
+def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int | None = None) -> int:
+    out = out or sys.stdout  # looked up per call: a default bound at import keeps whatever stdout was then
     # Explicit handlers: a process started in the background inherits SIGINT as ignored, and `kill` sends SIGTERM;
     # both must still stop the nodes gracefully.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -174,6 +201,10 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO = sys.stdout, port: int | 
                and e["name"] not in os.environ]
     for name in missing:  # no Secrets here: the shell's variable of the same name stands in for each
         print(f"warning: {name} comes from a Secret in a cluster; set it in this shell for a local run", file=out)
+    shortfall = gpu_shortfall(job, visible_gpus())
+    if shortfall is not None:
+        print(shortfall, file=out, flush=True)
+        return exit_codes.CONFIG_ERROR
     nodes = start_nodes(job, workdir, port)
     d = job.spec.distributed
     print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "

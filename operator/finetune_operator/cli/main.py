@@ -107,7 +107,7 @@ def summary(job: ValidatedJob) -> dict[str, Any]:
     }
 
 
-def describe(job: ValidatedJob) -> str:
+def describe(job: ValidatedJob, local: bool = False) -> str:
     """What the job will do, in the numbers users get wrong most often: processes and global batch size."""
     s, d, t = job.spec, job.spec.distributed, job.spec.training
     device = f"{d.gpus_per_node} GPU(s)" if d.gpus_per_node else f"{d.cpu_processes_per_node} CPU process(es)"
@@ -122,7 +122,8 @@ def describe(job: ValidatedJob) -> str:
         p = s.output.push
         when = "at the end" + (" and every checkpoint" if p.strategy == "checkpoint" else "")
         lines.append(f"  push:       {p.repo} ({'private' if p.private else 'public'}, {when})")
-    lines += [f"  warning:    {w}" for w in job.warnings]
+    # A local run has no pods: its output directory is this machine's, not an emptyDir.
+    lines += [f"  warning:    {w}" for w in job.warnings if not (local and w.startswith("spec.output.claimName"))]
     return "\n".join(lines)
 
 
@@ -190,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
     except InvalidSpec as exc:
         print(exc.summary(), file=sys.stderr)
         return EXIT_RUN_INVALID
-    print(describe(job))
+    print(describe(job, local=True))
     return local_run.run(job, args.output or Path("runs") / job.name, port=args.port)
 
 
