@@ -64,11 +64,46 @@ replace() {
     "${podman[@]}" rmi "$old" >/dev/null 2>&1 || true
   fi
 }
+# Every step of a build, cached or new, is an untagged image; a relock or an edited step leaves the old chain behind
+# (GBs for the trainer). Each image's build records the ids its steps used; untagged images no record names are
+# superseded and removed after the builds, newest first (a parent goes once its children have).
+ids_dir="$cache/build-cache-ids"
+mkdir -p "$ids_dir"
+built() {  # IMAGE BUILD-ARGS...: build IMAGE and record the step images it used
+  local image="$1" out
+  shift
+  out="$(mktemp)"
+  replace "$image" "${build[@]}" -t "$image" "$@" 2>&1 | tee "$out" >&2
+  sed -n 's/^--> \(Using cache \)\{0,1\}\([0-9a-f]\{11,64\}\)$/\2/p' "$out" | cut -c1-11 | sort -u \
+    >"$ids_dir/${image//[\/:]/_}.ids"
+  rm -f "$out"
+}
+prune_superseded() {  # IMAGES...: the images just built, whose records must exist for anything to go
+  local pass id removed freed=0 image
+  for image in "$@"; do
+    if [[ ! -s "$ids_dir/${image//[\/:]/_}.ids" ]]; then
+      log "no step ids read from the build of $image (podman's output changed?): nothing pruned"
+      return 0
+    fi
+  done
+  for pass in 1 2 3 4 5 6 7 8; do
+    removed=0
+    while read -r id repo; do
+      [[ "$repo" == "<none>" ]] || continue
+      cat "$ids_dir"/*.ids | grep -qx "${id:0:11}" && continue
+      "${podman[@]}" rmi "$id" >/dev/null 2>&1 && removed=$((removed + 1))
+    done < <("${podman[@]}" images -a --no-trunc --format '{{.ID}} {{.Repository}}' | sed 's/^sha256://')
+    freed=$((freed + removed))
+    [[ $removed -gt 0 ]] || break
+  done
+  [[ $freed -eq 0 ]] || log "removed $freed superseded build-cache image(s)"
+}
 start=$SECONDS
-replace "$operator_image" "${build[@]}" -t "$operator_image" -f "$root/Dockerfile" "$root" >&2
+built "$operator_image" -f "$root/Dockerfile" "$root"
 log "operator image $operator_image built in $((SECONDS - start)) s"
 start=$SECONDS
-replace "$trainer_image" "${build[@]}" -t "$trainer_image" --build-arg "VARIANT=$variant" -f "$root/trainer_image/Dockerfile" "$root" >&2
+built "$trainer_image" --build-arg "VARIANT=$variant" -f "$root/trainer_image/Dockerfile" "$root"
 log "trainer image $trainer_image built in $((SECONDS - start)) s"
+prune_superseded "$operator_image" "$trainer_image"
 echo "$operator_image"
 echo "$trainer_image"
