@@ -21,8 +21,9 @@ ROWS = {
         t for q, a in TURNS for t in ({"from": "human", "value": q}, {"from": "gpt", "value": a})]},
     "alpaca": {"system": SYSTEM, "instruction": TURNS[0][0], "input": "Any will do.", "output": TURNS[0][1]},
 }
-# The model's template writes no stop after the last reply (GLM stops at the next role token, <|user|>).
-NO_FINAL_STOP = {"trl/glm4moe"}
+# The model's template writes no stop after the last reply (GLM stops at the next role token, <|user|>): we append
+# that token after the last reply, as GLM's own fine-tuning does, so that single-turn data teaches the model to stop.
+NO_FINAL_STOP = {"trl/glm4moe": "<|user|>"}
 
 
 @pytest.fixture(scope="module", params=sorted(TEMPLATES), ids=lambda n: n)
@@ -43,15 +44,16 @@ def test_ids_are_one_inference_render_and_only_replies_with_their_stop_are_learn
 
     messages = D.formats.CHAT_FORMATS[fmt](ROWS[fmt], data.columns)
     _, rendered = encoder.chat.render(messages)  # Gemma (v1) refuses a system turn: folded into the first user turn
-    at_inference = tokenizer.apply_chat_template(rendered, tokenize=True, return_dict=True)["input_ids"]
-    assert ids == list(at_inference)
+    at_inference = list(tokenizer.apply_chat_template(rendered, tokenize=True, return_dict=True)["input_ids"])
+    final_stop = tokenizer.convert_tokens_to_ids([NO_FINAL_STOP[name]]) if name in NO_FINAL_STOP else []
+    assert encoder.chat.final_stop == NO_FINAL_STOP.get(name, "")
+    assert ids == at_inference + final_stop
 
     markers = encoder.chat.end_markers
     assert markers, f"{name}: no end-of-turn token found, the model would never learn to stop"
     replies = [m["content"] for m in rendered if m["role"] == "assistant"]
     stop = "(?:" + "|".join(re.escape(m) for m in markers) + ")"
-    pieces = [re.escape(r) + (stop + "?" if i == len(replies) - 1 and name in NO_FINAL_STOP else stop)
-              for i, r in enumerate(replies)]
+    pieces = [re.escape(r) + stop for r in replies]
     text = learned(tokenizer, ids, labels)
     assert re.fullmatch(r"\s*" + r"\s*".join(pieces) + r"\s*", text), f"{name}: learned {text!r}"
     for q, _ in TURNS:

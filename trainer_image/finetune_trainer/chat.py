@@ -2,7 +2,8 @@
 
 One render of the whole conversation by the tokenizer's own chat template and one tokenization of that text, so
 the ids equal `apply_chat_template(messages, tokenize=True)`: no BOS the template does not write, no token split at
-a message boundary that one-call tokenization would not make. Labels come from character spans of the rendered
+a message boundary that one-call tokenization would not make (plus, where a template writes no stop after the last
+reply, the stop it closes other replies with: GLM's next-turn token). Labels come from character spans of the rendered
 text: each assistant reply and the end-of-turn token the template writes after it are learned, everything else
 gets IGNORE_INDEX.
 
@@ -47,23 +48,34 @@ class ChatEncoder:
     template: str
     end_markers: tuple[str, ...]
     generation_marked: bool
+    # The stop written after a conversation's last reply when the template writes none there: GLM-4's templates end
+    # a reply only by opening the next turn (<|user|>, a stop in its generation_config), so single-turn data would
+    # never teach the model to stop. GLM's own fine-tuning appends that token; so do we.
+    final_stop: str = ""
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, template: str | None = None) -> "ChatEncoder":
         template = template or tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
         encoder = cls(tokenizer, template, (), bool(_GENERATION_MARKER.search(template)))
-        return cls(tokenizer, template, encoder._probe_end_markers(), encoder.generation_marked)
+        markers, final_stop = encoder._probe_end_markers()
+        return cls(tokenizer, template, markers, encoder.generation_marked, final_stop)
 
     def render(self, messages: list[Message]) -> tuple[str, list[Message]]:
         """The whole conversation as the template writes it, and the messages it rendered: a system message the
         template refuses is folded into the first user turn (what Gemma-style templates expect users to do)."""
         try:
-            return self._render(messages), messages
+            return self._closed(self._render(messages), messages), messages
         except DataError:
             folded = fold_system(messages)
             if folded is None:
                 raise
-            return self._render(folded), folded
+            return self._closed(self._render(folded), folded), folded
+
+    def _closed(self, text: str, messages: list[Message]) -> str:
+        """`text` with the final stop after a last assistant reply, for templates that write none there."""
+        if self.final_stop and messages and messages[-1]["role"] == "assistant":
+            return text + self.final_stop
+        return text
 
     def encode(self, messages: list[Message], train_on_prompt: bool = False) -> tuple[list[int], list[int]]:
         return self.encode_many([messages], train_on_prompt)[0]
@@ -102,7 +114,7 @@ class ChatEncoder:
             texts = self.tokenizer.apply_chat_template(conversations, chat_template=self.template, tokenize=False)
         except TemplateError:  # one of them was refused: render one by one to fold it or to say which
             return [self.render(messages) for messages in conversations]
-        return list(zip((str(t) for t in texts), conversations, strict=True))
+        return [(self._closed(str(t), m), m) for t, m in zip(texts, conversations, strict=True)]
 
     def _encode_marked(self, messages: list[Message], train_on_prompt: bool) -> tuple[list[int], list[int]]:
         _, rendered = self.render(messages)
@@ -147,25 +159,28 @@ class ChatEncoder:
             raise DataError(f"the chat template of {template_name(self.tokenizer)} refused the conversation: {exc}"
                             ) from None
 
-    def _probe_end_markers(self) -> tuple[str, ...]:
+    def _probe_end_markers(self) -> tuple[tuple[str, ...], str]:
         """What the template writes to close an assistant turn, read off a probe conversation: the run of special
         tokens after a reply, minus the next turn's header (e.g. <|im_end|>, <|eot_id|>, </s>; Cohere's
         <|END_RESPONSE|><|END_OF_TURN_TOKEN|>; GPT-OSS closes history with <|end|> and the last reply with
-        <|return|>). These are what the model must learn to emit, and generation stops at them."""
+        <|return|>). These are what the model must learn to emit, and generation stops at them. Second: the
+        final stop to append when the template closes a reply only by opening the next turn (GLM)."""
+        eos = ((self.tokenizer.eos_token,) if self.tokenizer.eos_token else (), "")
         try:
             text = self._render(_PROBE)
         except DataError:
-            return (self.tokenizer.eos_token,) if self.tokenizer.eos_token else ()
+            return eos
         specials = sorted(_special_tokens(self.tokenizer), key=len, reverse=True)
         ask1, reply1, ask2, reply2 = (text.find(m["content"]) for m in _PROBE)
         if min(ask1, reply1, ask2, reply2) < 0:
-            return (self.tokenizer.eos_token,) if self.tokenizer.eos_token else ()
+            return eos
         between = text[reply1 + len(_PROBE[1]["content"]):ask2]
         header = _common_suffix(between, text[:ask1])  # the next user turn's header, as the first one is written
-        markers = [_special_run(between[:len(between) - len(header)], specials)
-                   or _special_run(between, specials, first_only=True),  # GLM: the next role token is the stop
-                   _special_run(text[reply2 + len(_PROBE[3]["content"]):], specials)]
-        return tuple(sorted({m for m in markers if m}, key=len, reverse=True))
+        closing = _special_run(between[:len(between) - len(header)], specials)
+        next_role = "" if closing else _special_run(between, specials, first_only=True)  # GLM: <|user|> stops
+        last = _special_run(text[reply2 + len(_PROBE[3]["content"]):], specials)
+        markers = tuple(sorted({m for m in (closing or next_role, last) if m}, key=len, reverse=True))
+        return markers, next_role if next_role and not last else ""
 
 
 def _common_suffix(a: str, b: str) -> str:
