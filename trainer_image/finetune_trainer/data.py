@@ -22,7 +22,7 @@ from .errors import DataError
 
 EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text",
               ".text": "text", ".md": "text"}
-CACHE_VERSION = "2"  # bump when tokenization changes, so stale caches are never reused
+CACHE_VERSION = "3"  # bump when tokenization changes, so stale caches are never reused
 # Past this many files a directory or glob is loaded as one dataset (rows then name the pattern, not the file).
 MAX_FILES_ONE_BY_ONE = 64
 # What happened to each row (the `status` column of the tokenized dataset).
