@@ -44,6 +44,7 @@ def test_runs_the_tiny_example_to_a_saved_model(tiny_model_dir, tmp_path):
     # The picture at the end: loss against step, written by the trainer, named in the summary.
     plot = tmp_path / "output" / "loss.png"
     assert f"loss plot:  {plot}" in out and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "preparing: tokenizing the training data: 6 rows from inline rows" in out  # what the heartbeat says
     summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
     assert summary["attemptSteps"] == 30 and summary["attemptTokens"] == summary["tokensSeen"] > 0
     assert f"tokens/s:   {summary['tokensSeen'] / summary['trainRuntimeSeconds']:.0f}" in out

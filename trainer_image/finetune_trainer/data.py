@@ -459,6 +459,14 @@ def _features():
                               "labels": datasets.Sequence(datasets.Value("int32"))})
 
 
+def _rows(parts: list[Part]) -> str:
+    return f"{sum(len(p.rows) for p in parts):,}"
+
+
+def _sources(parts: list[Part]) -> str:
+    return f"{len(parts)} source(s)" if len(parts) != 1 else parts[0].name
+
+
 def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
             on_progress: Callable[[str], None] | None = None) -> PreparedData:
     """Tokenizes train/eval (or loads them from the cache); call it on the main process first."""
@@ -479,7 +487,7 @@ def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
 
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     if on_progress is not None:
-        on_progress("tokenizing the training data")
+        on_progress(f"tokenizing the training data: {_rows(parts)} rows from {_sources(parts)}")
     train, train_stats = tokenize_parts(parts, data, tokenizer, tmp / "scratch")
     if len(train) == 0:
         raise DataError(f"no trainable example in the training data ({train_stats.as_dict()}); "
@@ -488,7 +496,7 @@ def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
     evaluation = None
     if eval_parts:
         if on_progress is not None:
-            on_progress("tokenizing the validation data")
+            on_progress(f"tokenizing the validation data: {_rows(eval_parts)} rows")
         evaluation, eval_stats = tokenize_parts(eval_parts, data, tokenizer, tmp / "scratch-eval")
         stats["eval"] = eval_stats.as_dict()
         if len(evaluation) == 0:
