@@ -12,7 +12,7 @@ import yaml
 
 from finetune_operator.api import exit_codes
 from tests.conftest import ROOT
-from tests.support.hub_server import StandInHub
+from tests.support.hub_server import Repo, StandInHub
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
 # What the runs must get from the spec, not from the test's own environment.
@@ -125,6 +125,21 @@ def test_a_refused_token_fails_before_training_and_an_outage_keeps_the_model(tin
     assert code == 0, out
     assert "Succeeded: 4 steps" in out and "checkpoint-4" in out  # resumed at the last step: no step redone
     assert hub.files("acme/tiny-sft")["adapter_model.safetensors"] == final.read_bytes() == trained
+
+
+def test_a_read_only_token_is_refused_before_training_even_when_the_repository_exists(tiny_model_dir, tmp_path):
+    """create_repo(exist_ok=True) accepts a read token for an existing repository; only the push would fail, after
+    the run. The token's role (whoami) refuses it first."""
+    with StandInHub(token="hf_read_token") as hub:
+        hub.role = "read"
+        hub.repos["acme/tiny-sft"] = Repo(private=True)  # made earlier with someone's write token
+        code, out = finetune_run(tiny_model_dir, tmp_path, push_spec(hub), env={"HF_TOKEN": "hf_read_token"},
+                                 steps=2)
+        assert "POST /api/repos/create" in hub.requests and "GET /api/whoami-v2" in hub.requests
+        assert not hub.repos["acme/tiny-sft"].commits
+    assert code == exit_codes.PUSH_REFUSED, out
+    assert "read-only (role read)" in out and "nothing was trained yet" in out
+    assert not (tmp_path / "output" / "progress.jsonl").exists()  # no step was trained
 
 
 @pytest.mark.parametrize("token", [None, "wrong"])

@@ -3,7 +3,8 @@ create_branch and upload_folder call, with the Hub's status codes, so the real c
 
 Files are taken as regular (base64 in the commit), never LFS. `unavailable` answers every request with 503 (the
 client retries some requests itself, not repository creation); `refuse` answers every write with 403; a wrong token
-gets 401, as on the Hub.
+gets 401, as on the Hub. `role` is the token's role whoami reports: a `read` token may find an existing repository
+(409, which create_repo(exist_ok=True) accepts) but gets 403 on a new one and on every commit.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class StandInHub:
         self.repos: dict[str, Repo] = {}
         self.unavailable = False
         self.refuse = False
+        self.role = "write"
         self.requests: list[str] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -58,6 +60,17 @@ class StandInHub:
             def log_message(self, *args: Any) -> None:  # the test reads hub.requests instead
                 pass
 
+            def do_GET(self) -> None:
+                hub.requests.append(f"GET {self.path}")
+                if hub.unavailable:
+                    return self._send(503, {"error": "Service Unavailable"})
+                if self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    return self._send(401, {"error": "Invalid credentials in Authorization header"})
+                if self.path.split("?")[0] != "/api/whoami-v2":
+                    return self._send(404, {"error": "Not Found"})
+                return self._send(200, {"type": "user", "name": "acme", "auth": {
+                    "type": "access_token", "accessToken": {"displayName": "ci", "role": hub.role}}})
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 hub.requests.append(f"POST {self.path}")
@@ -69,7 +82,17 @@ class StandInHub:
                     return self._send(403, {"error": "You don't have the rights to create a model under this "
                                                      "namespace"})
                 with hub._lock:
+                    if hub.role == "read" and not self._exists(body):
+                        return self._send(403, {"error": "You don't have the rights to write to this repo"})
                     self._route(body)
+
+            def _exists(self, body: bytes) -> bool:
+                """A repository creation for one that exists (the only write a read token gets an answer to)."""
+                if self.path.split("?")[0] != "/api/repos/create":
+                    return False
+                doc = json.loads(body)
+                name = f"{doc['organization']}/{doc['name']}" if doc.get("organization") else doc["name"]
+                return name in hub.repos
 
             def _route(self, body: bytes) -> None:
                 path = self.path.split("?")[0]

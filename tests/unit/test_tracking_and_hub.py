@@ -103,3 +103,22 @@ def test_an_outage_that_ends_is_retried_to_success(monkeypatch):
         return result
 
     assert hub.with_retries(push, "pushing") == "http://hub/commit/1"
+
+
+def test_the_token_role_is_read_from_whoami_and_unknown_when_it_cannot_be():
+    """A Hub-compatible server without whoami, or a network error, leaves the role unknown: never a refusal."""
+    from finetune_trainer.hub import token_role
+
+    class Api:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def whoami(self):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    assert token_role(Api({"auth": {"accessToken": {"role": "read"}}})) == "read"
+    assert token_role(Api({"auth": {"accessToken": {"role": "fineGrained"}}})) == "fineGrained"
+    assert token_role(Api({"name": "acme", "auth": {"type": "oauth"}})) is None
+    assert token_role(Api(OSError("connection refused"))) is None

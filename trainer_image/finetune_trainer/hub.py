@@ -99,7 +99,27 @@ def check_access(cfg: TrainerConfig) -> dict[str, str]:
     except PushFailed as exc:
         log.warning("%s; training goes on and the push at the end tries again", exc)
         return {"hubCheck": "unreachable"}
+    # create_repo(exist_ok=True) lets a read-only token through when the repository exists: only the push would
+    # be refused, after the whole run. The token's role says so now.
+    if token_role(api) == "read":
+        source = (f"Secret {push.token_secret.name}, key {push.token_secret.key}" if push.token_secret
+                  else "HF_TOKEN")
+        raise PushRefused(f"the Hub token ({source}) is read-only (role read), so the push of {push.repo} would be "
+                          "refused after training; nothing was trained yet. Use a write token, or a fine-grained "
+                          f"token with write access to {push.repo}")
     return {"hubCheck": "ok"}
+
+
+def token_role(api) -> str | None:
+    """read, write or fineGrained, as whoami reports the token; None when it cannot be read (a Hub-compatible
+    server without whoami, a network error): the push at the end still tells."""
+    try:
+        info = api.whoami()
+    except Exception as exc:  # huggingface_hub raises httpx, OSError and its own errors
+        log.info("the Hub token's role could not be read (%s)", _first_line(exc))
+        return None
+    role = ((info.get("auth") or {}).get("accessToken") or {}).get("role")
+    return str(role) if role else None
 
 
 def _status(exc: Exception) -> int | None:
