@@ -356,3 +356,33 @@ def test_a_value_nested_thousands_deep_is_an_error_not_a_crash():
     with pytest.raises(InvalidSpec) as info:
         validate_job(doc)
     assert any("nested more than 64 levels" in e.message for e in info.value.errors)
+
+
+@pytest.mark.parametrize("field, value, fix", [
+    ("numTrainEpochs", 3, "that is TrainingArguments' num_train_epochs; here it is spec.training.epochs"),
+    ("num_train_epochs", 3, "here it is spec.training.epochs"),
+    ("bf16", True, "that is TrainingArguments' bf16; here it is spec.training.precision"),
+    ("lr_scheduler_type", "cosine", "here it is spec.training.lrScheduler"),
+    ("neftuneNoiseAlpha", 5, "here it is spec.method.neftuneNoiseAlpha"),
+    ("labelSmoothingFactor", 0.1, "has no field of its own: set spec.training.extraArgs.label_smoothing_factor"),
+    ("evaluation_strategy", "steps", "renamed eval_strategy; set spec.training.evalStrategy"),
+])
+def test_a_trainer_argument_written_as_a_training_field_says_where_it_goes(field, value, fix):
+    """Users bring the Trainer's own names (HF configs, LLaMA-Factory and axolotl YAML) into spec.training."""
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({f"spec.training.{field}": value}))
+    (error,) = [e for e in info.value.errors if e.path == f"spec.training.{field}"]
+    assert error.message == "unknown field" and fix in error.fix, error.render()
+
+
+def test_an_unknown_training_field_that_is_no_trainer_argument_still_gets_the_closest_name():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.training.learningrate": 1e-4}))
+    assert "did you mean learningRate?" in info.value.errors[0].fix
+
+
+def test_a_method_written_as_its_type_says_how_to_write_it():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.method": "lora"}))
+    (error,) = [e for e in info.value.errors if e.path == "spec.method"]
+    assert error.message == "must be a mapping" and error.fix == "write it as {type: lora}"

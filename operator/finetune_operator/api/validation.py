@@ -111,7 +111,8 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
         valid = _field_names_at(root, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
         message = "unknown field"
-        fix = (f"did you mean {close[0]}? " if close else "") + f"valid fields here: {', '.join(valid)}"
+        fix = _training_argument_fix(root, loc) or (
+            (f"did you mean {close[0]}? " if close else "") + f"valid fields here: {', '.join(valid)}")
     elif kind == "literal_error":
         fix = f"use one of {ctx.get('expected')}"
     elif kind in _RANGE_OPERATORS:
@@ -130,6 +131,8 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
         fix = "change the length to fit the limit"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         message, fix = "must be a mapping", "write it as key: value pairs"
+        if isinstance(value, str) and "type" in _field_names_at(root, loc):  # `method: lora`
+            fix = f"write it as {{type: {value}}}"
     elif kind == "list_type":
         message, fix = "must be a list", "write it as a YAML list (- item)"
     elif kind == "value_error":
@@ -251,6 +254,21 @@ def advice(spec: FineTuneJobSpec) -> list[str]:
     if spec.distributed.num_nodes > 1 and spec.distributed.gpus_per_node == 0:
         notes.append("a multi-node CPU job communicates over gloo; expect it to be slow beyond a smoke test")
     return notes
+
+
+def _training_argument_fix(root: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """Where a TrainingArguments name written as a spec.training field goes (numTrainEpochs, bf16,
+    lr_scheduler_type: users bring them from the Trainer's own configs)."""
+    if root is not FineTuneJobSpec or len(loc) != 2 or loc[0] != "training":
+        return None
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(loc[1])).lower()
+    if name in MANAGED_TRAINING_ARGUMENTS:
+        return f"that is TrainingArguments' {name}; here it is {MANAGED_TRAINING_ARGUMENTS[name]}"
+    if name in RETIRED_TRAINING_ARGUMENTS:
+        return f"{name} was a TrainingArguments field: {RETIRED_TRAINING_ARGUMENTS[name]}"
+    if name in TRAINING_ARGUMENT_NAMES:
+        return f"TrainingArguments' {name} has no field of its own: set spec.training.extraArgs.{name}"
+    return None
 
 
 def _join(prefix: str, loc: tuple[Any, ...]) -> str:
