@@ -386,3 +386,19 @@ def test_a_method_written_as_its_type_says_how_to_write_it():
         validate_job(make_job({"spec.method": "lora"}))
     (error,) = [e for e in info.value.errors if e.path == "spec.method"]
     assert error.message == "must be a mapping" and error.fix == "write it as {type: lora}"
+
+
+def test_snake_case_names_are_refused_as_the_crd_refuses_them_with_the_camel_case_name():
+    """`finetune validate` must not accept what `kubectl apply` refuses (the CRD's schema knows camelCase only)."""
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.distributed.num_nodes": 2, "spec.model.attn_implementation": "sdpa"}))
+    fixes = {e.path: e.fix for e in info.value.errors}
+    assert fixes["spec.distributed.num_nodes"] == "write it as numNodes (the manifest's names are camelCase)"
+    assert fixes["spec.model.attn_implementation"].startswith("write it as attnImplementation")
+
+
+def test_a_single_value_where_a_list_belongs_shows_the_list():
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(make_job({"spec.method": {"type": "lora", "lora": {"targetModules": "all-linear"}}}))
+    (error,) = [e for e in info.value.errors if e.path == "spec.method.lora.targetModules"]
+    assert error.fix == "write it as a YAML list: [all-linear]"

@@ -94,7 +94,7 @@ def valid_sections(raw: dict[str, Any]) -> dict[str, Any]:
         if alias not in raw and info.is_required():
             continue
         try:
-            out[name] = (model.model_validate(raw[alias]) if alias in raw
+            out[name] = (model.model_validate(raw[alias], by_alias=True, by_name=False) if alias in raw
                          else info.get_default(call_default_factory=True))
         except ValidationError:
             continue

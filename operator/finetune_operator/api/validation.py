@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic.alias_generators import to_camel
 
 from .constants import API_VERSION, KIND, MAX_JOB_NAME_LENGTH
 from .errors import FieldError, InvalidSpec, SpecRuleErrors
@@ -71,7 +72,9 @@ def parse_spec(raw: Any) -> tuple[FineTuneJobSpec | None, list[FieldError]]:
     if raw is None:
         return None, [FieldError("spec", None, "spec is required", "add spec.model and spec.data")]
     try:
-        return FineTuneJobSpec.model_validate(raw), []
+        # Manifest names only (camelCase, as the CRD's schema): a snake_case name the apiserver would refuse is not
+        # accepted here either; code may still build the models by name.
+        return FineTuneJobSpec.model_validate(raw, by_alias=True, by_name=False), []
     except ValidationError as exc:
         errors = pydantic_errors(exc, "spec", FineTuneJobSpec)
     if isinstance(raw, dict):
@@ -111,8 +114,10 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
         valid = _field_names_at(root, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
         message = "unknown field"
-        fix = _training_argument_fix(root, loc) or (
-            (f"did you mean {close[0]}? " if close else "") + f"valid fields here: {', '.join(valid)}")
+        camel = to_camel(str(loc[-1]))
+        fix = (f"write it as {camel} (the manifest's names are camelCase)" if camel in valid and camel != loc[-1]
+               else _training_argument_fix(root, loc) or (
+                   (f"did you mean {close[0]}? " if close else "") + f"valid fields here: {', '.join(valid)}"))
     elif kind == "literal_error":
         fix = f"use one of {ctx.get('expected')}"
     elif kind in _RANGE_OPERATORS:
@@ -135,6 +140,8 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
             fix = f"write it as {{type: {value}}}"
     elif kind == "list_type":
         message, fix = "must be a list", "write it as a YAML list (- item)"
+        if isinstance(value, str | int | float):  # targetModules: all-linear
+            fix = f"write it as a YAML list: [{value}]"
     elif kind == "value_error":
         fix = "change it to the form described"
     elif kind == "finite_number":
