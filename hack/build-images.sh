@@ -69,28 +69,30 @@ replace() {
 # superseded and removed after the builds, newest first (a parent goes once its children have).
 ids_dir="$cache/build-cache-ids"
 mkdir -p "$ids_dir"
+ids_file() { echo "$ids_dir/${1//[\/:]/_}.ids"; }
 built() {  # IMAGE BUILD-ARGS...: build IMAGE and record the step images it used
   local image="$1" out
   shift
   out="$(mktemp)"
   replace "$image" "${build[@]}" -t "$image" "$@" 2>&1 | tee "$out" >&2
   sed -n 's/^--> \(Using cache \)\{0,1\}\([0-9a-f]\{11,64\}\)$/\2/p' "$out" | cut -c1-11 | sort -u \
-    >"$ids_dir/${image//[\/:]/_}.ids"
+    >"$(ids_file "$image")"
   rm -f "$out"
 }
 prune_superseded() {  # IMAGES...: the images just built, whose records must exist for anything to go
-  local pass id removed freed=0 image
+  local pass id removed freed=0 image keep
   for image in "$@"; do
-    if [[ ! -s "$ids_dir/${image//[\/:]/_}.ids" ]]; then
+    if [[ ! -s "$(ids_file "$image")" ]]; then
       log "no step ids read from the build of $image (podman's output changed?): nothing pruned"
       return 0
     fi
   done
+  keep="$(cat "$ids_dir"/*.ids)"
   for pass in 1 2 3 4 5 6 7 8; do
     removed=0
     while read -r id repo; do
       [[ "$repo" == "<none>" ]] || continue
-      cat "$ids_dir"/*.ids | grep -qx "${id:0:11}" && continue
+      grep -qx "${id:0:11}" <<<"$keep" && continue
       "${podman[@]}" rmi "$id" >/dev/null 2>&1 && removed=$((removed + 1))
     done < <("${podman[@]}" images -a --no-trunc --format '{{.ID}} {{.Repository}}' | sed 's/^sha256://')
     freed=$((freed + removed))

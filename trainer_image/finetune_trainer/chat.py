@@ -165,15 +165,15 @@ class ChatEncoder:
         <|END_RESPONSE|><|END_OF_TURN_TOKEN|>; GPT-OSS closes history with <|end|> and the last reply with
         <|return|>). These are what the model must learn to emit, and generation stops at them. Second: the
         final stop to append when the template closes a reply only by opening the next turn (GLM)."""
-        eos = ((self.tokenizer.eos_token,) if self.tokenizer.eos_token else (), "")
+        unreadable = ((self.tokenizer.eos_token,) if self.tokenizer.eos_token else (), "")  # the EOS, no final stop
         try:
             text = self._render(_PROBE)
         except DataError:
-            return eos
+            return unreadable
         specials = sorted(_special_tokens(self.tokenizer), key=len, reverse=True)
         ask1, reply1, ask2, reply2 = (text.find(m["content"]) for m in _PROBE)
         if min(ask1, reply1, ask2, reply2) < 0:
-            return eos
+            return unreadable
         between = text[reply1 + len(_PROBE[1]["content"]):ask2]
         header = _common_suffix(between, text[:ask1])  # the next user turn's header, as the first one is written
         closing = _special_run(between[:len(between) - len(header)], specials)

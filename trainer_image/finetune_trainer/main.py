@@ -18,7 +18,16 @@ from finetune_operator.api import exit_codes
 
 from . import checkpoints
 from .config import TrainerConfig, load_config, training_arguments
-from .errors import EARLY_STOPS, ConfigError, Interrupted, LossDiverged, StopRequested, TrainerError, outcome
+from .errors import (
+    EARLY_STOPS,
+    ConfigError,
+    Interrupted,
+    LossDiverged,
+    NoGPUVisible,
+    StopRequested,
+    TrainerError,
+    outcome,
+)
 
 log = logging.getLogger("finetune_trainer")
 
@@ -41,8 +50,6 @@ def require_gpus(gpus_per_node: int) -> None:
     of ours): a torch without CUDA is the image's fault (permanent); a CUDA torch without a device is the node's
     (driver, device plugin), which another attempt on another node may not share."""
     import torch
-
-    from .errors import NoGPUVisible
 
     if gpus_per_node == 0 or torch.cuda.is_available():
         return

@@ -248,10 +248,11 @@ def _check_extra_args(raw_spec: Any) -> list[FieldError]:
     return errors
 
 
-def advice(spec: FineTuneJobSpec) -> list[str]:
-    """Non-blocking warnings: choices that are legal but that users usually regret."""
+def advice(spec: FineTuneJobSpec, pods: bool = True) -> list[str]:
+    """Non-blocking warnings: choices that are legal but that users usually regret. `pods=False` for a local run
+    (finetune run), whose output directory is this machine's, not a pod's emptyDir."""
     notes = []
-    if spec.output.claim_name is None:
+    if pods and spec.output.claim_name is None:
         notes.append("spec.output.claimName is unset: checkpoints live in an emptyDir and are lost with the pods, so "
                      "a gang restart starts over and the final model must be copied out before the pods go")
     if spec.model.trust_remote_code:

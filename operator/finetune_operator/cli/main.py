@@ -19,7 +19,7 @@ from ..api.constants import DEFAULT_TRAINER_IMAGE
 from ..api.crd import crd_yaml
 from ..api.errors import InvalidSpec
 from ..api.transformers_names import TRANSFORMERS_VERSION
-from ..api.validation import ValidatedJob, validate_job
+from ..api.validation import ValidatedJob, advice, validate_job
 from ..render import RenderContext, render_all, render_trainer_identity
 from .manifests import STDIN, ManifestError, dump_documents, load_documents, load_yaml
 
@@ -122,8 +122,7 @@ def describe(job: ValidatedJob, local: bool = False) -> str:
         p = s.output.push
         when = "at the end" + (" and every checkpoint" if p.strategy == "checkpoint" else "")
         lines.append(f"  push:       {p.repo} ({'private' if p.private else 'public'}, {when})")
-    # A local run has no pods: its output directory is this machine's, not an emptyDir.
-    lines += [f"  warning:    {w}" for w in job.warnings if not (local and w.startswith("spec.output.claimName"))]
+    lines += [f"  warning:    {w}" for w in (advice(job.spec, pods=False) if local else job.warnings)]
     return "\n".join(lines)
 
 
