@@ -17,12 +17,12 @@ from typing import Any
 from finetune_operator.api.data import DataSource, DataSpec
 
 from . import formats
-from .chat import IGNORE_INDEX, ChatEncoder, labels_from_spans
+from .chat import IGNORE_INDEX, ChatEncoder, Encoded, labels_from_spans
 from .errors import DataError
 
 EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text",
               ".text": "text", ".md": "text"}
-CACHE_VERSION = "3"  # bump when tokenization changes, so stale caches are never reused
+CACHE_VERSION = "4"  # bump when tokenization changes, so stale caches are never reused
 # Past this many files a directory or glob is loaded as one dataset (rows then name the pattern, not the file).
 MAX_FILES_ONE_BY_ONE = 64
 # What happened to each row (the `status` column of the tokenized dataset).
@@ -40,12 +40,14 @@ class TokenizeStats:
     dropped_no_target: int = 0
     trainable_tokens: int = 0
     tokens: int = 0
+    system_folded: int = 0  # rows whose system prompt the template refused, folded into the first user turn
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
-    def count(self, status: int, ids: list[int], labels: list[int]) -> None:
+    def count(self, status: int, ids: list[int], labels: list[int], folded: bool = False) -> None:
         self.rows += 1
+        self.system_folded += folded
         if status == DROPPED_TOO_LONG:
             self.dropped_too_long += 1
         elif status == DROPPED_NO_TARGET:
@@ -176,16 +178,20 @@ class RowEncoder:
         return cls(data, tokenizer, chat)
 
     def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
+        ids, labels, _ = self.encode_row(row)
+        return ids, labels
+
+    def encode_row(self, row: dict[str, Any]) -> Encoded:
         fmt, columns = self.data.format, self.data.columns
         if self.chat is not None:
-            return self.chat.encode(formats.CHAT_FORMATS[fmt](row, columns), self.data.train_on_prompt)
+            return self.chat.encode_many([formats.CHAT_FORMATS[fmt](row, columns)], self.data.train_on_prompt)[0]
         prompt, completion = (formats.alpaca_prompt if fmt == "alpaca" else formats.prompt_completion)(row, columns)
-        return encode_completion(prompt, completion, self.tokenizer, self.data.train_on_prompt)
+        return Encoded(*encode_completion(prompt, completion, self.tokenizer, self.data.train_on_prompt), False)
 
-    def encode_batch(self, rows: list[dict[str, Any]], where: list[str]) -> list[tuple[list[int], list[int]]]:
+    def encode_batch(self, rows: list[dict[str, Any]], where: list[str]) -> list[Encoded]:
         """Rows encoded together (conversations tokenized in one call); a bad row is a DataError naming `where`."""
         if self.chat is None:
-            return [_named(where[i], self.encode, row) for i, row in enumerate(rows)]
+            return [_named(where[i], self.encode_row, row) for i, row in enumerate(rows)]
         fmt, columns = self.data.format, self.data.columns
         conversations = [_named(where[i], formats.CHAT_FORMATS[fmt], row, columns) for i, row in enumerate(rows)]
         try:
@@ -233,24 +239,25 @@ def sft_example(row: dict[str, Any], encoder: RowEncoder, stats: TokenizeStats, 
                 ) -> dict[str, list[int]] | None:
     """One row -> token ids and labels, or None when it is dropped (too long under truncation drop, no target)."""
     try:
-        ids, labels = encoder.encode(row)
+        ids, labels, folded = encoder.encode_row(row)
     except DataError as exc:
         raise DataError(f"{where}: {exc}") from None
     ids, labels, status = fit(ids, labels, encoder.data)
-    stats.count(status, ids, labels)
+    stats.count(status, ids, labels, folded)
     return {"input_ids": ids, "labels": labels} if status in (KEPT, TRUNCATED) else None
 
 
 def _sft_batch(batch: dict[str, list[Any]], indices: list[int], encoder: RowEncoder, name: str
                ) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": [], "trainable": []}
+    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": [], "trainable": [], "folded": []}
     rows = [dict(zip(batch.keys(), values, strict=True)) for values in zip(*batch.values(), strict=True)]
     encoded = encoder.encode_batch(rows, [f"{name}, row {index + 1}" for index in indices])
-    for ids, labels in encoded:
+    for ids, labels, folded in encoded:
         ids, labels, status = fit(ids, labels, encoder.data)
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["status"].append(status)
+        out["folded"].append(folded)
         out["trainable"].append(len(labels) - labels.count(IGNORE_INDEX))
     return out
 
@@ -386,7 +393,7 @@ def tokenize_parts(parts: list[Part], data: DataSpec, tokenizer: Any, scratch: P
         if stats.kept - before < len(done):  # some rows were dropped: a filter pass (skipped in the usual case)
             done = done.filter(lambda status: [s in (KEPT, TRUNCATED) for s in status], input_columns="status",
                                batched=True, batch_size=4096)
-        tokenized.append(done.remove_columns(["status", "trainable"]))
+        tokenized.append(done.remove_columns(["status", "trainable", "folded"]))
     return datasets.concatenate_datasets(tokenized), stats
 
 
@@ -418,6 +425,7 @@ def _count(stats: TokenizeStats, done: Any) -> None:
     stats.dropped_too_long += int((status == DROPPED_TOO_LONG).sum())
     stats.dropped_no_target += int((status == DROPPED_NO_TARGET).sum())
     stats.trainable_tokens += int(np.asarray(done.data.column("trainable"))[kept].sum())
+    stats.system_folded += int(np.asarray(done.data.column("folded")).sum())
     lengths = np.asarray(pc.list_value_length(done.data.column("input_ids")).fill_null(0))
     stats.tokens += int(lengths[kept].sum())
 
