@@ -7,6 +7,7 @@ hack/build-images.sh builds, tests/support/containers.py), and with both as loca
 
 import json
 import random
+import re
 import shutil
 import subprocess
 import time
@@ -225,3 +226,29 @@ def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_s
     stops = [json.loads((tmp_path / "pods" / n / "termination-log").read_text()) for n in stopped
              if (tmp_path / "pods" / n / "termination-log").exists()]
     assert all(s["exitCode"] == 143 for s in stops), stops
+
+
+@pytest.mark.parametrize("runtime", ["processes"], indirect=True)
+def test_a_diverging_job_fails_at_once_with_its_reason_and_is_not_retried(runtime, chart_operator, kubectl,
+                                                                           control_plane, namespace, tiny_model_dir,
+                                                                           tmp_path):
+    shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
+    job = tiny_two_node_job(tiny_model_dir, tmp_path, learningRate=10)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["method"] = {"type": "full"}
+    doc["spec"]["checkpoints"] = {"saveSteps": 1, "keep": 10}
+    job.write_text(yaml.safe_dump(doc))
+    with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
+        kubectl.run("apply", "-n", namespace, "-f", str(job))
+        st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300,
+                         chart_operator, runner)
+    assert (st["phase"], st["reason"], st["attempt"], st["restarts"]) == ("Failed", "LossDiverged", 1, 0), st
+    assert "the loss diverged" in st["message"] and "exit 79: not retried" in st["message"]
+    assert re.search(r"the last checkpoint before it is \S+/checkpoint-\d+ \(verified, kept\)", st["message"])
+    assert st["message"].endswith("tune spec.runPolicy.divergence (exit 79: not retried)")  # the remedy, whole
+    failed = next(cd for cd in st["conditions"] if cd["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "LossDiverged")
+    row = kubectl.run("get", "ftj", "tiny-cpu-sft", "-n", namespace, "--no-headers").stdout.split()
+    assert row[1] == "Failed" and "LossDiverged" in row
+    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", "reason=LossDiverged")["items"]
+    assert events and events[0]["type"] == "Warning"

@@ -79,3 +79,46 @@ def test_continued_pretraining_on_text_files(tiny_model_dir, tmp_path):
     losses = [r["loss"] for r in records if r.get("loss") is not None]
     assert losses[-1] < losses[0]
     assert "Succeeded: 12 steps" in out
+
+
+PHI3_STYLE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def test_a_model_whose_template_stops_with_another_token_than_its_eos_stops_there(tmp_path):
+    """Phi-3 style: replies close with <|end|>, the model's EOS is </s>. Trained, the saved generation_config lists
+    both, so a plain generate() stops after the reply instead of generating past <|end|> forever."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from finetune_trainer.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "phi-style", vocab_size=520)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
+    tokenizer.chat_template = PHI3_STYLE
+    tokenizer.save_pretrained(model_dir)
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    assert GenerationConfig.from_pretrained(model_dir).eos_token_id == tokenizer.eos_token_id != end
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in COLOURS]
+    code, out = finetune_run({
+        "model": {"name": str(model_dir), "dtype": "float32"},
+        "data": {"format": "messages", "maxLength": 64, "train": [{"inline": rows}]},
+        "method": {"type": "full"},
+        "training": {"maxSteps": 80, "learningRate": 0.005, "perDeviceTrainBatchSize": 4, "precision": "fp32",
+                     "optim": "adamw_torch", "lrScheduler": "constant", "loggingSteps": 10, "seed": 1},
+        "distributed": {"numNodes": 1, "gpusPerNode": 0},
+        "checkpoints": {"saveStrategy": "no"}, "runPolicy": {"backoffLimit": 0}}, tmp_path)
+    assert code == 0, out[-3000:]
+    final = tmp_path / "run" / "output" / "final"
+    assert GenerationConfig.from_pretrained(final).eos_token_id == [tokenizer.eos_token_id, end]
+    model = AutoModelForCausalLM.from_pretrained(final, dtype="float32").eval()
+    for question, answer in COLOURS:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+        with torch.no_grad():  # no eos_token_id passed: the saved generation_config decides where to stop
+            generated = model.generate(**prompt, max_new_tokens=24, do_sample=False,
+                                       pad_token_id=tokenizer.eos_token_id)
+        new = generated[0, prompt["input_ids"].shape[1]:].tolist()
+        assert new[-1] == end, f"{question!r}: did not stop at <|end|>: {tokenizer.decode(new)!r}"
+        assert tokenizer.decode(new[:-1]) == answer

@@ -123,3 +123,34 @@ def test_a_stop_before_training_starts_exits_143_without_a_traceback(tiny_model_
     assert proc.returncode == exit_codes.INTERRUPTED, out + log[-3000:]
     assert "Traceback" not in out and "Interrupted (exit 143)" in out
     assert not list((tmp_path / "output").glob("checkpoint-*"))
+
+
+def test_a_run_that_diverges_stops_with_its_own_exit_class_and_names_the_good_checkpoint(tiny_model_dir, tmp_path):
+    """The quick start's model fully fine-tuned with learningRate 10 (the loss goes 6 -> thousands): stopped, exit
+    79 (never retried), the numbers and the last checkpoint from before the rise in the message; the same spec at
+    its own rate succeeds (test above), and so does a noisy batch-1 run (below)."""
+    proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set", "spec.method.type=full",
+                    "--set", "spec.training.learningRate=10", "--set", "spec.checkpoints.saveSteps=1",
+                    "--output", str(tmp_path))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == exit_codes.DIVERGED, out
+    summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
+    assert summary["reason"] == "LossDiverged"
+    assert "the loss diverged: 3 logged losses in a row above" in summary["message"]
+    assert "the last checkpoint before it is" in summary["message"] and "lower spec.training.learningRate" in \
+        summary["message"]
+    good = summary["message"].split("the last checkpoint before it is ")[1].split(" (verified")[0]
+    assert (Path(good) / "FINETUNE_COMPLETE").exists()
+    steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "output").glob("checkpoint-*"))
+    assert steps and max(steps) == int(Path(good).name.split("-")[1])  # nothing saved once the loss rose
+    assert "LossDiverged" in out
+
+
+def test_a_noisy_batch_of_one_never_trips_the_divergence_check(tiny_model_dir, tmp_path):
+    proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set",
+                    "spec.training.perDeviceTrainBatchSize=1", "--set", "spec.training.maxSteps=60",
+                    "--set", "spec.training.learningRate=0.01", "--output", str(tmp_path))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
+    assert "warnings" not in summary, summary.get("warnings")

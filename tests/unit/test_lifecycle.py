@@ -11,6 +11,7 @@ from finetune_operator.api.status import FineTuneJobStatus
 from finetune_operator.api.validation import validate_job
 from finetune_operator.controller import lifecycle
 from finetune_operator.controller.lifecycle import Observed, only_cosmetic
+from finetune_operator.controller.observed import MESSAGE_LIMIT
 from finetune_operator.controller.settings import Settings
 from tests.builders import make_job
 
@@ -392,7 +393,19 @@ def test_a_long_trainer_message_reaches_the_status_readable():
     failed = [pod(0, "Failed", 1, "Error", message=text), pod(1)]
     p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
     assert "RuntimeError: the gradients exploded" in p.status["message"] and "\\" not in p.status["message"]
-    assert len(p.status["message"]) < 700
+    assert len(p.status["message"]) < MESSAGE_LIMIT + 200  # whole up to the trainer's own cut, never a blob
+
+
+def test_a_trainers_remedy_reaches_the_status_whole():
+    """The resume refusal's remedy comes last in a message of ~450 characters: status and describe show it."""
+    message = ("the checkpoint /output/checkpoint-2140 was produced by another model or method (model: checkpoint "
+               '"meta-llama/Llama-3.1-8B", this job "Qwen/Qwen2.5-7B"); it is not resumed. Delete the output '
+               "directory's checkpoints, set checkpoints.resume: never, or give the job another name or "
+               "output.subPath")
+    text = json.dumps({"exitCode": 78, "reason": "InvalidConfig", "message": message})
+    failed = [pod(0, "Failed", 78, "Error", message=text), pod(1)]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
+    assert p.status["message"].endswith("or give the job another name or output.subPath (exit 78: not retried)")
 
 
 def test_a_crash_without_a_result_is_explained_by_the_workers_last_error_line():
@@ -503,3 +516,16 @@ def test_more_gpus_per_node_than_the_largest_node_has_is_a_warning_at_once():
     assert fits.status["reason"] == "Created" and fits.events[0].type == "Normal"
     unknown = plan(sixteen, Observed(**{**obs.__dict__, "largest_node": None}), SETTINGS)
     assert unknown.status["reason"] == "Created"  # nodes not readable: the scheduler will say it
+
+
+def test_a_trainer_notice_becomes_one_warning_event():
+    notice = {"time": ts(T0), "reason": "LossSpike", "message": "the loss spiked to 40 at step 20"}
+    status = running_status(notice=notice)
+    first = plan(job(), observe(status, [workload(1)], [pod(0), pod(1)]), SETTINGS)
+    assert [(e.type, e.reason, e.message) for e in first.events] == [
+        ("Warning", "LossSpike", "the loss spiked to 40 at step 20")]
+    assert first.status["noticePosted"] == ts(T0) and "notice" not in first.status  # the trainer's field
+    again = plan(job(), observe({**status, **first.status}, [workload(1)], [pod(0), pod(1)]), SETTINGS)
+    assert again.events == []
+    newer = {**status, **first.status, "notice": {**notice, "time": ts(T0 + timedelta(seconds=5))}}
+    assert len(plan(job(), observe(newer, [workload(1)], [pod(0), pod(1)]), SETTINGS).events) == 1

@@ -1,9 +1,10 @@
-"""Trainer callbacks: progress records (JSONL + FineTuneJob status), checkpoint completion markers, NaN watchdog."""
+"""Trainer callbacks: progress records (JSONL + FineTuneJob status), checkpoint completion markers, divergence."""
 
 import json
 import math
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,20 +162,95 @@ class CheckpointMarkerCallback(TrainerCallback):
             self.progress.checkpoint = {"step": state.global_step, "path": str(directory)}
 
 
-class NanWatchdog(TrainerCallback):
-    """Stops training when the loss or gradient norm is NaN/inf; main() then exits with DIVERGED."""
+class DivergenceWatch(TrainerCallback):
+    """Stops a run that diverged; main() then exits with DIVERGED (79, permanent: a retry diverges again).
 
-    def __init__(self):
+    A NaN or infinite loss or gradient norm stops it at once. A logged loss above the threshold (runPolicy.divergence:
+    max(factor x the first step's loss, first + minIncrease)) opens a spike: no checkpoint is saved while it lasts,
+    so the checkpoints before it are never rotated out by diverged ones; `patience` logs in a row make it divergence
+    (stop, or a warning with action: warn); a spike that comes back sooner is a warning. Warnings go to `warn`
+    (reason, message): the log and a Warning Event on the FineTuneJob."""
+
+    def __init__(self, policy: Any, warn: Callable[[str, str], None] | None = None):
+        self.policy = policy
+        self.warn = warn or (lambda reason, message: None)
         self.diverged_at: int | None = None
         self.value: float | None = None
+        self.message: str | None = None
+        self.first: float | None = None  # the first logged loss: step 1's, on the weights before any update
+        self.spike: list[tuple[int, float]] = []
+        self.last_good_step = 0  # the last logged step whose loss was under the threshold
+        self.warned_persistent = False
+
+    @property
+    def threshold(self) -> float | None:
+        if self.first is None:
+            return None
+        return max(self.policy.factor * self.first, self.first + self.policy.min_increase)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # A resumed run keeps the first loss of the run it continues (the history is in the checkpoint).
+        first = next((h["loss"] for h in state.log_history if "loss" in h), None)
+        if isinstance(first, float) and math.isfinite(first):
+            self.first = first
+        self.last_good_step = state.global_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.spike:
+            control.should_save = False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
         for key in ("loss", "grad_norm"):
-            value = (logs or {}).get(key)
+            value = logs.get(key)
             if isinstance(value, float) and not math.isfinite(value):
-                self.diverged_at, self.value = state.global_step, value
-                control.should_training_stop = True
-                control.should_save = False  # never checkpoint diverged weights over good ones
+                self._stop(state, control, value, f"the {'loss' if key == 'loss' else 'gradient norm'} became "
+                                                  f"{value} at step {state.global_step}")
+                return
+        loss = logs.get("loss")
+        if not isinstance(loss, (int, float)) or "train_loss" in logs or self.policy.action == "off":
+            return
+        if self.first is None:
+            self.first = float(loss)
+        if loss <= self.threshold:
+            if self.spike:
+                self._spike_over(state, loss)
+            self.last_good_step = state.global_step
+            return
+        self.spike.append((state.global_step, float(loss)))
+        control.should_save = False
+        if len(self.spike) < self.policy.patience:
+            return
+        text = self._describe()
+        if self.policy.action == "stop":
+            self._stop(state, control, float(loss), text)
+        elif not self.warned_persistent:
+            self.warned_persistent = True
+            self.warn("LossDiverging", text + " (runPolicy.divergence.action: warn, training goes on)")
+
+    def _describe(self) -> str:
+        steps = [s for s, _ in self.spike]
+        peak = max(value for _, value in self.spike)
+        return (f"the loss diverged: {len(self.spike)} logged losses in a row above {self.threshold:.4g} "
+                f"(max({self.policy.factor:g} x the first step's {self.first:.4g}, first + "
+                f"{self.policy.min_increase:g})) from step {steps[0]} to {steps[-1]}, up to {peak:.4g}, now "
+                f"{self.spike[-1][1]:.4g}")
+
+    def _spike_over(self, state, loss: float) -> None:
+        steps = [s for s, _ in self.spike]
+        peak = max(value for _, value in self.spike)
+        if not self.warned_persistent:
+            self.warn("LossSpike", f"the loss spiked to {peak:.4g} at step {steps[0]}"
+                      f"{'' if len(steps) == 1 else f'-{steps[-1]}'} (above {self.threshold:.4g}, "
+                      f"{len(steps)} logged step(s); {self.policy.patience} in a row stop the run) and came back to "
+                      f"{loss:.4g} at step {state.global_step}; no checkpoint was saved during the spike")
+        self.spike.clear()
+        self.warned_persistent = False
+
+    def _stop(self, state, control, value: float, text: str) -> None:
+        self.diverged_at, self.value, self.message = state.global_step, value, text
+        control.should_training_stop = True
+        control.should_save = False  # never checkpoint diverged weights over good ones
 
 
 class GracefulStop(TrainerCallback):

@@ -16,7 +16,7 @@ from typing import Any
 from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
 
-from . import checkpoints
+from . import advice, checkpoints
 from .config import TrainerConfig, load_config, training_arguments
 from .errors import (
     EARLY_STOPS,
@@ -126,18 +126,18 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
                           "checkpoints.resume: never, or give the job another name or output.subPath")
 
 
-def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter):
+def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, warnings):
     from transformers import Trainer
 
-    from .callbacks import CheckpointMarkerCallback, GracefulStop, NanWatchdog, ProgressCallback
+    from .callbacks import CheckpointMarkerCallback, DivergenceWatch, GracefulStop, ProgressCallback
     from .collators import make_collator
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
                                 cfg.spec.resources.peak_tflops_per_gpu)
-    watchdog = NanWatchdog()
+    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings)
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()
-    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress, checkpoints.provenance(cfg.spec)), progress,
-                 watchdog, stop]
+    producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
+    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress, producer), progress, watchdog, stop]
     early = cfg.spec.evaluation.early_stopping
     if early is not None:
         from transformers import EarlyStoppingCallback
@@ -185,14 +185,18 @@ def perplexity(loss: float) -> float:
 
 
 def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
-    """The final model (adapter for LoRA) under final/, plus merged/ when asked; weights verified non-empty."""
+    """The final model (adapter for LoRA) under final/, plus merged/ when asked; weights verified non-empty; the
+    generation config stops where the data taught the model to stop."""
     final = cfg.output_dir / "final"
     # Inference wants the KV cache (training turned it off): the saved config must not say use_cache: false.
     trainer.model.config.use_cache = True
+    base = _base_model(trainer.model)
     trainer.save_model(str(final))  # gathers ZeRO-3 / FSDP weights (16-bit gather is set in the presets)
     paths = {"model": str(final)}
     if trainer.args.should_save:
         tokenizer.save_pretrained(final)
+        if getattr(base, "generation_config", None) is not None:  # an adapter's directory has none of its own:
+            base.generation_config.save_pretrained(final)  # the base's, with the trained stops (run())
         files = checkpoints.weight_files(final)
         if not files or any(f.stat().st_size == 0 for f in files):
             raise TrainerError(f"the final model in {final} has no or empty weights")
@@ -200,6 +204,10 @@ def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
             paths["merged"] = str(merge_adapter(cfg, final, tokenizer))
     trainer.accelerator.wait_for_everyone()
     return paths
+
+
+def _base_model(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
@@ -213,6 +221,9 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     target = cfg.output_dir / "merged"
     merged.config.use_cache = True
+    from .model import add_stop_ids, trained_stop_ids
+
+    add_stop_ids(merged, trained_stop_ids(cfg.spec, tokenizer))
     merged.save_pretrained(target)
     tokenizer.save_pretrained(target)  # merged/ is a whole model: AutoTokenizer must load from it too
     return target
@@ -220,22 +231,28 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
 
 def run(config_path: str) -> dict[str, Any]:
     from . import tracking
-    from .model import load_model, load_tokenizer, trainable_parameters
+    from .model import add_stop_ids, load_model, load_tokenizer, trainable_parameters, trained_stop_ids
 
     cfg, args = setup(config_path)
     if cfg.spec.output.push is not None and args.should_save:  # a refused token fails now, not after the run
         from .hub import check_access
 
         check_access(cfg)
-    from .status_report import StatusReporter
+    from .status_report import StatusReporter, Warnings
 
     tokenizer = load_tokenizer(cfg.spec)
     reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
     data = prepare_data(cfg, args, tokenizer, reporter)
+    warnings = Warnings(reporter)
+    advice.folded_system(cfg.spec, data.stats, warnings)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
+    # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
+    add_stop_ids(_base_model(model), trained_stop_ids(cfg.spec, tokenizer))
     trainable, total = trainable_parameters(model)
-    trainer, progress, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter)
+    trainer, progress, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter, warnings)
     resume = resume_checkpoint(cfg)
+    if resume is not None:
+        advice.batch_changed(Path(resume), args, warnings)
     runs = tracking.configure(cfg, resuming=resume is not None, rank=args.process_index)
     trainer.add_callback(tracking.TrackerRunRecorder(cfg.output_dir, runs))
     pusher = None
@@ -250,7 +267,7 @@ def run(config_path: str) -> dict[str, Any]:
         reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": resume}}, force=True)
     result = trainer.train(resume_from_checkpoint=resume)
     if watchdog.diverged_at is not None:
-        raise LossDiverged(f"loss/grad norm became {watchdog.value} at step {watchdog.diverged_at}")
+        raise LossDiverged(advice.diverged(cfg.output_dir, watchdog))
     if stop.requested is not None:
         raise Interrupted(f"stopped by signal {stop.requested} at step {trainer.state.global_step}; a checkpoint "
                           "was saved and the next run resumes from it")
@@ -276,6 +293,7 @@ def run(config_path: str) -> dict[str, Any]:
         "distributedType": str(trainer.accelerator.distributed_type),
         "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), **peak_memory(),
         "data": data.stats, **paths, **({"trackerRuns": runs} if runs else {}),
+        **({"warnings": warnings.said} if warnings.said else {}),
     }
     if pusher is not None:
         pusher.wait()

@@ -182,3 +182,37 @@ def _decoder_layers(model):
 def trainable_parameters(model) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, sum(p.numel() for p in model.parameters())
+
+
+def trained_stop_ids(spec: FineTuneJobSpec, tokenizer) -> list[int]:
+    """The token ids that end a reply as the data trained them: the chat template's end-of-turn token (Phi-3's
+    <|end|>, Llama-3's <|eot_id|>, GPT-OSS's <|return|>, GLM's <|user|>) and the EOS; none for raw text."""
+    from .data import uses_chat_template
+
+    if spec.data.format == "text":
+        return []
+    stops = [tokenizer.eos_token] if tokenizer.eos_token else []
+    if uses_chat_template(spec.data, tokenizer):
+        from .chat import ChatEncoder
+
+        stops += ChatEncoder.for_tokenizer(tokenizer).stop_tokens()
+    unknown = tokenizer.unk_token_id
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in stops]
+    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i != unknown))
+
+
+def add_stop_ids(model, stop_ids: list[int]) -> list[int]:
+    """The model's generation_config stops at every trained stop as well as at its own EOS ids (kept first): a
+    model trained to end replies with <|end|> whose config names only <|endoftext|> would generate past it.
+    Returns the ids in the config."""
+    from transformers import GenerationConfig
+
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        config = model.generation_config = GenerationConfig.from_model_config(model.config)
+    current = config.eos_token_id
+    current = [] if current is None else [current] if isinstance(current, int) else list(current)
+    merged = list(dict.fromkeys([*current, *stop_ids]))
+    if merged != current:
+        config.eos_token_id = merged[0] if len(merged) == 1 else merged
+    return merged

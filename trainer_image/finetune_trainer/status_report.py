@@ -11,7 +11,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_operator.api import constants as c
@@ -62,3 +62,19 @@ class StatusReporter:
             self.failures += 1
             log.warning("progress report to %s failed (%s); training continues", self.url, exc)
             return False
+
+
+@dataclass
+class Warnings:
+    """What a run warns about (a loss spike, a changed global batch, folded system prompts): logged on every rank,
+    kept for the summary, and on rank 0 reported as status.notice, which the operator posts as a Warning Event."""
+
+    reporter: StatusReporter | None = None
+    said: list[dict[str, str]] = field(default_factory=list)
+
+    def __call__(self, reason: str, message: str) -> None:
+        log.warning("%s: %s", reason, message)
+        notice = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason, "message": message}
+        self.said.append(notice)
+        if self.reporter is not None:
+            self.reporter.report({"notice": notice}, force=True)

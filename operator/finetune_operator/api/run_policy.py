@@ -1,8 +1,36 @@
 """spec.runPolicy: restarts, deadlines, clean-up and suspension of the whole job."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from .base import ApiModel
+
+
+class DivergencePolicy(ApiModel):
+    """A loss that stays far above where the run started is divergence: retrying from a checkpoint diverges again."""
+
+    action: Literal["stop", "warn", "off"] = Field(
+        default="stop",
+        description="stop: the run stops (exit 79, reason LossDiverged, not retried) once `patience` logged "
+        "training losses in a row are above the threshold; warn: a Warning Event only; off: no check. A NaN or "
+        "infinite loss or gradient norm always stops the run at once.",
+    )
+    factor: float = Field(
+        default=3.0, ge=1.5, le=1000,
+        description="Threshold: factor x the loss of the first step (before any update changed the model), and "
+        "at least minIncrease above it.",
+    )
+    min_increase: float = Field(
+        default=3.0, ge=0, le=1000,
+        description="The threshold is at least this far above the first step's loss (nats): a model that starts "
+        "near 0 may double its loss on a noisy batch without diverging.",
+    )
+    patience: int = Field(
+        default=3, ge=1, le=1000,
+        description="Logged training losses in a row above the threshold that make the run diverged; a shorter "
+        "spike gives a Warning Event (and no checkpoint is saved while the loss is above the threshold).",
+    )
 
 
 class RunPolicy(ApiModel):
@@ -31,6 +59,11 @@ class RunPolicy(ApiModel):
         "over quota, an image that cannot be pulled) is torn down so its pods stop holding GPUs, and retried after "
         "a backoff; counted in status.scheduleRetries, not against backoffLimit. Jobs queued through Kueue are left "
         "to Kueue. Unset to wait forever.",
+    )
+    divergence: DivergencePolicy = Field(
+        default_factory=DivergencePolicy,
+        description="Stop a run whose loss stays far above its first step's (e.g. a learning rate 1000x too high): "
+        "by default 3 logged losses in a row above max(3 x first, first + 3).",
     )
     stall_timeout_seconds: int | None = Field(
         default=1800, ge=60,

@@ -84,6 +84,13 @@ class PushRef(ApiModel):
     commit: str = Field(default="", max_length=4096, description="The commit's URL.")
 
 
+class Notice(ApiModel):
+    time: str = Field(json_schema_extra={"format": "date-time"}, description="When the trainer said it.")
+    reason: str = Field(max_length=128, description="CamelCase, e.g. LossSpike, GlobalBatchChanged, "
+                        "SystemPromptFolded.")
+    message: str = Field(max_length=4096, description="What happened and what to do about it.")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = Field(default=None, description="Pending, Queued, Running, Restarting, Suspended, "
                                 "Succeeded or Failed.")
@@ -107,5 +114,9 @@ class FineTuneJobStatus(ApiModel):
     goodput: Goodput | None = Field(default=None, description="GPU-hours used and what restarts cost.")
     pushed: PushRef | None = Field(default=None, description="Where spec.output.push put the final model "
                                    "(written by the trainer once the push succeeded).")
+    notice: Notice | None = Field(default=None, description="The trainer's latest warning (a loss spike, a resume "
+                                  "that changed the global batch ...), posted by the operator as a Warning Event.")
+    notice_posted: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                      description="The time of the last notice posted as an Event.")
     preflight: Literal["Running", "Passed", "Failed"] | None = Field(
         default=None, description="The preflight check's outcome (spec.runPolicy.preflight).")

@@ -14,15 +14,19 @@ from typing import Any
 import kopf
 
 from ..api import constants as c
+from ..api import exit_codes
 from . import metrics
 from .cache import slim_finetunejob, slim_workload
 from .kube import Kube
 from .runner import GATHER_SECONDS, INDEXES, Controller, Key
 from .settings import settings_from_env
 
+EVENT_MESSAGE_LIMIT = 1024  # what `kubectl describe` shows whole
+
 
 def post_event(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
-    kopf.event(obj, type=kind, reason=reason, message=message[:1000])
+    # Cut at a word and marked (a hard cut mid-word hid the end of a remedy); the status keeps the whole message.
+    kopf.event(obj, type=kind, reason=reason, message=exit_codes.short(message, EVENT_MESSAGE_LIMIT))
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):

@@ -34,7 +34,7 @@ from .settings import Settings
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "scheduleRetries",
                           "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
-                          "goodput", "preflight")
+                          "goodput", "preflight", "noticePosted")
 CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
                    "Succeeded", "Failed")
 # A gang not fully running this long after its Job was created is looked at (its pods, its Job's events) to say
@@ -139,12 +139,21 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     _set_conditions(p, obs)
+    _post_notice(p, obs)
     waits = p.status.get("phase") == "Pending" and p.status.get("reason") in WAITING_REASONS
     if p.status.get("phase") != previous_phase or (waits and p.status.get("reason") != obs.status.get("reason")):
         kind = "Warning" if p.status.get("phase") in ("Failed", "Restarting") or waits else "Normal"
         p.events.append(Event(kind, p.status.get("reason") or p.status["phase"],
                               p.status.get("message") or f"phase {p.status['phase']}"))
     return p
+
+
+def _post_notice(p: Plan, obs: Observed) -> None:
+    """The trainer's latest warning (status.notice: it may only write its own status) as a Warning Event, once."""
+    notice = obs.status.get("notice") or {}
+    if notice.get("time") and notice.get("time") != obs.status.get("noticePosted"):
+        p.events.append(Event("Warning", str(notice.get("reason") or "TrainerWarning"), str(notice.get("message"))))
+        p.status["noticePosted"] = notice["time"]
 
 
 def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:

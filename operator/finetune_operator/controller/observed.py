@@ -63,6 +63,9 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+MESSAGE_LIMIT = 3000  # a trainer's termination message is at most 4 KiB of JSON
+
+
 def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
     """(exit code, reason, message) that best explains a failed attempt; permanent causes win over retryable ones.
 
@@ -81,7 +84,9 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
                 pass
             if term.get("reason") == "OOMKilled":  # the kubelet's word, over anything the trainer could say
                 reason = "OOMKilled"
-            failures.append((code, reason, f"{pod['metadata']['name']}: {exit_codes.short(message or reason)}"))
+            # The whole of the trainer's message (its remedy comes last): the status holds 32 KiB, describe shows it.
+            failures.append((code, reason, f"{pod['metadata']['name']}: "
+                                           f"{exit_codes.short(message or reason, MESSAGE_LIMIT)}"))
         elif status.get("phase") == "Failed":
             failures.append((None, status.get("reason") or "PodFailed",
                              f"{pod['metadata']['name']}: {status.get('message') or status.get('reason') or 'failed'}"))

@@ -1,0 +1,63 @@
+"""What the trainer tells the user about a run that a loss curve would not: why it stopped diverged and which
+checkpoint is still good, a resume that changed the global batch, system prompts a template could not render."""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import checkpoints
+
+Warn = Callable[[str, str], None]
+
+
+def diverged(output_dir: Path, watch: Any) -> str:
+    """What diverged (DivergenceWatch's text), the checkpoint left from before it (verified; newer ones may hold
+    diverged weights) and the way out."""
+    good = checkpoints.newest_complete(output_dir, at_most=watch.last_good_step)
+    newest = checkpoints.newest_complete(output_dir)
+    if good is None:
+        kept = "no checkpoint was saved before it"
+    else:
+        kept = f"the last checkpoint before it is {good} (verified, kept)"
+        if newest is not None and newest != good:
+            kept += (f"; {newest} was saved after the loss began to rise: to continue from the good one set "
+                     f"checkpoints.resume: {good}")
+    return (f"{watch.message}; {kept}. Not retried: the same run diverges again; lower spec.training.learningRate "
+            "(or raise warmupSteps), or tune spec.runPolicy.divergence")
+
+
+def topology(args: Any) -> dict[str, int]:
+    """What a checkpoint records of the run that saved it, to compare on resume."""
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    return {"worldSize": args.world_size, "globalBatchSize": per_step * args.world_size}
+
+
+def batch_changed(checkpoint: Path, args: Any, warn: Warn) -> None:
+    """A resume on another number of processes changes the global batch: the schedule continues by step, so every
+    remaining step sees another number of samples and an epoch another number of steps."""
+    try:
+        marker = json.loads((checkpoint / checkpoints.COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return
+    before = marker.get("producedBy") or {}
+    now = topology(args)
+    if not before.get("globalBatchSize") or before["globalBatchSize"] == now["globalBatchSize"]:
+        return
+    warn("GlobalBatchChanged",
+         f"resuming {checkpoint.name}, trained with a global batch of {before['globalBatchSize']} on "
+         f"{before.get('worldSize', '?')} process(es), on {now['worldSize']}: the global batch is now "
+         f"{now['globalBatchSize']}. The learning-rate schedule and maxSteps continue by step, so each remaining "
+         f"step takes {now['globalBatchSize'] / before['globalBatchSize']:.3g}x the samples and an epoch has "
+         "fewer (or more) steps; keep numNodes x gpusPerNode x perDeviceTrainBatchSize x gradientAccumulationSteps "
+         "the same to resume the run unchanged")
+
+
+def folded_system(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
+    """Once per run, when the chat template refused a system message and it went into the first user turn."""
+    folded = sum(int((part or {}).get("system_folded") or 0) for part in stats.values() if isinstance(part, dict))
+    if folded:
+        warn("SystemPromptFolded",
+             f"the chat template of {spec.model.tokenizer or spec.model.name} cannot render a system message: in "
+             f"{folded} row(s) the system prompt was put at the start of the first user turn (what such models "
+             "expect); prompts at inference should do the same")
