@@ -63,6 +63,18 @@ def tiny_tokenizer(tiny_model_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def minio() -> Iterator["MinIO"]:
+    """A real S3-compatible server (MinIO from its Go module) on 127.0.0.1, for the whole session."""
+    from tests.support.minio import MinIO, build_components
+
+    server = MinIO(build_components()["minio"] / "minio").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     cp = ControlPlane(build_binaries()).start()
     try:

@@ -100,3 +100,22 @@ def test_normal_and_noisy_runs_never_trip_it(seed):
                             for i in range(1, 400)]
         watch, warnings, _ = drive(losses)
         assert watch.diverged_at is None and warnings == [], (start, watch.message, warnings)
+
+
+def test_a_resume_on_another_world_size_says_what_it_does_to_the_global_batch(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from finetune_trainer import advice, checkpoints
+
+    saved = SimpleNamespace(world_size=1, per_device_train_batch_size=2, gradient_accumulation_steps=1)
+    checkpoint = tmp_path / "checkpoint-10"
+    checkpoint.mkdir()
+    (checkpoint / checkpoints.COMPLETE_MARKER).write_text(json.dumps({"producedBy": advice.topology(saved)}))
+    said: list[tuple[str, str]] = []
+    advice.batch_changed(checkpoint, saved, lambda *w: said.append(w))
+    assert said == []  # the same topology: nothing to say
+    advice.batch_changed(checkpoint, SimpleNamespace(**{**vars(saved), "world_size": 2}), lambda *w: said.append(w))
+    assert [reason for reason, _ in said] == ["GlobalBatchChanged"]
+    assert "global batch of 2 on 1 process(es), on 2: the global batch is now 4" in said[0][1]
+    assert "each remaining step takes 2x the samples" in said[0][1]

@@ -367,3 +367,20 @@ def test_which_strategies_shard_the_parameters(distributed, sharded):
     """Generation samples under these need every rank (synced_gpus); the trainer asks the API, not its own rule."""
     spec = validate_job(make_job({"spec.distributed": {"numNodes": 2, "gpusPerNode": 8, **distributed}})).spec
     assert spec.distributed.shards_parameters is sharded
+
+
+def test_output_in_object_storage_needs_no_volume_and_credentials_stay_in_their_secret():
+    objs = render({"spec.output": {"uri": "s3://training/runs/x"},
+                   "spec.s3": {"endpointURL": "http://minio.storage:9000", "region": "us-east-1",
+                               "credentialsSecret": "s3-creds"}})
+    pod = objs["Job"]["spec"]["template"]["spec"]
+    output = next(v for v in pod["volumes"] if v["name"] == "output")
+    assert output == {"name": "output", "emptyDir": {}}  # no claim at all
+    env = env_of(objs)
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}}
+    assert env["AWS_SESSION_TOKEN"] == {"secretKeyRef": {"name": "s3-creds", "key": "AWS_SESSION_TOKEN",
+                                                         "optional": True}}
+    config = files(objs)["trainer.json"]
+    assert config["spec"]["output"]["uri"] == "s3://training/runs/x"
+    assert config["spec"]["s3"]["endpointURL"] == "http://minio.storage:9000"
+    assert "AWS_SECRET_ACCESS_KEY" not in json.dumps(objs["ConfigMap"])

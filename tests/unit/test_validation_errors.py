@@ -402,3 +402,22 @@ def test_a_single_value_where_a_list_belongs_shows_the_list():
         validate_job(make_job({"spec.method": {"type": "lora", "lora": {"targetModules": "all-linear"}}}))
     (error,) = [e for e in info.value.errors if e.path == "spec.method.lora.targetModules"]
     assert error.fix == "write it as a YAML list: [all-linear]"
+
+
+def test_object_storage_mistakes_are_named_with_their_fix():
+    from finetune_operator.api.errors import InvalidSpec
+
+    with pytest.raises(InvalidSpec) as raised:
+        validate_job(make_job({
+            "spec.model.name": "s3://A_Bucket/models/x", "spec.output.uri": "s3://ok-bucket/runs/x",
+            "spec.data.train": [{"path": "s3://b/data.jsonl"}],
+            "spec.s3": {"credentialsSecret": "s3-creds"},
+            "spec.pod.secretEnv": [{"name": "AWS_ACCESS_KEY_ID", "secretName": "other", "key": "id"}]}))
+    text = raised.value.summary()
+    assert "spec.model.name: not an s3:// URI of a bucket S3 accepts" in text
+    assert "spec.data.train[0].path: not an s3:// URI" in text  # a one-letter bucket
+    assert "spec.pod.secretEnv[0].name: s3.credentialsSecret also sets it" in text
+    with pytest.raises(InvalidSpec, match="spec.output.uri"):
+        validate_job(make_job({"spec.output.uri": "s3://key:secret@bucket/x"}))
+    with pytest.raises(InvalidSpec, match=r"spec.pod.env\[0\].name: AWS_SECRET_ACCESS_KEY holds a credential"):
+        validate_job(make_job({"spec.pod.env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "abc"}]}))

@@ -43,6 +43,7 @@ class ProgressCallback(TrainerCallback):
         self.last_time: float | None = None
         self.last_tokens = 0
         self.checkpoint: dict[str, Any] | None = None
+        self.upload: dict[str, Any] | None = None  # output.uri: how far checkpoint uploads are behind
         self.last_record: dict[str, Any] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -79,7 +80,7 @@ class ProgressCallback(TrainerCallback):
             "tokensPerSecond": tokens_per_second, "tokensPerSecondPerDevice": per_device,
             "mfu": round(utilization, 4) if utilization is not None else None,
             "peakMemoryGiB": _peak_memory_gib(), "tokensSeen": tokens, "eta": format_eta(eta),
-            "checkpoint": self.checkpoint,
+            "checkpoint": self.checkpoint, **({"upload": self.upload} if self.upload is not None else {}),
         }
         self.last_record = record
         with self.path.open("a", encoding="utf-8") as f:
@@ -160,6 +161,22 @@ class CheckpointMarkerCallback(TrainerCallback):
         checkpoints.mark_complete(directory, self.producer)
         if self.progress is not None:
             self.progress.checkpoint = {"step": state.global_step, "path": str(directory)}
+
+
+class UploadCallback(TrainerCallback):
+    """output.uri: after each save every rank waits until all have written their files, then the node's first
+    process hands the checkpoint to the node's uploader (remote_output.CheckpointUploader), which snapshots it."""
+
+    def __init__(self, uploader: Any):
+        self.uploader = uploader
+
+    def on_save(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        if self.uploader is not None:
+            self.uploader.submit(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
 class DivergenceWatch(TrainerCallback):

@@ -180,9 +180,9 @@ class ChatEncoder:
         if backend is not None:  # the Rust tokenizer itself: what tokenizer(texts) runs, minus Python conversions
             for (text, messages), encoding, fold in zip(rendered, backend.encode_batch(texts, add_special_tokens=False),
                                                         folded, strict=True):
-                ids = encoding.ids
+                ids = encoding.ids  # a new list at every access: read once
                 out.append(Encoded(ids, list(ids) if train_on_prompt else
-                                   labels_of_encoding(encoding, self.learned_spans(text, messages)), fold))
+                                   labels_of_encoding(encoding, self.learned_spans(text, messages), ids), fold))
             return out
         encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
         for (text, messages), ids, offsets, fold in zip(rendered, encoded["input_ids"], encoded["offset_mapping"],
@@ -457,10 +457,10 @@ def fold_system(messages: list[Message]) -> list[Message] | None:
     return [first, *messages[2:]]
 
 
-def labels_of_encoding(encoding: Any, spans: list[tuple[int, int]]) -> list[int]:
-    """labels_from_spans for a tokenizers Encoding: each span's first and last token by character lookup, so the
-    cost is per span, not per token."""
-    ids = encoding.ids
+def labels_of_encoding(encoding: Any, spans: list[tuple[int, int]], ids: list[int] | None = None) -> list[int]:
+    """labels_from_spans for a tokenizers Encoding (whose `ids` may be passed in): each span's first and last token
+    by character lookup, so the cost is per span, not per token."""
+    ids = encoding.ids if ids is None else ids
     labels = [IGNORE_INDEX] * len(ids)
     for start, end in spans:
         if end <= start:

@@ -8,6 +8,7 @@ from finetune_operator.api import exit_codes
 
 class TrainerError(Exception):
     exit_code = 1
+    reason: str | None = None  # the summary's reason when it is not the exit code's own name
 
 
 class ConfigError(TrainerError):
@@ -38,6 +39,28 @@ class PushRefused(TrainerError):
     exit_code = exit_codes.PUSH_REFUSED
 
 
+class StorageRefused(TrainerError):
+    """The object store refused the credentials, or the output's bucket is missing: retrying cannot help."""
+
+    exit_code = exit_codes.PUSH_REFUSED
+    reason = "StorageRefused"
+
+
+class StorageUnavailable(TrainerError):
+    """The object store did not answer (network, 5xx): a later attempt may get through."""
+
+    exit_code = exit_codes.PUSH_FAILED
+    reason = "StorageUnavailable"
+
+
+class UploadFailed(TrainerError):
+    """The final model is saved locally but could not be uploaded to output.uri: the retry resumes at the last
+    step (its checkpoint is in the bucket) and only uploads."""
+
+    exit_code = exit_codes.PUSH_FAILED
+    reason = "UploadFailed"
+
+
 class LossDiverged(TrainerError):
     exit_code = exit_codes.DIVERGED
 
@@ -63,7 +86,8 @@ def outcome(run: Callable[[], dict[str, Any]], prefix: str = "") -> tuple[int, d
     try:
         return exit_codes.SUCCESS, run(), None
     except (TrainerError, StopRequested) as exc:
-        return exc.exit_code, {"reason": exit_codes.reason(exc.exit_code), "message": f"{prefix}{exc}"}, None
+        reason = getattr(exc, "reason", None) or exit_codes.reason(exc.exit_code)
+        return exc.exit_code, {"reason": reason, "message": f"{prefix}{exc}"}, None
     except Exception as exc:
         # A CUDA OOM is retryable like any crash, but says what it is (the kubelet never sees it: no OOM kill).
         reason = "OOMKilled" if type(exc).__name__ == "OutOfMemoryError" else "Error"

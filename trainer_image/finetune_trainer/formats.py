@@ -86,7 +86,9 @@ def sharegpt_messages(row: dict[str, Any], columns: ColumnMapping) -> list[Messa
         role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
         if role is None:
             raise DataError(f"turn {i + 1} has an unknown 'from': {speaker!r} (known: {', '.join(SHAREGPT_ROLES)})")
-        messages.append({"role": role, "content": content_text(turn.get("value"), f"turn {i + 1} ({speaker})")})
+        value = turn.get("value")
+        messages.append({"role": role, "content": value if type(value) is str else
+                         content_text(value, f"turn {i + 1} ({speaker})")})
     return messages
 
 
@@ -100,7 +102,9 @@ def messages_messages(row: dict[str, Any], columns: ColumnMapping) -> list[Messa
         role = turn.get("role") if isinstance(turn, dict) else None
         if role not in ROLES:
             raise DataError(f"message {i + 1} has an unknown role: {role!r} (known: {', '.join(ROLES)})")
-        out.append({"role": role, "content": content_text(turn.get("content"), f"message {i + 1} ({role})")})
+        content = turn.get("content")  # text, the common case, skips building the error's wording
+        out.append({"role": role, "content": content if type(content) is str else
+                    content_text(content, f"message {i + 1} ({role})")})
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
 
-from . import advice, checkpoints
+from . import advice, checkpoints, objectstore
 from .config import TrainerConfig, load_config, training_arguments
 from .errors import (
     EARLY_STOPS,
@@ -30,6 +30,7 @@ from .errors import (
 )
 
 log = logging.getLogger("finetune_trainer")
+SUMMARY_FILE = "summary.json"  # the run's summary beside the model in output.uri
 
 
 def setup(config_path: str):
@@ -93,7 +94,7 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
         if found is not None:
             _compatible(found, cfg, data_too=True)
             return str(found)
-        if cfg.resume_from:
+        if cfg.resume_from and not cfg.resume_from.startswith("s3://"):  # a bucket's was restored above
             try:
                 checkpoints.verify(Path(cfg.resume_from))
                 return cfg.resume_from
@@ -137,7 +138,9 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
-    callbacks = [CheckpointMarkerCallback(cfg.output_dir, progress, producer), progress, watchdog, stop]
+    # With output.uri, status.checkpoint names a checkpoint once it is complete in the bucket (remote_output).
+    marked = CheckpointMarkerCallback(cfg.output_dir, None if cfg.spec.output.uri else progress, producer)
+    callbacks = [marked, progress, watchdog, stop]
     early = cfg.spec.evaluation.early_stopping
     if early is not None:
         from transformers import EarlyStoppingCallback
@@ -216,8 +219,11 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
     from transformers import AutoModelForCausalLM
 
     m = cfg.spec.model
-    base = AutoModelForCausalLM.from_pretrained(m.name, revision=m.revision, trust_remote_code=m.trust_remote_code,
-                                                dtype="auto")
+    from .model import source
+
+    name = source(m.name)
+    base = AutoModelForCausalLM.from_pretrained(name, revision=m.revision if name == m.name else None,
+                                                trust_remote_code=m.trust_remote_code, dtype="auto")
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     target = cfg.output_dir / "merged"
     merged.config.use_cache = True
@@ -234,14 +240,22 @@ def run(config_path: str) -> dict[str, Any]:
     from .model import add_stop_ids, load_model, load_tokenizer, trainable_parameters, trained_stop_ids
 
     cfg, args = setup(config_path)
+    objectstore.configure(cfg.spec.s3, cfg.cache)
     if cfg.spec.output.push is not None and args.should_save:  # a refused token fails now, not after the run
         from .hub import check_access
 
         check_access(cfg)
     from .status_report import StatusReporter, Warnings
 
-    tokenizer = load_tokenizer(cfg.spec)
     reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
+    remote = None
+    if cfg.spec.output.uri:  # a missing bucket or refused credentials fail now (77), not after training
+        from .remote_output import RemoteOutput
+
+        remote = RemoteOutput(cfg.spec.output.uri, cfg.output_dir, cfg.spec.distributed.num_nodes,
+                              cfg.spec.checkpoints.keep, args.process_index == 0, reporter)
+        remote.check()
+    tokenizer = load_tokenizer(cfg.spec)
     data = prepare_data(cfg, args, tokenizer, reporter)
     warnings = Warnings(reporter)
     advice.folded_system(cfg.spec, data.stats, warnings)
@@ -250,6 +264,9 @@ def run(config_path: str) -> dict[str, Any]:
     add_stop_ids(_base_model(model), trained_stop_ids(cfg.spec, tokenizer))
     trainable, total = trainable_parameters(model)
     trainer, progress, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter, warnings)
+    if remote is not None:  # the bucket's newest complete checkpoint, here before the first step
+        remote.restore()
+        trainer.add_callback(remote.callback(progress))
     resume = resume_checkpoint(cfg)
     if resume is not None:
         advice.batch_changed(Path(resume), args, warnings)
@@ -269,6 +286,8 @@ def run(config_path: str) -> dict[str, Any]:
     if watchdog.diverged_at is not None:
         raise LossDiverged(advice.diverged(cfg.output_dir, watchdog))
     if stop.requested is not None:
+        if remote is not None:
+            remote.drain()  # the checkpoint of the stop reaches the bucket within the pod's grace period
         raise Interrupted(f"stopped by signal {stop.requested} at step {trainer.state.global_step}; a checkpoint "
                           "was saved and the next run resumes from it")
     paths = save_final(cfg, trainer, tokenizer)
@@ -305,6 +324,11 @@ def run(config_path: str) -> dict[str, Any]:
         summary.update(push_final(cfg, paths, summary))
         if reporter is not None:
             reporter.report({"pushed": summary["pushed"]}, force=True)
+    if remote is not None:  # the job succeeds only once final/ is in the bucket
+        (cfg.output_dir / SUMMARY_FILE).write_text(json.dumps(summary, default=str))
+        names = [n for n in ("final", "merged", "loss.png", c.PROGRESS_FILE, SUMMARY_FILE)
+                 if (cfg.output_dir / n).exists()]
+        summary["uploaded"] = remote.finish(names)
     return summary
 
 

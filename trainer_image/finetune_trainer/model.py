@@ -1,5 +1,6 @@
 """Model and tokenizer from a hub id or a path, and the fine-tuning method applied to the model."""
 
+from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.spec import FineTuneJobSpec
@@ -13,8 +14,10 @@ def load_tokenizer(spec: FineTuneJobSpec):
     from transformers import AutoTokenizer
 
     m = spec.model
+    # A tokenizer is configs and vocabulary files: an s3:// model's weights are not fetched for it.
+    name = source(m.tokenizer, "spec.model.tokenizer", configs_only=True) or source(m.name, configs_only=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(m.tokenizer or m.name, revision=m.revision,
+        tokenizer = AutoTokenizer.from_pretrained(name, revision=_revision(name, m.revision),
                                                   trust_remote_code=m.trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the tokenizer of {m.tokenizer or m.name}: {exc}") from exc
@@ -29,6 +32,18 @@ def load_tokenizer(spec: FineTuneJobSpec):
 
         tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     return tokenizer
+
+
+def source(name: str | None, field: str = "spec.model.name", configs_only: bool = False) -> str | None:
+    """Where from_pretrained reads a model, tokenizer or adapter (objectstore.local_source: s3:// staged here)."""
+    from .objectstore import local_source
+
+    return local_source(name, field, configs_only)
+
+
+def _revision(name: str | None, revision: str | None) -> str | None:
+    """A Hub revision means nothing for a staged or mounted copy."""
+    return None if name is not None and Path(name).is_dir() else revision
 
 
 def check_lengths(spec: FineTuneJobSpec, model_config: Any) -> None:
@@ -87,8 +102,10 @@ def load_model(spec: FineTuneJobSpec, use_cpu: bool, vocab_size: int | None = No
     quant = quantization_config(spec, use_cpu)
     if quant is not None:
         kwargs["quantization_config"] = quant
+    name = source(m.name)
+    kwargs["revision"] = _revision(name, m.revision)
     try:
-        model = AutoModelForCausalLM.from_pretrained(m.name, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"cannot load model {m.name}: {exc}") from exc
     check_lengths(spec, model.config)
@@ -154,12 +171,13 @@ def _continue_adapter(model, spec: FineTuneJobSpec):
     """method.lora.initFrom: the adapter's own config and weights, trainable, on this base model."""
     from peft import PeftModel
 
-    source = spec.method.lora.init_from
+    adapter = source(spec.method.lora.init_from, "spec.method.lora.initFrom")
     try:
-        return PeftModel.from_pretrained(model, source, is_trainable=True)
+        return PeftModel.from_pretrained(model, adapter, is_trainable=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         # A size mismatch (an adapter of another base model) is a RuntimeError: permanent, like a missing path.
-        raise ConfigError(f"spec.method.lora.initFrom {source} cannot be loaded onto {spec.model.name}: "
+        raise ConfigError(f"spec.method.lora.initFrom {spec.method.lora.init_from} cannot be loaded onto "
+                          f"{spec.model.name}: "
                           f"{str(exc).splitlines()[0][:400]}; give a directory or Hub id with adapter_config.json "
                           "made for this base model") from exc
 

@@ -38,8 +38,12 @@ def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
     m = cfg.spec.model
     check_attention(cfg.spec)
     tokenizer = load_tokenizer(cfg.spec)
+    from .model import source
+
+    name = source(m.name, configs_only=True)  # an s3:// model: its configs only, not gigabytes of weights
     try:
-        config = AutoConfig.from_pretrained(m.name, revision=m.revision, trust_remote_code=m.trust_remote_code)
+        config = AutoConfig.from_pretrained(name, revision=m.revision if name == m.name else None,
+                                            trust_remote_code=m.trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the model config of {m.name}: {exc}") from exc
     check_lengths(cfg.spec, config)
@@ -79,6 +83,11 @@ def check_output(cfg: TrainerConfig) -> None:
 
 def run(config_path: str) -> dict[str, Any]:
     cfg = load_config(config_path)
+    from . import objectstore
+
+    objectstore.configure(cfg.spec.s3, cfg.cache)
+    if cfg.spec.output.uri:  # the bucket exists and takes writes with these credentials (else 77)
+        objectstore.check_bucket(cfg.spec.output.uri)
     model, tokenizer = check_model(cfg)
     data = cfg.spec.data
     sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer) for i, s in enumerate(data.train)]

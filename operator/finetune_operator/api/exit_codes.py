@@ -9,9 +9,11 @@ from typing import Final
 
 SUCCESS: Final = 0
 DATA_ERROR: Final = 65  # EX_DATAERR: the data cannot be read or yields no trainable example
-PUSH_FAILED: Final = 74  # EX_IOERR: the model is saved, the Hub push failed (network, 5xx); the retry only pushes
+PUSH_FAILED: Final = 74  # EX_IOERR: the model is saved, the Hub push (or the output.uri upload) failed, or the object
+# store did not answer (network, 5xx); the retry only pushes (uploads)
 RENDEZVOUS_DNS_TIMEOUT: Final = 75  # EX_TEMPFAIL: node 0's name never resolved; retry the attempt
-PUSH_REFUSED: Final = 77  # EX_NOPERM: the model is saved, the Hub refused the push (token, permission, repo)
+PUSH_REFUSED: Final = 77  # EX_NOPERM: the Hub refused the push (token, permission, repo), or the object store refused
+# the credentials or has no such bucket (reason StorageRefused)
 CONFIG_ERROR: Final = 78  # EX_CONFIG: the config, model or tokenizer cannot work (e.g. QLoRA on CPU)
 DIVERGED: Final = 79  # the loss became NaN/inf; restarting from the last checkpoint would diverge again
 INTERRUPTED: Final = 143  # 128 + SIGTERM: stopped on request after saving a checkpoint; resumable

@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 from .base import ApiModel
 from .constants import OUTPUT_MOUNT_PATH
 from .k8s_names import DNS_SUBDOMAIN_PATTERN
+from .storage import S3_URI_PATTERN
 
 
 class SecretKey(ApiModel):
@@ -40,8 +41,19 @@ class HubPush(ApiModel):
 class OutputSpec(ApiModel):
     claim_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
-        description="PersistentVolumeClaim for checkpoints and the final model. Without it the output lives in an "
-        "emptyDir and is lost with the pod, so gang restarts cannot resume. Multi-node jobs need ReadWriteMany.",
+        description="PersistentVolumeClaim for checkpoints and the final model. Without it (and without uri) the "
+        "output lives in an emptyDir and is lost with the pod, so gang restarts cannot resume. Multi-node jobs "
+        "need ReadWriteMany.",
+    )
+    uri: str | None = Field(
+        default=None, max_length=1024, pattern=S3_URI_PATTERN,
+        description="Object storage for the results, e.g. s3://bucket/runs/my-job (spec.s3 says where and with "
+        "which credentials): every checkpoint is written locally, uploaded in the background by every node and "
+        "marked complete (FINETUNE_COMPLETE, last) once all nodes' files are there; checkpoints.keep applies in "
+        "the bucket; a new attempt (or `finetune run` in an empty directory) resumes from the newest complete one. "
+        "progress.jsonl, loss.png, the run summary and final/ (merged/) land there too, and the job succeeds only "
+        "once final/ is uploaded. No shared volume is needed; with claimName too, the claim holds the local copy.",
+        examples=["s3://training/runs/llama-lora"],
     )
     sub_path: str | None = Field(
         default=None, max_length=1024, pattern=r"^[^/].*$",

@@ -16,6 +16,7 @@ from .model import ModelSpec
 from .output import CheckpointSpec, OutputSpec
 from .resources import PodSpec, ResourcesSpec
 from .run_policy import RunPolicy
+from .storage import S3Spec, is_s3, valid_s3_uri
 from .tracking import TrackingSpec
 from .training import TrainingSpec
 
@@ -52,6 +53,9 @@ class FineTuneJobSpec(ApiModel):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment trackers (wandb, mlflow, "
                                    "...) besides TensorBoard.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and suspension.")
+    s3: S3Spec = Field(default_factory=S3Spec, description="The S3-compatible object storage that s3:// URIs use "
+                       "(data paths, model.name, method.lora.initFrom, output.uri): endpoint, region, credentials "
+                       "by Secret reference.")
 
     @property
     def global_batch_size(self) -> int:
@@ -242,8 +246,28 @@ def _credential_rules(spec: Any) -> list[FieldError]:
     return errors
 
 
+def _s3_rules(spec: Any) -> list[FieldError]:
+    """s3:// URIs name a bucket S3 accepts; AWS credentials come from one Secret (pod.env refuses them already)."""
+    errors = []
+    uris = [("model.name", spec.model.name), ("model.tokenizer", spec.model.tokenizer),
+            ("method.lora.initFrom", spec.method.lora.init_from)]
+    uris += [(f"data.{kind}[{i}].path", source.path) for kind, sources in (("train", spec.data.train),
+             ("validation", spec.data.validation or [])) for i, source in enumerate(sources)]
+    for path, value in uris:
+        if is_s3(value) and not valid_s3_uri(value):
+            errors.append(FieldError(path, value, "not an s3:// URI of a bucket S3 accepts (3-63 lowercase "
+                                     "letters, digits, dots and hyphens)", "write s3://bucket/prefix/..."))
+    for i, env in enumerate(spec.pod.secret_env):
+        if env.name in AWS_SECRET_NAMES and spec.s3.credentials_secret is not None:
+            errors.append(FieldError(f"pod.secretEnv[{i}].name", env.name, "s3.credentialsSecret also sets it; "
+                                     "the trainer would get one of the two", "give the credentials once: remove "
+                                     "one of them"))
+    return errors
+
+
+AWS_SECRET_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 SECTIONS = ("model", "data", "method", "training", "distributed", "resources", "pod", "output", "checkpoints",
-            "evaluation", "tracking", "run_policy")
+            "evaluation", "tracking", "run_policy", "s3")
 RULES = (
     Rule(("method", "model"), _method_rules),
     Rule(("model", "distributed"), _quantized_sharding_rules),
@@ -253,4 +277,5 @@ RULES = (
     Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),
     Rule(("output", "pod", "tracking"), _credential_rules),
     Rule(("data", "pod", "output"), _cache_rules),
+    Rule(("model", "method", "data", "pod", "s3"), _s3_rules),
 )

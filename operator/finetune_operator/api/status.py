@@ -91,6 +91,19 @@ class Notice(ApiModel):
     message: str = Field(max_length=4096, description="What happened and what to do about it.")
 
 
+class UploadStatus(ApiModel):
+    """output.uri: where checkpoint uploads stand (written by the trainer of node 0)."""
+
+    uri: str = Field(max_length=1024, description="The output's object storage prefix.")
+    complete_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint complete in "
+                                      "the bucket (every node's files there, FINETUNE_COMPLETE written last).")
+    pending: int = Field(default=0, ge=0, description="Checkpoints saved locally whose upload is not done: uploads "
+                         "are behind while this is above 0 (the store slow or unreachable; training goes on).")
+    behind_since: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                     description="Since when uploads have been behind.")
+    last_error: str | None = Field(default=None, max_length=1024, description="The store's last error, retried.")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = Field(default=None, description="Pending, Queued, Running, Restarting, Suspended, "
                                 "Succeeded or Failed.")
@@ -114,6 +127,7 @@ class FineTuneJobStatus(ApiModel):
     goodput: Goodput | None = Field(default=None, description="GPU-hours used and what restarts cost.")
     pushed: PushRef | None = Field(default=None, description="Where spec.output.push put the final model "
                                    "(written by the trainer once the push succeeded).")
+    upload: UploadStatus | None = Field(default=None, description="Checkpoint uploads to spec.output.uri.")
     notice: Notice | None = Field(default=None, description="The trainer's latest warning (a loss spike, a resume "
                                   "that changed the global batch ...), posted by the operator as a Warning Event.")
     notice_posted: str | None = Field(default=None, json_schema_extra={"format": "date-time"},

@@ -252,9 +252,10 @@ def advice(spec: FineTuneJobSpec, pods: bool = True) -> list[str]:
     """Non-blocking warnings: choices that are legal but that users usually regret. `pods=False` for a local run
     (finetune run), whose output directory is this machine's, not a pod's emptyDir."""
     notes = []
-    if pods and spec.output.claim_name is None:
-        notes.append("spec.output.claimName is unset: checkpoints live in an emptyDir and are lost with the pods, so "
-                     "a gang restart starts over and the final model must be copied out before the pods go")
+    if pods and spec.output.claim_name is None and spec.output.uri is None:
+        notes.append("spec.output.claimName and spec.output.uri are unset: checkpoints live in an emptyDir and are "
+                     "lost with the pods, so a gang restart starts over and the final model must be copied out "
+                     "before the pods go; set output.uri (s3://bucket/prefix) or a claim")
     if spec.model.trust_remote_code:
         notes.append("spec.model.trustRemoteCode is true: code from the model repository runs in the trainer pods")
     if spec.checkpoints.save_strategy == "no" and spec.run_policy.backoff_limit > 0:

@@ -167,6 +167,8 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
                  f"  tokens/s:   {rate:.0f}" if rate else "",
                  f"  model:      {summary.get('model')}",
                  f"  merged:     {summary['merged']}" if summary.get("merged") else "",
+                 f"  uploaded:   {summary['uploaded']['uri']} (final/, checkpoints, progress, loss.png)"
+                 if summary.get("uploaded") else "",
                  f"  loss plot:  {summary['lossPlot']}" if summary.get("lossPlot") else "",
                  f"  pushed:     {summary['pushed']['repo']} ({summary['pushed']['commit']})"
                  if summary.get("pushed") else "",

@@ -118,6 +118,8 @@ def describe(job: ValidatedJob, local: bool = False) -> str:
         f"{t.gradient_accumulation_steps} accumulation x {d.world_size} process(es)",
         f"  tracking:   {', '.join(s.tracking.trackers)}",
     ]
+    if s.output.uri is not None:
+        lines.append(f"  output:     {s.output.uri} (checkpoints uploaded as they are saved; resumes from there)")
     if s.output.push is not None:
         p = s.output.push
         when = "at the end" + (" and every checkpoint" if p.strategy == "checkpoint" else "")

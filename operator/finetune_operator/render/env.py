@@ -9,6 +9,10 @@ from .context import RenderContext
 from .names import master_address
 from .trainer_config import cache_dir
 
+# The keys of spec.s3.credentialsSecret, as boto reads them from the environment (a session token only for
+# temporary credentials).
+S3_CREDENTIAL_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True))
+
 
 def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
     """Reserved names come first and users cannot set them (the API rejects it), so nothing is silently overridden."""
@@ -43,6 +47,10 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
          "valueFrom": {"secretKeyRef": {"name": s.secret_name, "key": s.key, "optional": s.optional}}}
         for s in spec.pod.secret_env
     ]
+    if spec.s3.credentials_secret is not None:  # by reference: the keys never appear in the pod spec
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": spec.s3.credentials_secret, "key": key,
+                                                             **({"optional": True} if optional else {})}}}
+                for key, optional in S3_CREDENTIAL_KEYS]
     push = spec.output.push
     if push is not None and push.token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": push.token_secret.name,

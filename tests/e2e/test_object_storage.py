@@ -1,0 +1,225 @@
+"""Object storage (spec.s3, s3:// paths, output.uri) against a real S3 server: MinIO from its Go module, started on
+127.0.0.1 by the tests. Data, model and output in buckets through `finetune run`; Ctrl-C, then a resume in an empty
+directory from the bucket alone; refusals before training; the store going away while training runs."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from finetune_operator.api import exit_codes
+from finetune_operator.api.storage import S3Spec
+from finetune_operator.cli.processes import kill_tree
+from finetune_trainer import errors, objectstore, remote_output
+from tests.conftest import ROOT
+from tests.support.trainer_run import TEST_ENV
+
+ROWS = [{"instruction": q, "output": a} for q, a in [
+    ("Name a primary colour.", "Red."), ("What is 2 + 2?", "4."), ("Translate 'hello' to French.", "Bonjour."),
+    ("Give the opposite of 'hot'.", "Cold."), ("Spell 'cat' backwards.", "tac"), ("Sky colour?", "Blue.")]]
+
+
+@pytest.fixture
+def store(minio, request):
+    """A fresh bucket per test, the process's store pointed at MinIO with its credentials in the environment."""
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
+    name = "t-" + "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:40].strip("-") + digest
+    bucket = minio.bucket(name)
+    saved = {k: os.environ.get(k) for k in minio.env}
+    os.environ.update(minio.env)
+    objectstore.configure(S3Spec.model_validate({"endpointURL": minio.url, "region": "us-east-1"}))
+    yield bucket
+    for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def put_tree(minio, local: Path, uri: str) -> None:
+    fs = minio.filesystem()
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            fs.put_file(str(path), f"{uri}/{path.relative_to(local)}")
+
+
+def job_doc(minio, bucket: str, **spec) -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-sft.yaml").read_text())
+    doc["metadata"]["name"] = "s3-job"
+    doc["spec"]["model"]["name"] = f"{bucket}/models/tiny"
+    doc["spec"]["data"]["train"] = [{"path": f"{bucket}/data/*.jsonl"}]
+    doc["spec"]["output"] = {"uri": f"{bucket}/runs/s3-job"}
+    doc["spec"]["s3"] = {"endpointURL": minio.url, "region": "us-east-1"}
+    for key, value in spec.items():
+        doc["spec"][key] = {**doc["spec"].get(key, {}), **value}
+    return doc
+
+
+def finetune_run(doc: dict, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "job.yaml").write_text(yaml.safe_dump(doc))
+    return subprocess.Popen([sys.executable, "-m", "finetune_operator", "run", str(workdir / "job.yaml"), "--output",
+                             str(workdir / "run")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **TEST_ENV, **env, "HOME": str(workdir)})
+
+
+@pytest.fixture
+def uploaded(minio, store, tiny_model_dir, tmp_path):
+    """The tiny model and the data in the bucket, as a user keeps them."""
+    put_tree(minio, tiny_model_dir, f"{store}/models/tiny")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2):
+        (data / f"part-{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[i * 3:(i + 1) * 3]))
+    put_tree(minio, data, f"{store}/data")
+    return store
+
+
+def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket_alone(minio, uploaded, tmp_path):
+    doc = job_doc(minio, uploaded, training={"maxSteps": 400}, checkpoints={"saveSteps": 20, "keep": 2})
+    first = finetune_run(doc, tmp_path / "laptop-1", minio.env)
+    try:
+        deadline = time.monotonic() + 300
+        while not remote_output.newest_remote(f"{uploaded}/runs/s3-job"):  # a checkpoint complete in the bucket
+            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read() if first.poll() else ""
+            time.sleep(0.5)
+        first.send_signal(signal.SIGINT)
+        out, _ = first.communicate(timeout=300)
+    finally:
+        kill_tree(first.pid)
+    assert first.returncode == exit_codes.INTERRUPTED, out
+    stopped_at = remote_output.newest_remote(f"{uploaded}/runs/s3-job")
+    local_steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "laptop-1/run/output").glob("checkpoint-*"))
+    assert stopped_at == max(local_steps)  # the checkpoint of the stop reached the bucket before the exit
+
+    second = finetune_run(doc, tmp_path / "laptop-2", minio.env)  # nothing local: only the bucket
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, out
+    summary = json.loads((tmp_path / "laptop-2/run/logs/node-0.result.json").read_text())
+    assert summary["resumedFrom"].endswith(f"checkpoint-{stopped_at}") and summary["steps"] == 400
+    fs = minio.filesystem()
+    run = f"{uploaded}/runs/s3-job"
+    assert fs.exists(f"{run}/final/adapter_model.safetensors") and fs.exists(f"{run}/summary.json")
+    assert fs.exists(f"{run}/loss.png") and fs.exists(f"{run}/progress.jsonl")
+    complete = {s for s, done in remote_output.remote_checkpoints(run).items() if done}
+    assert complete == {380, 400}, complete  # checkpoints.keep: 2, in the bucket
+    assert summary["uploaded"]["completeStep"] == 400 and summary["uploaded"]["uri"] == run
+    # the model came from the bucket once, into the run's cache: only what a model needs
+    staged = list((tmp_path / "laptop-2/run/output/.cache/models").iterdir())
+    names = {p.name for d in staged for p in d.iterdir()}
+    assert "model.safetensors" in names and "config.json" in names
+
+
+@pytest.mark.parametrize("case", ["bad-credentials", "missing-bucket", "no-data", "missing-model"])
+def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tmp_path, case):
+    doc = job_doc(minio, uploaded)
+    env = dict(minio.env)
+    if case == "bad-credentials":
+        env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    elif case == "missing-bucket":
+        doc["spec"]["output"]["uri"] = "s3://no-such-bucket/runs/x"
+    elif case == "no-data":
+        doc["spec"]["data"]["train"] = [{"path": f"{uploaded}/data/*.parquet"}]
+    else:
+        doc["spec"]["model"]["name"] = f"{uploaded}/models/nothing-here"
+    proc = finetune_run(doc, tmp_path, env)
+    out, _ = proc.communicate(timeout=300)
+    expected = {"bad-credentials": (77, "StorageRefused", "refused the credentials"),
+                "missing-bucket": (77, "StorageRefused", "the bucket no-such-bucket does not exist"),
+                "no-data": (65, "DataError", f"no data file at {uploaded}/data/*.parquet"),
+                "missing-model": (78, "InvalidConfig", "holds no model")}[case]
+    assert proc.returncode == expected[0], out
+    summary = json.loads((tmp_path / "run/logs/node-0.result.json").read_text())
+    assert summary["reason"] == expected[1] and expected[2] in summary["message"], summary
+    assert "not-the-secret" not in out and "finetune-test-secret-key" not in out  # never a key in a message
+    assert not list((tmp_path / "run/output").glob("checkpoint-*"))  # refused before training
+
+
+def test_training_goes_on_while_the_store_is_down_and_uploads_catch_up(minio, uploaded, tmp_path):
+    doc = job_doc(minio, uploaded, training={"maxSteps": 300}, checkpoints={"saveSteps": 25, "keep": 20})
+    proc = finetune_run(doc, tmp_path, minio.env)
+    progress = tmp_path / "run/output/progress.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not (progress.exists() and any(json.loads(line).get("step", 0) >= 5
+                                             for line in progress.read_text().splitlines())):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.3)
+        minio.stop()  # the store goes away while the run trains and saves
+        while not any((json.loads(line).get("upload") or {}).get("pending", 0) >= 2
+                      for line in progress.read_text().splitlines()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no upload fell behind"
+            time.sleep(0.3)
+        minio.start(port=minio.port)  # back, with its data
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        kill_tree(proc.pid)
+        if minio.proc is None or minio.proc.poll() is not None:
+            minio.start(port=minio.port)
+    assert proc.returncode == 0, out
+    assert "uploads behind:" in out
+    summary = json.loads((tmp_path / "run/logs/node-0.result.json").read_text())
+    assert summary["uploaded"]["checkpointUploadRetries"] > 0 and "checkpointsNotUploaded" not in summary["uploaded"]
+    complete = {s for s, done in remote_output.remote_checkpoints(f"{uploaded}/runs/s3-job").items() if done}
+    assert set(range(25, 301, 25)) <= complete
+    assert minio.filesystem().exists(f"{uploaded}/runs/s3-job/final/adapter_model.safetensors")
+
+
+def test_a_partial_upload_is_never_resumed(minio, store, tmp_path):
+    """A gang killed mid-upload leaves checkpoint-20 without FINETUNE_COMPLETE: restore takes checkpoint-10."""
+    run = f"{store}/runs/killed"
+    for step, complete in ((10, True), (20, False)):
+        local = tmp_path / "src" / f"checkpoint-{step}"
+        local.mkdir(parents=True)
+        (local / "model.safetensors").write_bytes(b"x" * 100)
+        (local / "trainer_state.json").write_text("{}")
+        if complete:
+            (local / "FINETUNE_COMPLETE").write_text("{}")
+        put_tree(minio, local, f"{run}/checkpoint-{step}")
+    restored = remote_output.restore(run, tmp_path / "output")
+    assert restored == tmp_path / "output" / "checkpoint-10"
+    assert not (tmp_path / "output" / "checkpoint-20").exists()
+
+
+def test_errors_name_the_uri_and_never_the_key(minio, store):
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong-secret"
+    objectstore.configure(S3Spec.model_validate({"endpointURL": minio.url}))
+    with pytest.raises(errors.StorageRefused, match=rf"{store}/x: the store refused the credentials") as refused:
+        objectstore.check_bucket(f"{store}/x")
+    assert "wrong-secret" not in str(refused.value)
+
+
+def test_every_file_type_a_prefix_a_glob_and_streaming_read_from_the_bucket(minio, store, tmp_path, tiny_tokenizer):
+    import datasets
+
+    from finetune_operator.api.data import DataSpec
+    from finetune_trainer import data as D
+    from finetune_trainer.streaming import prepare_streaming
+
+    local = tmp_path / "files"
+    local.mkdir()
+    (local / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:3]))
+    datasets.Dataset.from_list(ROWS[3:]).to_parquet(str(local / "b.parquet"))
+    datasets.Dataset.from_list(ROWS[:2]).to_csv(str(local / "c.csv"), index=False)
+    (local / "notes" / "x.txt").parent.mkdir()
+    (local / "notes" / "x.txt").write_text("The quick brown fox.\n\nThe lazy dog.\n" * 20)
+    put_tree(minio, local, f"{store}/files")
+
+    def rows(path: str, **spec) -> int:
+        data = DataSpec.model_validate({"format": "alpaca", "train": [{"path": path}], **spec})
+        return sum(len(part.rows) for part in D.load_rows(data.train, data))
+
+    assert rows(f"{store}/files/*.jsonl") == 3
+    assert rows(f"{store}/files/b.parquet") == 3
+    assert rows(f"{store}/files/c.csv") == 2
+    text = DataSpec.model_validate({"format": "text", "blockSize": 16, "train": [{"path": f"{store}/files/notes"}]})
+    _, stats = D.tokenize(D.load_rows(text.train, text), text, tiny_tokenizer)
+    assert stats.rows == 1 and stats.kept > 5  # the prefix's one .txt file, one document
+    streamed = DataSpec.model_validate({"format": "alpaca", "streaming": True, "train": [
+        {"path": f"{store}/files/*.jsonl"}]})
+    prepared = prepare_streaming(streamed, tiny_tokenizer, seed=0)
+    assert len(list(prepared.train)) == 3

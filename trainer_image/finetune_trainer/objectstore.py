@@ -1,0 +1,290 @@
+"""S3-compatible object storage (spec.s3) through fsspec's s3fs: the filesystem every s3:// path goes through (data
+files via datasets' storage_options, model downloads, checkpoint uploads), and errors that name the URI, what the
+store said and what to change.
+
+Configured once per process from the spec (`configure`): the data, model and output code ask for `filesystem()`.
+Credentials are never passed here: boto reads them from the environment (the Secret's keys), a web identity token
+(IRSA) or ~/.aws, as it does for the AWS CLI."""
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api.storage import S3Spec, is_s3, split_s3
+
+from .errors import ConfigError, DataError, StorageRefused, StorageUnavailable
+
+_SETTINGS: list[S3Spec] = [S3Spec()]
+_CACHE: list[Path] = [Path.home() / ".cache" / "finetunejob-models"]
+_FILESYSTEMS: dict[str, Any] = {}
+
+
+def configure(s3: S3Spec, cache: Path | None = None) -> None:
+    """The store of this process (the trainer's, the preflight's, finetune run's), and where s3:// models go."""
+    _SETTINGS[0] = s3
+    if cache is not None:
+        _CACHE[0] = cache
+    _FILESYSTEMS.clear()
+
+
+def storage_options() -> dict[str, Any]:
+    """s3fs's keyword arguments for spec.s3 (datasets.load_dataset(storage_options=...) takes the same)."""
+    s3 = _SETTINGS[0]
+    client: dict[str, Any] = {}
+    if s3.region:
+        client["region_name"] = s3.region
+    options: dict[str, Any] = {
+        "client_kwargs": client,
+        # Bounded waits: a store that does not answer is a retryable outage, not a hang.
+        "config_kwargs": {"connect_timeout": 10, "read_timeout": 120,
+                          "retries": {"max_attempts": 3, "mode": "standard"},
+                          **({"s3": {"addressing_style": s3.addressing_style}}
+                             if s3.addressing_style != "auto" else {})},
+    }
+    if s3.endpoint_url:
+        options["endpoint_url"] = s3.endpoint_url
+    return options
+
+
+def filesystem() -> Any:
+    """The s3fs filesystem for spec.s3 (one per process and thread-safe: s3fs runs its own event loop)."""
+    key = json.dumps(storage_options(), sort_keys=True)
+    if key not in _FILESYSTEMS:
+        import s3fs
+
+        _FILESYSTEMS[key] = s3fs.S3FileSystem(skip_instance_cache=True, **storage_options())
+    return _FILESYSTEMS[key]
+
+
+def allow_datasets_remote_files() -> None:
+    """datasets refuses every remote URL under HF_HUB_OFFLINE=1, which users set to keep pods off the Hub (and the
+    test kubelet sets): s3:// files named in the spec are wanted whatever the Hub policy, so datasets' own flag is
+    lifted for this process (streamed reads check it later, too). huggingface_hub's flag stays: the Hub is still
+    never contacted."""
+    import datasets
+
+    datasets.config.HF_HUB_OFFLINE = False
+
+
+# --- what went wrong ---------------------------------------------------------------------------------------------
+REFUSED_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                 "AllAccessDisabled", "403")
+
+
+def _code(exc: BaseException) -> str:
+    """The store's error code (S3's Code element), wherever s3fs or botocore put it."""
+    for candidate in (exc, exc.__cause__, exc.__context__, *(exc.args if exc.args else ())):
+        response = getattr(candidate, "response", None)
+        if isinstance(response, dict):
+            return str((response.get("Error") or {}).get("Code") or "")
+    return ""
+
+
+def refused(exc: BaseException) -> bool:
+    return isinstance(exc, PermissionError) or _code(exc) in REFUSED_CODES
+
+
+def unreachable(exc: BaseException) -> bool:
+    names = {type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None}
+    return bool(names & {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionError",
+                         "ClientConnectorError", "ServerDisconnectedError", "TimeoutError"}) or \
+        _code(exc) in ("SlowDown", "ServiceUnavailable", "InternalError", "503", "500")
+
+
+def explain(exc: BaseException, uri: str) -> str:
+    code = _code(exc)
+    if refused(exc):
+        return (f"{uri}: the store refused the credentials ({code or type(exc).__name__}: {exc}); check "
+                "spec.s3.credentialsSecret (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or the role of the pod's "
+                "ServiceAccount, and that it may read and write this bucket")
+    if code == "NoSuchBucket" or "bucket does not exist" in str(exc).lower():
+        return f"{uri}: the bucket {split_s3(uri)[0]} does not exist; create it or fix the URI"
+    endpoint = _SETTINGS[0].endpoint_url or "AWS"
+    if unreachable(exc):
+        return f"{uri}: the store at {endpoint} did not answer ({type(exc).__name__}: {exc})"
+    return f"{uri}: {type(exc).__name__}: {exc}"
+
+
+def failure(exc: BaseException, uri: str, missing: Callable[[str], Exception] = DataError) -> Exception:
+    """The TrainerError for a failed access: refused credentials 77, an outage retryable, anything missing
+    `missing` (65 for data, 78 for a model)."""
+    if refused(exc):
+        return StorageRefused(explain(exc, uri))
+    if unreachable(exc):
+        return StorageUnavailable(explain(exc, uri))
+    return missing(explain(exc, uri))
+
+
+def check_bucket(uri: str) -> None:
+    """The output's bucket exists and takes a write (a probe object, removed again): refused or missing is 77."""
+    fs = filesystem()
+    probe = f"{uri.rstrip('/')}/.finetune-write-check-{os.getpid()}"
+    try:
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as exc:  # s3fs and botocore raise many types
+        if unreachable(exc):
+            raise StorageUnavailable(explain(exc, uri)) from exc
+        raise StorageRefused(explain(exc, uri) + "; spec.output.uri must name a bucket the job may write") from exc
+
+
+# --- files -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RemoteFile:
+    uri: str
+    size: int
+    etag: str
+
+
+def listing(uri: str, patterns: Iterable[str] | None = None) -> list[RemoteFile]:
+    """Every object under the prefix `uri` (its relative name matching one of `patterns`, fnmatch-style)."""
+    import fnmatch
+
+    fs = filesystem()
+    prefix = uri.rstrip("/") + "/"
+    found = fs.find(prefix, detail=True)
+    out = []
+    for key, info in sorted(found.items()):
+        name = key[len(prefix.removeprefix("s3://")):] if not key.startswith("s3://") else key[len(prefix):]
+        if patterns is not None and not any(fnmatch.fnmatch(name, p) for p in patterns):
+            continue
+        out.append(RemoteFile(f"s3://{key.removeprefix('s3://')}", int(info.get("size") or 0),
+                              str(info.get("ETag") or info.get("etag") or "").strip('"')))
+    return out
+
+
+def relative(remote: RemoteFile, uri: str) -> str:
+    return remote.uri[len(uri.rstrip("/")) + 1:]
+
+
+def download(files: list[RemoteFile], uri: str, dest: Path) -> int:
+    """The files (under prefix `uri`) into `dest`, resumably: a file already there with the same size and ETag (in
+    dest/.s3-manifest.json) is skipped, each file is written to a temporary name and renamed. Returns bytes fetched."""
+    fs = filesystem()
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest_path = dest / ".s3-manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    fetched = 0
+    for remote in files:
+        name = relative(remote, uri)
+        target = dest / name
+        if manifest.get(name) == remote.etag and target.exists() and target.stat().st_size == remote.size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part")
+        fs.get_file(remote.uri, str(tmp))
+        os.replace(tmp, target)
+        manifest[name] = remote.etag
+        manifest_path.write_text(json.dumps(manifest))
+        fetched += remote.size
+    return fetched
+
+
+def upload(local: Path, uri: str, names: Iterable[str]) -> int:
+    """The files `names` (relative to `local`) to the prefix `uri`; returns bytes sent."""
+    fs = filesystem()
+    sent = 0
+    for name in names:
+        path = local / name
+        fs.put_file(str(path), f"{uri.rstrip('/')}/{name}")
+        sent += path.stat().st_size
+    return sent
+
+
+def with_retries(action: Callable[[], Any], attempts: int, first_wait: float = 1.0, max_wait: float = 60.0,
+                 on_retry: Callable[[int, BaseException], None] | None = None) -> Any:
+    """`action`, retried with exponential backoff while the store is unreachable; refusals raise at once."""
+    wait = first_wait
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as exc:  # s3fs and botocore raise many types
+            if refused(exc) or attempt == attempts:
+                raise
+            if on_retry is not None:
+                on_retry(attempt, exc)
+            time.sleep(wait)
+            wait = min(wait * 2, max_wait)
+    raise AssertionError("unreachable")
+
+
+# --- models ------------------------------------------------------------------------------------------------------
+# What from_pretrained reads: configs, tokenizer files, weights (safetensors when there are any), an adapter's.
+MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.tiktoken", "tokenizer*", "*.txt", "*.jinja", "*.py",
+               "*.bin", "*.pt")
+NEVER_MODEL_FILES = ("optimizer*", "scheduler*", "rng_state*", "trainer_state.json", "training_args.bin")
+
+
+def model_files(files: list[RemoteFile], uri: str) -> list[RemoteFile]:
+    """Only the files a model needs: no optimizer states or training leftovers, and no *.bin weights beside
+    safetensors ones."""
+    import fnmatch
+
+    names = {relative(f, uri): f for f in files}
+    has_safetensors = any(n.endswith(".safetensors") for n in names)
+    keep = []
+    for name, remote in names.items():
+        base = name.rsplit("/", 1)[-1]
+        if any(fnmatch.fnmatch(base, p) for p in NEVER_MODEL_FILES):
+            continue
+        if has_safetensors and base.endswith((".bin", ".pt")):
+            continue
+        keep.append(remote)
+    return keep
+
+
+CONFIG_FILES = ("*.json", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py")
+
+
+def staged_path(uri: str, cache: Path, configs_only: bool = False) -> Path:
+    """Where a model from `uri` is kept on this node (the cache survives attempts on a claim or cacheDir)."""
+    digest = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    return cache / "models" / (f"{digest}-configs" if configs_only else digest)
+
+
+def stage_model(uri: str, cache: Path | None = None, field: str = "spec.model.name", configs_only: bool = False
+                ) -> Path:
+    """The model (or adapter, tokenizer) at `uri` in the node's cache, downloaded once: every process of the node
+    calls this; a file lock lets one download while the others wait, and a complete copy is reused by later
+    attempts (resumable: files already there are skipped)."""
+    import fcntl
+
+    dest = staged_path(uri, cache or _CACHE[0], configs_only)
+    dest.mkdir(parents=True, exist_ok=True)
+    done = dest / ".complete"
+    with open(dest / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return dest
+        try:
+            files = model_files(listing(uri, CONFIG_FILES if configs_only else MODEL_FILES), uri)
+            if not any(relative(f, uri) in ("config.json", "adapter_config.json", "tokenizer_config.json")
+                       for f in files):
+                raise ConfigError(f"{field} is {uri}, but it holds no model (no config.json, adapter_config.json or "
+                                  f"tokenizer_config.json under it); point it at the directory save_pretrained wrote")
+            with_retries(lambda: download(files, uri, dest), attempts=5)
+        except (ConfigError, StorageRefused):
+            raise
+        except Exception as exc:  # s3fs and botocore raise many types
+            raise failure(exc, uri, ConfigError) from exc
+        done.write_text("")
+    return dest
+
+
+def local_source(name: str | None, field: str = "spec.model.name", configs_only: bool = False) -> str | None:
+    """A model, tokenizer or adapter name as from_pretrained should read it: an s3:// URI becomes its staged copy
+    on this node (`configs_only`: configs and tokenizer files, for the preflight); a path that names no directory
+    here is a ConfigError saying so (the Hub client would call it a malformed repository id)."""
+    if name is None:
+        return None
+    if is_s3(name):
+        return str(stage_model(name, field=field, configs_only=configs_only))
+    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
+        raise ConfigError(f"{field} is {name}, a path, but no such file or directory exists here; mount the volume "
+                          "that holds it (spec.pod.volumes), fix the path, or give a Hub id (org/name) or an s3:// URI")
+    return name
