@@ -23,7 +23,7 @@ fi
 # (hack/kueue) requires the release instead; its go.sum is part of the cache key.
 key="$(cat "$here/kueue/go.mod" "$here/kueue/go.sum" | sha256sum | cut -c1-12)"
 kueue="$cache/kueue-v${KUEUE_VERSION}-${key}"
-if [[ ! -x "$kueue/kueue" || ! -d "$kueue/crds" ]]; then
+if [[ ! -x "$kueue/kueue" || ! -d "$kueue/crds" || ! -f "$kueue/webhooks.yaml" ]]; then
   echo "building kueue v${KUEUE_VERSION} into $kueue" >&2
   mkdir -p "$kueue.tmp"
   export GONOSUMDB="sigs.k8s.io/kueue${GONOSUMDB:+,$GONOSUMDB}"
@@ -32,6 +32,9 @@ if [[ ! -x "$kueue/kueue" || ! -d "$kueue/crds" ]]; then
   src="$(go env GOMODCACHE)/sigs.k8s.io/kueue@v${KUEUE_VERSION}/config/components/crd/bases"
   mkdir -p "$kueue" && rm -rf "$kueue/crds.tmp" && mkdir -p "$kueue/crds.tmp"
   cp "$src"/*.yaml "$kueue/crds.tmp/" && chmod -R u+w "$kueue/crds.tmp"
+  # Its webhook configurations, which the tests register with a 127.0.0.1 URL and their own CA bundle.
+  cp "$src/../../webhook/manifests.yaml" "$kueue/webhooks.yaml.tmp" && chmod u+w "$kueue/webhooks.yaml.tmp"
+  mv "$kueue/webhooks.yaml.tmp" "$kueue/webhooks.yaml"
   mkdir -p "$kueue" && mv "$kueue.tmp/kueue" "$kueue/kueue" && rmdir "$kueue.tmp"
   rm -rf "$kueue/crds" && mv "$kueue/crds.tmp" "$kueue/crds"
 fi

@@ -252,3 +252,51 @@ def test_a_diverging_job_fails_at_once_with_its_reason_and_is_not_retried(runtim
     assert row[1] == "Failed" and "LossDiverged" in row
     events = kubectl.json("get", "events", "-n", namespace, "--field-selector", "reason=LossDiverged")["items"]
     assert events and events[0]["type"] == "Warning"
+
+
+@pytest.mark.parametrize("runtime", ["containers"], indirect=True)  # the images, as containers
+def test_two_nodes_without_any_volume_resume_a_killed_gang_from_the_bucket(runtime, chart_operator, kubectl,
+                                                                          control_plane, namespace, tiny_model_dir,
+                                                                          minio, tmp_path):
+    """No claim at all: model, data and output in MinIO, credentials from a Secret. A node killed after a
+    checkpoint is complete in the bucket: the new gang (fresh emptyDirs) resumes from the bucket."""
+    from tests.support.minio import ACCESS_KEY, SECRET_KEY
+
+    digest = namespace.rsplit("-", 1)[-1]
+    bucket = minio.bucket(f"e2e-{digest}")
+    fs = minio.filesystem()
+    for path in tiny_model_dir.iterdir():
+        fs.put_file(str(path), f"{bucket}/models/tiny/{path.name}")
+    doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-sft.yaml").read_text())
+    rows = doc["spec"]["data"].pop("train")[0]["inline"]
+    fs.pipe_file(f"{bucket}/data/train.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    doc["spec"]["model"]["name"] = f"{bucket}/models/tiny"
+    doc["spec"]["data"]["train"] = [{"path": f"{bucket}/data/train.jsonl"}]
+    doc["spec"]["distributed"]["numNodes"] = 2
+    doc["spec"]["training"]["maxSteps"] = 600
+    doc["spec"]["output"] = {"uri": f"{bucket}/runs/tiny"}
+    doc["spec"]["s3"] = {"endpointURL": minio.url, "region": "us-east-1", "credentialsSecret": "s3-creds"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    kubectl.run("create", "secret", "generic", "s3-creds", "-n", namespace,
+                f"--from-literal=AWS_ACCESS_KEY_ID={ACCESS_KEY}", f"--from-literal=AWS_SECRET_ACCESS_KEY={SECRET_KEY}")
+    with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
+        kubectl.run("apply", "-n", namespace, "-f", str(job))
+        st = wait_status(kubectl, namespace, lambda s: (s.get("upload") or {}).get("completeStep", 0) >= 20, 300,
+                         chart_operator, runner)
+        assert st["checkpoint"]["path"].startswith(f"{bucket}/runs/tiny/checkpoint-")
+        victim = next(n for n in runner.processes if "-a1-1-" in n)
+        runner.kill(victim)
+        wait_status(kubectl, namespace, lambda s: s.get("attempt") == 2, 120, chart_operator, runner)
+        st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600,
+                         chart_operator, runner)
+    assert st["phase"] == "Succeeded", st
+    assert st["attempt"] == 2 and st["progress"]["step"] == 600 and st["upload"]["completeStep"] == 600
+    second = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a2-0-*/termination-log")).read_text())
+    assert int(second["resumedFrom"].rsplit("-", 1)[1]) >= 20  # from the bucket: the new pods' volumes were empty
+    run = f"{bucket}/runs/tiny"
+    assert fs.exists(f"{run}/final/adapter_model.safetensors") and fs.exists(f"{run}/summary.json")
+    complete = minio.complete_checkpoints(run)
+    assert max(complete) == 600 and len(complete) <= 2  # checkpoints.keep: 2 of the example
+    secret_in_spec = kubectl.run("get", "ftj", "tiny-cpu-sft", "-n", namespace, "-o", "yaml").stdout
+    assert SECRET_KEY not in secret_in_spec

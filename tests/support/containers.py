@@ -142,7 +142,9 @@ class ContainerPodRunner(PodRunner):
                # This machine's limits, not the pod's: no Hub to reach, two cores for every container.
                "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
         for item in container["env"]:
-            env[item["name"]] = item["value"] if "value" in item else self._value_from(pod, item)
+            value = item["value"] if "value" in item else self._value_from(pod, item)
+            if value is not None:
+                env[item["name"]] = value
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
         master = next(item["value"] for item in container["env"] if item["name"] == c.ENV_PET_MASTER_ADDR)

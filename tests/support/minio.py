@@ -43,6 +43,7 @@ class MinIO:
     def start(self, port: int | None = None) -> MinIO:
         """Starts the server (again, on the same port and data, after stop())."""
         self.port = port or free_port()
+        self.work.mkdir(parents=True, exist_ok=True)
         log = (self.work / "minio.log").open("ab")
         env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
                "MINIO_BROWSER": "off", "MINIO_UPDATE": "off"}
@@ -75,6 +76,16 @@ class MinIO:
         fs = self.filesystem()
         fs.mkdir(name)
         return f"s3://{name}"
+
+    def complete_checkpoints(self, uri: str) -> set[int]:
+        """Steps of the checkpoints under `uri` that carry FINETUNE_COMPLETE (read with the server's own keys)."""
+        fs = self.filesystem()
+        steps = set()
+        for entry in fs.ls(uri, detail=False, refresh=True):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if name.startswith("checkpoint-") and fs.exists(f"{entry}/FINETUNE_COMPLETE"):
+                steps.add(int(name.removeprefix("checkpoint-")))
+        return steps
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

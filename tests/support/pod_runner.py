@@ -162,7 +162,9 @@ class PodRunner:
                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.cp.api_port),
                "FINETUNE_SERVICEACCOUNT_DIR": str(self._service_account(pod, root))}
         for item in container["env"]:
-            env[item["name"]] = remap(item["value"], mounts) if "value" in item else self._value_from(pod, item)
+            value = remap(item["value"], mounts) if "value" in item else self._value_from(pod, item)
+            if value is not None:
+                env[item["name"]] = value
         env["PET_MASTER_ADDR"] = "127.0.0.1"  # the headless-Service name of node 0, resolved as DNS would
         env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "finetunejob" / "torch_extensions")
         argv = [sys.executable if arg == "python" else remap(arg, mounts) for arg in container["command"]]
@@ -178,10 +180,12 @@ class PodRunner:
         return write_service_account(root / "serviceaccount", token, self.cp.work / "certs" / "apiserver.crt",
                                      pod["metadata"]["namespace"])
 
-    def _value_from(self, pod: dict[str, Any], item: dict[str, Any]) -> str:
+    def _value_from(self, pod: dict[str, Any], item: dict[str, Any]) -> str | None:
         secret = item["valueFrom"].get("secretKeyRef")
         if secret is not None:  # read from the apiserver, as the kubelet does (a missing one fails the test)
             data = self.kubectl.json("get", "secret", secret["name"], "-n", self.namespace)["data"]
+            if secret.get("optional") and secret["key"] not in data:
+                return None  # an optional key the Secret lacks: no variable, as the kubelet does
             return base64.b64decode(data[secret["key"]]).decode()
         path = item["valueFrom"]["fieldRef"]["fieldPath"]
         if path == "metadata.name":
