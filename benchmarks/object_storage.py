@@ -8,7 +8,8 @@ server (MinIO from its Go module, on this machine's loopback), through `finetune
    downloaded first) vs resuming from a local copy of the same checkpoint (a claim). Printed as a ratio.
 
 On a 2-core machine the MinIO server and the upload thread share the cores with training, so (1) is an upper bound
-of what a cluster with remote storage sees. Usage: .venv/bin/python benchmarks/object_storage.py [--steps 24] [--save-steps 6] [--out FILE] [--tiny]
+of what a cluster with remote storage sees.
+Usage: .venv/bin/python benchmarks/object_storage.py [--steps 24] [--save-steps 6] [--out FILE] [--tiny]
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node
+from tests.support.minio import MinIO, build_components
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "finetunejob.yaml"
@@ -63,9 +64,8 @@ def tiny_tokenizer(tiny_model_dir: Path):
 
 
 @pytest.fixture(scope="session")
-def minio() -> Iterator["MinIO"]:
+def minio() -> Iterator[MinIO]:
     """A real S3-compatible server (MinIO from its Go module) on 127.0.0.1, for the whole session."""
-    from tests.support.minio import MinIO, build_components
 
     server = MinIO(build_components()["minio"] / "minio").start()
     try:

@@ -99,8 +99,12 @@ def can(kubectl, who, *args, namespace="default"):
     (("patch", "finetunejobs.finetunejob.dev", "--subresource=status"), True),
     (("create", "jobs.batch"), True),
     (("watch", "pods"), True),
+    (("patch", "workloads.kueue.x-k8s.io"), True),
+    (("delete", "workloads.kueue.x-k8s.io"), False),
+    (("patch", "clusterqueues.kueue.x-k8s.io"), False),
 ], ids=["get-secrets", "list-secrets", "exec", "create-pods", "delete-nodes", "list-nodes", "watch-nodes",
-        "patch-status", "create-jobs", "watch-pods"])
+        "patch-status", "create-jobs", "watch-pods", "deactivate-kueue-workloads", "delete-kueue-workloads",
+        "touch-cluster-queues"])
 def test_operator_permissions_through_the_apiserver(installed, kubectl, args, allowed):
     assert can(kubectl, OPERATOR_SA, *args) is allowed
 

@@ -34,12 +34,14 @@ def job(**overrides):
     return validate_job(make_job({"spec.distributed.numNodes": 2, "spec.distributed.gpusPerNode": 8, **overrides}))
 
 
-def workload(attempt, *, complete=False, failed=False, suspend=False):
+def workload(attempt, *, complete=False, failed=False, suspend=False, suspended_by="operator", labels=None):
     # What Kubernetes >= 1.31 sets first; Complete/Failed follow once every pod has ended.
     conditions = [{"type": "SuccessCriteriaMet", "status": "True"}] if complete else []
     conditions += [{"type": "FailureTarget", "status": "True"}] if failed else []
-    return {"metadata": {"name": f"test-job-a{attempt}", "labels": {c.LABEL_ATTEMPT: str(attempt)}},
-            "spec": {"suspend": suspend}, "status": {"conditions": conditions}}
+    meta = {"name": f"test-job-a{attempt}", "labels": {c.LABEL_ATTEMPT: str(attempt), **(labels or {})}}
+    if suspend and suspended_by == "operator":
+        meta["annotations"] = {c.ANNOTATION_SUSPENDED: "true"}
+    return {"metadata": meta, "spec": {"suspend": suspend}, "status": {"conditions": conditions}}
 
 
 def pod(i, phase="Running", exit_code=None, reason=None, message=None):
@@ -160,7 +162,8 @@ def test_suspend_stops_the_attempt_and_resume_continues_it():
 
 def test_kueue_queued_job_is_never_unsuspended_by_the_operator():
     labels = {c.LABEL_KUEUE_QUEUE: "gpu"}
-    p = plan(job(), observe({"phase": "Pending", "attempt": 1}, [workload(1, suspend=True)], [], labels=labels))
+    queued = workload(1, suspend=True, suspended_by="kueue", labels=labels)  # the label, copied to the Job
+    p = plan(job(), observe({"phase": "Pending", "attempt": 1}, [queued], [], labels=labels))
     assert p.status["phase"] == "Queued" and p.suspend_workload is None
     assert "Kueue" in p.status["message"]
 
@@ -223,6 +226,21 @@ def test_operator_never_writes_trainer_fields():
     status = running_status(progress={"step": 5}, checkpoint={"step": 5, "path": "/o/c"})
     p = plan(job(), observe(status, [workload(1)], [pod(0), pod(1)]))
     assert "progress" not in p.status and "checkpoint" not in p.status
+
+
+def test_a_stopped_attempts_progress_loses_its_eta_once():
+    """Suspended, queued, restarting or failed: the ETA of the last attempt would read as current."""
+    progress = {"phase": "Training", "step": 830, "maxSteps": 1000, "percent": 83, "eta": "0m04s"}
+    status = running_status(progress=progress)
+    p = plan(job(**{"spec.runPolicy.suspend": True}), observe(status, [workload(1)], [pod(0), pod(1)]))
+    assert p.status["phase"] == "Suspended"
+    assert p.status["progress"] == {"phase": "Stopped", "eta": None,
+                                    "message": "the last report of attempt 1, which is not running"}
+    stopped = {**status, **p.status, "progress": {**progress, "phase": "Stopped", "eta": None}}
+    again = plan(job(**{"spec.runPolicy.suspend": True}), observe(stopped, [workload(1, suspend=True)], []))
+    assert "progress" not in again.status  # said once
+    running = plan(job(), observe(status, [workload(1)], [pod(0), pod(1)]))
+    assert "progress" not in running.status
 
 
 def test_steady_state_is_a_fixed_point():
@@ -493,7 +511,8 @@ def test_a_partial_gang_is_torn_down_after_the_schedule_timeout_and_retried_apar
 
 def test_kueue_jobs_are_never_torn_down_for_scheduling():
     spec = job(**{"spec.runPolicy.scheduleTimeoutSeconds": 60, "metadata.labels": {c.LABEL_KUEUE_QUEUE: "q"}})
-    created = {**workload(1), "metadata": {**workload(1)["metadata"], "creationTimestamp": ts(T0 - timedelta(
+    labelled = workload(1, labels={c.LABEL_KUEUE_QUEUE: "q"})
+    created = {**labelled, "metadata": {**labelled["metadata"], "creationTimestamp": ts(T0 - timedelta(
         seconds=600))}, "spec": {"suspend": False, "parallelism": 2}, "status": {"conditions": [], "ready": 1}}
     obs = Observed(name="test-job", namespace="ns", generation=3, labels={c.LABEL_KUEUE_QUEUE: "q"},
                    status={"phase": "Pending", "attempt": 1, "restarts": 0}, workloads=[created], pods=[], now=T0,

@@ -106,8 +106,8 @@ class UploadState:
     """What node 0 tells the status: the newest complete checkpoint in the bucket and how far uploads are behind."""
 
     complete_step: int | None = None
-    pending: list[int] = field(default_factory=list)
-    behind_since: float | None = None
+    pending: list[int] = field(default_factory=list)  # saved here, not yet complete in the bucket
+    behind_since: float | None = None  # since when a checkpoint waits for another's upload, or an upload retries
     last_error: str | None = None
     retries: int = 0
 
@@ -148,10 +148,12 @@ class CheckpointUploader:
         shutil.copytree(directory, snapshot, copy_function=os.link)
         with self._lock:
             self._idle.clear()
-            self.state.pending.append(step)
-            if self.state.behind_since is None:
+            # Behind: a checkpoint saved before the previous one is up (or an upload retried, _retry).
+            if self.state.pending and self.state.behind_since is None:
                 self.state.behind_since = time.time()
+            self.state.pending.append(step)
         self._queue.put(snapshot)
+        self._report()
 
     def wait(self, timeout: float) -> bool:
         """True once every submitted checkpoint is uploaded (and, on node 0, marked complete)."""
@@ -185,6 +187,7 @@ class CheckpointUploader:
         """Until it works: the store may be down for a while; training goes on meanwhile."""
         def note(attempt: int, exc: BaseException) -> None:
             self.state.retries += 1
+            self.state.behind_since = self.state.behind_since or time.time()
             self.state.last_error = objectstore.explain(exc, self.uri)
             log.warning("checkpoint upload retry %d: %s", attempt, self.state.last_error)
             self._report()

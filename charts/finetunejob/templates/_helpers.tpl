@@ -52,4 +52,9 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["list"]
+# Kueue (when installed): the Workloads of our Jobs say why a queued job waits; a suspend of a Kueue-managed job
+# deactivates its Workload (spec.active) instead of fighting Kueue over the Job's spec.suspend.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "patch"]
 {{- end -}}

@@ -24,8 +24,16 @@ LABEL_JOB: Final = f"{GROUP}/job-name"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 LABEL_ROLE: Final = f"{GROUP}/role"
 
-# Kueue admits a workload by flipping spec.suspend; it finds workloads by this label.
-LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+# Kueue admits a workload by flipping spec.suspend; it finds workloads by this label. Every label and annotation
+# under its prefix on a FineTuneJob (queue name, priority class, ...) is copied to the attempt's Job.
+KUEUE_PREFIX: Final = "kueue.x-k8s.io/"
+LABEL_KUEUE_QUEUE: Final = f"{KUEUE_PREFIX}queue-name"
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta2"
+KUEUE_WORKLOADS: Final = "workloads"
+# On a Job the operator suspended itself (runPolicy.suspend, no Kueue): a Job suspended without it was suspended
+# by someone else (Kueue's manageJobsWithoutQueueName), and the operator never unsuspends it.
+ANNOTATION_SUSPENDED: Final = f"{GROUP}/suspended-by-operator"
 
 # The Indexed Job controller writes each pod's completion index into this annotation; node rank comes from it.
 ANNOTATION_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"

@@ -39,7 +39,8 @@ class RunPolicy(ApiModel):
         description="Gang restarts allowed: when any node fails, the whole attempt is replaced, up to this many times.",
     )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail the job once it has run this long, restarts included."
+        default=None, ge=1, description="Fail the job once it has been active this long, restarts included; time "
+        "spent Queued (waiting for Kueue's admission) or Suspended does not count (status.activeSeconds)."
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the FineTuneJob (and its children) this long after it finishes."

@@ -25,8 +25,10 @@ class Condition(ApiModel):
 
 
 class Progress(ApiModel):
-    phase: Literal["Preparing", "Training"] | None = Field(
-        default=None, description="Preparing: loading and tokenizing the data (heartbeat every 30 s); Training.")
+    phase: Literal["Preparing", "Training", "Stopped"] | None = Field(
+        default=None, description="Preparing: loading and tokenizing the data (heartbeat every 30 s); Training; "
+        "Stopped: no attempt runs (Queued, Suspended, Restarting, Failed), the values are the last attempt's (set "
+        "by the operator, which also clears the ETA).")
     message: str | None = Field(default=None, max_length=1024, description="What the preparation is doing.")
     step: int = Field(default=0, ge=0, description="Optimizer steps completed.")
     max_steps: int | None = Field(default=None, ge=0, description="Total optimizer steps of the run.")
@@ -97,10 +99,11 @@ class UploadStatus(ApiModel):
     uri: str = Field(max_length=1024, description="The output's object storage prefix.")
     complete_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint complete in "
                                       "the bucket (every node's files there, FINETUNE_COMPLETE written last).")
-    pending: int = Field(default=0, ge=0, description="Checkpoints saved locally whose upload is not done: uploads "
-                         "are behind while this is above 0 (the store slow or unreachable; training goes on).")
+    pending: int = Field(default=0, ge=0, description="Checkpoints saved locally whose upload is not done yet.")
     behind_since: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
-                                     description="Since when uploads have been behind.")
+                                     description="Set while uploads are behind (a checkpoint waits for another's "
+                                     "upload, or an upload is retried: the store slow or unreachable; training goes "
+                                     "on): since when.")
     last_error: str | None = Field(default=None, max_length=1024, description="The store's last error, retried.")
 
 
@@ -128,6 +131,13 @@ class FineTuneJobStatus(ApiModel):
     pushed: PushRef | None = Field(default=None, description="Where spec.output.push put the final model "
                                    "(written by the trainer once the push succeeded).")
     upload: UploadStatus | None = Field(default=None, description="Checkpoint uploads to spec.output.uri.")
+    active_seconds: int | None = Field(default=None, ge=0, description="Seconds the job was active (not Queued "
+                                       "or Suspended) before activeSince: what runPolicy.activeDeadlineSeconds limits.")
+    active_since: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                     description="Since when the job is active again (absent while Queued or "
+                                     "Suspended).")
+    kueue_deactivated: bool | None = Field(default=None, description="The operator deactivated the attempt's Kueue "
+                                           "workload for runPolicy.suspend; it activates it again on resume.")
     notice: Notice | None = Field(default=None, description="The trainer's latest warning (a loss spike, a resume "
                                   "that changed the global batch ...), posted by the operator as a Warning Event.")
     notice_posted: str | None = Field(default=None, json_schema_extra={"format": "date-time"},

@@ -69,6 +69,6 @@ def render_progress(r: dict[str, Any], width: int = 24) -> str:
     if r.get("eta"):
         parts.append(f"ETA {r['eta']}")
     upload = r.get("upload") or {}
-    if upload.get("pending"):  # output.uri: the store is slow or down; training goes on, uploads retry
+    if upload.get("behindSince"):  # output.uri: the store is slow or down; training goes on, uploads retry
         parts.append(f"uploads behind: {upload['pending']} checkpoint(s) since {upload.get('behindSince', '?')}")
     return "  ".join(parts)

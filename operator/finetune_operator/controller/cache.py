@@ -22,6 +22,10 @@ def slim_finetunejob(body: Mapping[str, Any]) -> dict[str, Any]:
     """The whole object minus managedFields and the last-applied annotation (kubectl's copy of the spec)."""
     meta = _pick(body.get("metadata") or {}, "name", "namespace", "uid", "resourceVersion", "generation", "labels",
                  "deletionTimestamp", "creationTimestamp")
+    kueue = {k: v for k, v in ((body.get("metadata") or {}).get("annotations") or {}).items()
+             if k.startswith(c.KUEUE_PREFIX)}
+    if kueue:  # copied to the attempt's Job (render/workload.py); the rest of the annotations are not needed
+        meta["annotations"] = kueue
     return {"apiVersion": body.get("apiVersion", c.API_VERSION), "kind": body.get("kind", c.KIND),
             "metadata": meta, **_pick(body, "spec", "status")}
 
@@ -30,8 +34,33 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
     """A batch Job: its name, labels (attempt) and creation time, spec.suspend and parallelism (the attempt's
     nodes), status.conditions and its counts of ready and succeeded pods."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    return {"metadata": _pick(body.get("metadata") or {}, "name", "labels", "deletionTimestamp", "creationTimestamp"),
+    meta = body.get("metadata") or {}
+    slim = {"metadata": _pick(meta, "name", "labels", "deletionTimestamp", "creationTimestamp"),
             "spec": _pick(spec, "suspend", "parallelism"), "status": _pick(status, "conditions", "ready", "succeeded")}
+    ours = (meta.get("annotations") or {}).get(c.ANNOTATION_SUSPENDED)
+    if ours is not None:  # who suspended it (controller/queueing.py)
+        slim["metadata"]["annotations"] = {c.ANNOTATION_SUSPENDED: ours}
+    return slim
+
+
+def slim_workload_kueue(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Kueue Workload of one of our Jobs: its name, the Job, whether it is active, its priority and conditions."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    owner = next((o.get("name") for o in (body.get("metadata") or {}).get("ownerReferences") or []
+                  if o.get("kind") == "Job"), None)
+    return {"name": (body.get("metadata") or {}).get("name"), "job": owner, "active": spec.get("active", True),
+            "priority": spec.get("priority"), "priorityClassName": (spec.get("priorityClassRef") or {}).get("name")
+            or spec.get("priorityClassName"),
+            "conditions": [_pick(cd, "type", "status", "reason", "message", "lastTransitionTime")
+                           for cd in status.get("conditions") or []]}
+
+
+def finetunejob_of_job(job_name: str | None) -> str | None:
+    """The FineTuneJob an attempt's Job belongs to (render/names.py: <job>-a<attempt>), or None."""
+    if not job_name or "-a" not in job_name:
+        return None
+    name, _, attempt = job_name.rpartition("-a")
+    return name if attempt.isdigit() and name else None
 
 
 @dataclass(frozen=True)
@@ -43,4 +72,5 @@ class Snapshot:
     name: str
     finetunejob: dict[str, Any] | None
     workloads: list[dict[str, Any]] = field(default_factory=list)
+    kueue_workloads: list[dict[str, Any]] = field(default_factory=list)  # Kueue's Workloads of those Jobs
     pods: list[dict[str, Any]] | None = None

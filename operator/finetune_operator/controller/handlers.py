@@ -16,7 +16,7 @@ import kopf
 from ..api import constants as c
 from ..api import exit_codes
 from . import metrics
-from .cache import slim_finetunejob, slim_workload
+from .cache import finetunejob_of_job, slim_finetunejob, slim_workload, slim_workload_kueue
 from .kube import Kube
 from .runner import GATHER_SECONDS, INDEXES, Controller, Key
 from .settings import settings_from_env
@@ -75,6 +75,27 @@ def finetunejob_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> d
 @kopf.index("batch", "v1", "jobs", labels={c.LABEL_JOB: kopf.PRESENT})
 def workload_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
     return {(namespace, labels[c.LABEL_JOB]): slim_workload(body)}
+
+
+def _ours(body: kopf.Body, **_: Any) -> bool:
+    return any(o.get("kind") == "Job" and finetunejob_of_job(o.get("name"))
+               for o in body.get("metadata", {}).get("ownerReferences") or [])
+
+
+# Kueue's Workloads of our Jobs (when Kueue is installed: kopf watches the resource once its CRD exists): whether
+# Kueue manages an attempt, why it waits, and what deactivates it.
+@kopf.index(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, when=_ours)
+def kueue_workload_index(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    slim = slim_workload_kueue(body)
+    return {(namespace, finetunejob_of_job(slim["job"]) or ""): slim}
+
+
+@kopf.on.event(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, when=_ours)
+async def kueue_workload_changed(namespace: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    controller: Controller = memo.controller
+    name = finetunejob_of_job(slim_workload_kueue(body)["job"])
+    if name:
+        await controller.reconcile((namespace, name), _indexes(kwargs), gather=GATHER_SECONDS)
 
 
 # --- any change to a job or its Jobs: one pass for that job. Pods are not watched: a kopf watch is cluster-wide

@@ -109,7 +109,17 @@ class Kube:
         self._delete(self.jobs, namespace, name)
 
     def set_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        self.jobs.patch(name=name, namespace=namespace, body={"spec": {"suspend": suspend}},
+        """The operator's own suspend (no Kueue), marked so that a suspend by anyone else is told apart."""
+        marked = {c.ANNOTATION_SUSPENDED: "true"} if suspend else {c.ANNOTATION_SUSPENDED: None}
+        self.jobs.patch(name=name, namespace=namespace, body={"metadata": {"annotations": marked},
+                                                              "spec": {"suspend": suspend}},
+                        content_type="application/merge-patch+json")
+
+    def set_kueue_active(self, namespace: str, name: str, active: bool) -> None:
+        """Deactivate (or activate again) a Kueue Workload: Kueue evicts it, suspending its Job and releasing the
+        quota, the way Kueue's own users stop a workload (kubectl patch workload --type=merge spec.active)."""
+        workloads = self.dyn.resources.get(api_version=f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", kind="Workload")
+        workloads.patch(name=name, namespace=namespace, body={"spec": {"active": active}},
                         content_type="application/merge-patch+json")
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str

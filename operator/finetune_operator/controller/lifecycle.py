@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..api import constants as c
 from ..api import exit_codes
 from ..api.errors import InvalidSpec
 from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
-from . import goodput
+from . import goodput, queueing
 from .observed import (
     WAITING_REASONS,
     attempt_nodes,
@@ -34,7 +33,7 @@ from .settings import Settings
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "scheduleRetries",
                           "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
-                          "goodput", "preflight", "noticePosted")
+                          "goodput", "preflight", "noticePosted", "kueueDeactivated", "activeSeconds", "activeSince")
 CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
                    "Succeeded", "Failed")
 # A gang not fully running this long after its Job was created is looked at (its pods, its Job's events) to say
@@ -64,6 +63,8 @@ class Observed:
     looked: bool = False  # pods and events were read this pass (else an earlier pass's waiting reason stands)
     # (name, allocatable GPUs) of the cluster's largest node, read for a job's first pass only (None: unknown)
     largest_node: tuple[str, int] | None = None
+    # Kueue's Workloads of this job's Jobs (empty without Kueue)
+    kueue_workloads: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Plan:
     resume_from: str | None = None
     delete_workloads: list[str] = field(default_factory=list)
     suspend_workload: tuple[str, bool] | None = None
+    kueue_active: tuple[str, bool] | None = None  # (Kueue Workload, active): a suspend of a Kueue-managed attempt
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
@@ -140,12 +142,54 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     _set_conditions(p, obs)
     _post_notice(p, obs)
-    waits = p.status.get("phase") == "Pending" and p.status.get("reason") in WAITING_REASONS
-    if p.status.get("phase") != previous_phase or (waits and p.status.get("reason") != obs.status.get("reason")):
-        kind = "Warning" if p.status.get("phase") in ("Failed", "Restarting") or waits else "Normal"
-        p.events.append(Event(kind, p.status.get("reason") or p.status["phase"],
+    _active_clock(p, obs)
+    _stale_progress(p, obs)
+    phase, reason = p.status.get("phase"), p.status.get("reason")
+    waits = phase == "Pending" and reason in WAITING_REASONS
+    queued = phase == "Queued"
+    if phase != previous_phase or ((waits or queued) and reason != obs.status.get("reason")):
+        warn = phase in ("Failed", "Restarting") or waits or reason in (*queueing.NEVER_ADMITTED, "Preempted")
+        p.events.append(Event("Warning" if warn else "Normal", reason or p.status["phase"],
                               p.status.get("message") or f"phase {p.status['phase']}"))
     return p
+
+
+# Phases in which no attempt trains: the trainer's last progress is marked as the last attempt's and has no ETA.
+STOPPED_PHASES = ("Queued", "Suspended", "Restarting", "Failed")
+
+
+def _stale_progress(p: Plan, obs: Observed) -> None:
+    """The one trainer-owned field the operator touches: a stopped attempt's ETA would read as if it were running
+    (ETA 4s on a preempted job), so it is cleared and the progress marked Stopped, once."""
+    progress = obs.status.get("progress") or {}
+    if p.status.get("phase") in STOPPED_PHASES and progress and progress.get("phase") != "Stopped":
+        p.status["progress"] = {"phase": "Stopped", "eta": None,
+                                "message": f"the last report of attempt {obs.status.get('attempt')}, which is not "
+                                           "running"}
+
+
+# Phases whose time counts against runPolicy.activeDeadlineSeconds: not the time a job waits in Kueue's queue or
+# is suspended.
+COUNTED_PHASES = ("Pending", "Running", "Restarting")
+
+
+def active_seconds(status: dict[str, Any], now: datetime) -> float:
+    """Seconds the job has been active (not Queued or Suspended): what activeDeadlineSeconds limits."""
+    if "activeSince" not in status and "activeSeconds" not in status:  # a job an older operator started
+        since = parse_time(status.get("startTime"))
+    else:
+        since = parse_time(status.get("activeSince"))
+    return float(status.get("activeSeconds") or 0) + ((now - since).total_seconds() if since else 0.0)
+
+
+def _active_clock(p: Plan, obs: Observed) -> None:
+    st = p.status
+    counting = st.get("phase") in COUNTED_PHASES
+    if not counting and st.get("activeSince"):
+        st["activeSeconds"] = int(active_seconds(st, obs.now))
+        del st["activeSince"]
+    elif counting and not st.get("activeSince"):
+        st["activeSince"] = st.get("startTime") if "activeSeconds" not in st else format_time(obs.now)
 
 
 def _post_notice(p: Plan, obs: Observed) -> None:
@@ -166,13 +210,14 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
         _node_shape(st, job, obs)
     attempt = st["attempt"]
     deadline = spec.run_policy.active_deadline_seconds
-    started = parse_time(st.get("startTime"))
-    if deadline and started and now >= started + timedelta(seconds=deadline):
-        _finish(p, obs, "Failed", "DeadlineExceeded", f"ran longer than activeDeadlineSeconds={deadline}")
+    active = active_seconds(st, now)
+    if deadline and active >= deadline:
+        _finish(p, obs, "Failed", "DeadlineExceeded", f"active (not queued or suspended) for {int(active)}s, longer "
+                f"than activeDeadlineSeconds={deadline}")
         p.delete_workloads = [w["metadata"]["name"] for w in obs.workloads if not _finished(w)]
         return
-    if deadline and started:
-        p.requeue((started + timedelta(seconds=deadline) - now).total_seconds())
+    if deadline and st.get("activeSince"):
+        p.requeue(deadline - active)
 
     current = next((w for w in obs.workloads if attempt_of(w) == attempt), None)
     checking = spec.run_policy.preflight and current is None and attempt == 1 and st.get("preflight") != "Passed"
@@ -246,17 +291,39 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
         st["phase"] = "Pending"
 
 
+def _suspension(p: Plan, obs: Observed, workload: dict, want_suspend: bool, is_suspended: bool) -> bool:
+    """Suspend or resume the attempt the way its owner understands; True when Kueue manages it. A Kueue-managed
+    Job's spec.suspend is Kueue's: the Workload is deactivated instead (Kueue evicts it, the pods get their SIGTERM
+    checkpoint, the quota is released) and activated again to re-queue."""
+    name = workload["metadata"]["name"]
+    kueue = queueing.kueue_workload(obs.kueue_workloads, workload)
+    if not queueing.managed(workload, kueue):
+        if want_suspend and not is_suspended:
+            p.suspend_workload = (name, True)
+        elif not want_suspend and is_suspended:
+            p.suspend_workload = (name, False)
+        p.status.pop("kueueDeactivated", None)
+        return False
+    if want_suspend:
+        if kueue is None:
+            p.requeue(2)  # Kueue has not made the Workload yet: deactivate it once it has
+        elif kueue.get("active", True):
+            p.kueue_active = (kueue["name"], False)
+            p.status["kueueDeactivated"] = True
+    elif p.status.get("kueueDeactivated") and kueue is not None:
+        if not kueue.get("active", True):
+            p.kueue_active = (kueue["name"], True)
+        else:
+            p.status.pop("kueueDeactivated", None)
+    return True
+
+
 def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) -> None:
     spec, st = job.spec, p.status
-    name = workload["metadata"]["name"]
     nodes = attempt_nodes(workload, spec.distributed.num_nodes)  # the running attempt's topology, not an edit's
-    queued = bool(obs.labels.get(c.LABEL_KUEUE_QUEUE))
     want_suspend = spec.run_policy.suspend
     is_suspended = bool((workload.get("spec") or {}).get("suspend"))
-    if want_suspend and not is_suspended:
-        p.suspend_workload = (name, True)
-    elif not want_suspend and is_suspended and not queued:
-        p.suspend_workload = (name, False)  # Kueue-managed workloads are unsuspended by Kueue, never by us
+    queued = _suspension(p, obs, workload, want_suspend, is_suspended)
     if nodes != spec.distributed.num_nodes and not _finished(workload):
         p.topology_change = (f"spec.distributed.numNodes is {spec.distributed.num_nodes}, attempt {st['attempt']} "
                              f"runs on {nodes} node(s): the new topology applies from the next attempt (a gang "
@@ -273,9 +340,11 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         _failed_attempt(p, job, obs, reason, message, code=code)
     elif want_suspend:
         st.update(phase="Suspended", reason="Suspended", message="suspended by spec.runPolicy.suspend; "
-                  "checkpoints are kept and the job resumes from the newest one")
+                  "checkpoints are kept and the job resumes from the newest one"
+                  + ("; its Kueue workload is deactivated, so it holds no quota" if queued else ""))
     elif is_suspended and queued:
-        st.update(phase="Queued", reason="Queued", message="waiting for Kueue to admit the workload")
+        reason, message = queueing.waiting(queueing.kueue_workload(obs.kueue_workloads, workload))
+        st.update(phase="Queued", reason=reason, message=message)
     elif is_suspended:  # our own unsuspend (spec.runPolicy.suspend cleared) is on its way
         st.update(phase="Pending", reason="Resuming", message=f"attempt {st['attempt']}: resuming from the newest "
                   "checkpoint")
@@ -283,7 +352,7 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         if st.get("phase") != "Running" or ready == nodes:
             st.update(phase="Running", reason="Running",
                       message=f"attempt {st['attempt']}: {nodes} node(s) running")
-        _stall_check(p, job, obs, name)
+        _stall_check(p, job, obs, workload["metadata"]["name"])
     else:
         _waiting(p, job, obs, workload, min(running, nodes), nodes)
 
@@ -296,7 +365,7 @@ def _waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any]
     created = parse_time((workload.get("metadata") or {}).get("creationTimestamp"))
     age = (obs.now - created).total_seconds() if created is not None else 0.0
     timeout = job.spec.run_policy.schedule_timeout_seconds
-    queued = bool(obs.labels.get(c.LABEL_KUEUE_QUEUE))
+    queued = queueing.managed(workload, queueing.kueue_workload(obs.kueue_workloads, workload))
     if timeout and not queued and created is not None and age >= timeout:
         _schedule_timeout(p, job, obs, workload, running, nodes, why)
         return

@@ -109,7 +109,7 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
         labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
         pods=[p for p in pods if attempt_of(p) in looked_at], now=now,
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
-        events=events, looked=waiting, largest_node=largest,
+        events=events, looked=waiting, largest_node=largest, kueue_workloads=view.kueue_workloads,
     )
     return job, plan(job, observed, settings)
 
@@ -140,6 +140,9 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
     if result.suspend_workload is not None:
         target, suspend = result.suspend_workload
         once(("suspend", ns, target, suspend), lambda: kube.set_suspend(ns, target, suspend))
+    if result.kueue_active is not None:
+        queued, active = result.kueue_active
+        once(("kueue-active", ns, queued, active), lambda: kube.set_kueue_active(ns, queued, active), ttl=10.0)
     creates = result.create_attempt if result.create_attempt is not None else (
         PREFLIGHT_ATTEMPT if result.create_preflight else None)
     if creates is not None and not isinstance(job, InvalidSpec):
@@ -147,7 +150,8 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         once(("identity", ns, account), lambda: kube.apply_all(render_trainer_identity(ns, account)),
              ttl=IDENTITY_TTL_SECONDS)
         ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=trainer_image,
-                            job_labels=obj["metadata"].get("labels") or {}, resume_from=result.resume_from)
+                            job_labels=obj["metadata"].get("labels") or {},
+                            job_annotations=obj["metadata"].get("annotations") or {}, resume_from=result.resume_from)
         render = render_preflight if creates == PREFLIGHT_ATTEMPT else render_all
         once(("attempt", ns, name, obj["metadata"]["uid"], creates),
              lambda: kube.apply_all(render(job.spec, ctx), owner=obj))

@@ -31,7 +31,7 @@ from .settings import Settings
 API_RETRY_SECONDS = 5.0
 # Job events wait this long before their pass: a gang's pods change its counts within moments of each other.
 GATHER_SECONDS = 1.0
-INDEXES = ("finetunejob_index", "workload_index")
+INDEXES = ("finetunejob_index", "workload_index", "kueue_workload_index")
 log = logging.getLogger("finetune_operator")
 Key = tuple[str, str]
 ReconcileFn = Callable[[Kube, Snapshot, Settings, EventSink, Expectations], Pass]
@@ -121,7 +121,7 @@ class Controller:
             else:
                 del self.written[key]
         return Snapshot(namespace=key[0], name=key[1], finetunejob=finetunejob,
-                        workloads=items("workload_index"))
+                        workloads=items("workload_index"), kueue_workloads=items("kueue_workload_index"))
 
     def _schedule(self, key: Key, delay: float) -> None:
         if key in self.timers:

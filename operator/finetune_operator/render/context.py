@@ -15,6 +15,7 @@ class RenderContext:
     trainer_image: str = DEFAULT_TRAINER_IMAGE
     # The FineTuneJob's own labels: a Kueue queue name on it is copied to the workload.
     job_labels: dict[str, str] = field(default_factory=dict)
+    job_annotations: dict[str, str] = field(default_factory=dict)
     # Where the trainer finds its config and writes output; `finetune run` points these at local directories.
     config_dir: str = CONFIG_MOUNT_PATH
     output_dir: str = OUTPUT_MOUNT_PATH

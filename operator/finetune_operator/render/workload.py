@@ -33,18 +33,22 @@ def spec_hash(spec: FineTuneJobSpec) -> str:
 def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
     d, run = spec.distributed, spec.run_policy
     labels = attempt_labels(ctx, "trainer")
-    job_meta_labels = dict(labels)
-    queue = ctx.job_labels.get(c.LABEL_KUEUE_QUEUE)
-    if queue:
-        job_meta_labels[c.LABEL_KUEUE_QUEUE] = queue
+    # Every Kueue label and annotation users put on the FineTuneJob (queue name, priority class, ...) reaches the
+    # Job, which Kueue manages.
+    kueue_labels = {k: v for k, v in ctx.job_labels.items() if k.startswith(c.KUEUE_PREFIX)}
+    kueue_annotations = {k: v for k, v in ctx.job_annotations.items() if k.startswith(c.KUEUE_PREFIX)}
+    queue = kueue_labels.get(c.LABEL_KUEUE_QUEUE)
+    annotations = {c.ANNOTATION_SPEC_HASH: spec_hash(spec), **kueue_annotations}
+    if run.suspend and not queue:  # our own suspend (controller/queueing.py tells it from Kueue's)
+        annotations[c.ANNOTATION_SUSPENDED] = "true"
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": workload_name(ctx),
             "namespace": ctx.namespace,
-            "labels": job_meta_labels,
-            "annotations": {c.ANNOTATION_SPEC_HASH: spec_hash(spec)},
+            "labels": {**labels, **kueue_labels},
+            "annotations": annotations,
         },
         "spec": {
             "completionMode": "Indexed",

@@ -1,0 +1,57 @@
+"""Kueue, as the operator sees it (pure): whether Kueue manages an attempt's Job, and why a queued job waits.
+
+Kueue manages a Job when it has a Workload for it, when the Job carries a queue name, or when the Job was
+suspended by someone other than the operator (Kueue's manageJobsWithoutQueueName suspends unlabelled Jobs). The
+operator then never writes the Job's spec.suspend: Kueue owns it. A user's suspend deactivates the Workload
+instead (Kueue evicts it and releases the quota), and clearing it activates the Workload again (re-queued)."""
+
+from typing import Any
+
+from ..api import constants as c
+
+# Queued reasons that will not go away by waiting: a Warning at once.
+NEVER_ADMITTED = ("QueueTooSmall", "LocalQueueMissing")
+
+
+def kueue_workload(kueue_workloads: list[dict[str, Any]], job: dict[str, Any]) -> dict[str, Any] | None:
+    """Kueue's Workload of the attempt's Job, if Kueue made one."""
+    name = job["metadata"]["name"]
+    return next((w for w in kueue_workloads if w.get("job") == name), None)
+
+
+def suspended_by_operator(job: dict[str, Any]) -> bool:
+    return ((job.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_SUSPENDED) == "true"
+
+
+def managed(job: dict[str, Any], kueue: dict[str, Any] | None) -> bool:
+    suspended = bool((job.get("spec") or {}).get("suspend"))
+    labelled = bool(((job.get("metadata") or {}).get("labels") or {}).get(c.LABEL_KUEUE_QUEUE))
+    return kueue is not None or labelled or (suspended and not suspended_by_operator(job))
+
+
+def _condition(kueue: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((cd for cd in kueue.get("conditions") or [] if cd.get("type") == kind), None)
+
+
+def waiting(kueue: dict[str, Any] | None) -> tuple[str, str]:
+    """(reason, message) of a Kueue-managed Job that is not running, from its Workload's conditions."""
+    if kueue is None:
+        return "Queued", "suspended by Kueue; waiting for Kueue to create the workload"
+    if not kueue.get("active", True):
+        return "Deactivated", (f"Kueue workload {kueue['name']} is deactivated (spec.active: false): it holds no quota "
+                               "and is not queued")
+    preempted = _condition(kueue, "Preempted") or _condition(kueue, "Evicted")
+    reserved = _condition(kueue, "QuotaReserved") or {}
+    text = reserved.get("message") or ""
+    if preempted is not None and preempted.get("status") == "True" and reserved.get("status") != "True":
+        return "Preempted", (f"preempted by Kueue ({preempted.get('message') or preempted.get('reason')}); queued "
+                             f"again, the next attempt resumes from the newest checkpoint: {text}").rstrip(": ")
+    if "doesn't exist" in text or "does not exist" in text:
+        return "LocalQueueMissing", (f"Kueue: {text}; it will wait until that queue exists: fix the label "
+                                     f"{c.LABEL_KUEUE_QUEUE} or create the LocalQueue")
+    if "maximum capacity" in text:
+        return "QueueTooSmall", (f"Kueue: {text}; the gang asks for more than its ClusterQueue can ever hold and "
+                                 "will wait forever: ask for fewer GPUs or raise the queue's quota")
+    if reserved.get("status") == "True":
+        return "Admitting", f"Kueue reserved quota; waiting for its admission checks ({text})"
+    return "Queued", f"Kueue: {text}" if text else "waiting for Kueue to admit the workload"

@@ -1,0 +1,157 @@
+"""A real Kueue (its manager from the Go module, its CRDs and webhooks, the batch/Job integration) beside the
+operator on the test control plane: admission, queueing behind a busy quota, preemption, never fighting Kueue over
+a Job's spec.suspend, Kueue's own reasons in `kubectl get ftj`, deadlines that do not count queue time.
+
+ClusterQueue `gpus`: 16 GPUs, the two kwok GPU nodes' worth; a higher WorkloadPriorityClass preempts a lower one."""
+
+import json
+import time
+
+import pytest
+
+from finetune_operator.api import constants as c
+from tests.cluster.test_operator import attempt_pods, status, submit, terminate, wait_for, wait_phase
+from tests.support.kueue import Kueue, cluster_queue, local_queue, priority_class
+from tests.support.minio import build_components
+
+QUEUE = "gpu-queue"
+
+
+@pytest.fixture(scope="module")
+def kueue(kubectl, control_plane):
+    manager = Kueue(build_components()["kueue"], control_plane, kubectl).start()
+    for obj in [*cluster_queue("gpus", 16), priority_class("high", 1000), priority_class("low", 10)]:
+        kubectl.run("apply", "-f", "-", input=json.dumps(obj))
+    yield manager
+    manager.stop()
+
+
+@pytest.fixture
+def queued(kueue, kubectl, namespace):
+    """The test's namespace with a LocalQueue into the 16-GPU ClusterQueue."""
+    kubectl.run("apply", "-f", "-", input=json.dumps(local_queue(namespace, QUEUE, "gpus")))
+    return namespace
+
+
+def gang(kubectl, ns, name, nodes=2, queue=QUEUE, labels=None, annotations=None, **overrides):
+    """`nodes` x 8 GPUs, queued through Kueue."""
+    meta = {"metadata.labels": {**({c.LABEL_KUEUE_QUEUE: queue} if queue else {}), **(labels or {})}}
+    if annotations:
+        meta["metadata.annotations"] = annotations
+    submit(kubectl, ns, name, **{"spec.distributed.numNodes": nodes, "spec.distributed.gpusPerNode": 8,
+                                 "spec.training.precision": "bf16", **meta, **overrides})
+
+
+def job_of(kubectl, ns, name, attempt=1):
+    return kubectl.json("get", "job", f"{name}-a{attempt}", "-n", ns)
+
+
+def workload_of(kubectl, ns, name, attempt=1):
+    items = kubectl.json("get", "workloads.kueue.x-k8s.io", "-n", ns)["items"]
+    return next(w for w in items if any(o["name"] == f"{name}-a{attempt}" for o in w["metadata"]["ownerReferences"]))
+
+
+def events(kubectl, ns, name):
+    items = kubectl.json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [(e["type"], e["reason"], e["message"]) for e in items]
+
+
+def finish(kubectl, ns, name, attempt=1):
+    for pod in attempt_pods(kubectl, ns, name, attempt):
+        terminate(kubectl, ns, pod["metadata"]["name"], 0, reason="Completed")
+
+
+def suspend_flips(kubectl, ns, name, seconds):
+    """How many times the attempt's Job left spec.suspend: true in `seconds` (the operator and Kueue fighting over
+    it flipped it every second or two)."""
+    flips, last = 0, job_of(kubectl, ns, name)["spec"]["suspend"]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        now = job_of(kubectl, ns, name)["spec"]["suspend"]
+        flips, last = flips + (last and not now), now
+        time.sleep(0.25)
+    return flips
+
+
+def test_kueue_labels_reach_the_job_and_an_admitted_job_runs(queued, kubectl, operator):
+    gang(kubectl, queued, "admitted", labels={"kueue.x-k8s.io/priority-class": "high"},
+         annotations={"kueue.x-k8s.io/max-exec-time-seconds": "86400"})
+    st = wait_phase(kubectl, queued, "admitted", "Running", operator, timeout=60, nodes="2/2")
+    job = job_of(kubectl, queued, "admitted")
+    assert job["metadata"]["labels"][c.LABEL_KUEUE_QUEUE] == QUEUE
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    assert job["metadata"]["annotations"]["kueue.x-k8s.io/max-exec-time-seconds"] == "86400"
+    assert workload_of(kubectl, queued, "admitted")["spec"]["priority"] == 1000  # the Workload got its priority
+    assert st["reason"] == "Running"
+    finish(kubectl, queued, "admitted")
+    wait_phase(kubectl, queued, "admitted", "Succeeded", operator, timeout=60)
+
+
+def test_queued_behind_a_busy_quota_says_why_and_its_deadline_waits(queued, kubectl, operator):
+    gang(kubectl, queued, "first")
+    wait_phase(kubectl, queued, "first", "Running", operator, timeout=60)
+    gang(kubectl, queued, "second", **{"spec.runPolicy.activeDeadlineSeconds": 20})
+    st = wait_for(lambda: "quota" in (s := status(kubectl, queued, "second") or {}).get("message", "") and s, 60,
+                  "second Queued with Kueue's reason", operator)
+    assert st["reason"] == "Queued" and "insufficient unused quota for nvidia.com/gpu" in st["message"], st
+    assert "16 more needed" in st["message"]
+    row = kubectl.run("get", "ftj", "second", "-n", queued, "--no-headers").stdout.split()
+    assert row[1] == "Queued" and "Queued" in row
+    time.sleep(25)  # longer than its activeDeadlineSeconds, all of it in the queue
+    assert status(kubectl, queued, "second")["phase"] == "Queued"
+    finish(kubectl, queued, "first")
+    wait_phase(kubectl, queued, "second", "Running", operator, timeout=60, nodes="2/2")
+    # Running now: the deadline counts from here and ends the job (Queued time never counted).
+    st = wait_phase(kubectl, queued, "second", "Failed", operator, timeout=60)
+    assert st["reason"] == "DeadlineExceeded" and "active (not queued or suspended)" in st["message"]
+
+
+def test_a_gang_larger_than_its_queue_and_a_misspelled_queue_are_warnings_at_once(queued, kubectl, operator):
+    gang(kubectl, queued, "too-big", nodes=3)  # 24 GPUs > the ClusterQueue's 16
+    gang(kubectl, queued, "typo", nodes=1, queue="gpu-queu")
+    big = wait_for(lambda: (s := status(kubectl, queued, "too-big") or {}).get("reason") == "QueueTooSmall" and s,
+                   60, "QueueTooSmall", operator)
+    assert "maximum capacity (16)" in big["message"] and "will wait forever" in big["message"]
+    typo = wait_for(lambda: (s := status(kubectl, queued, "typo") or {}).get("reason") == "LocalQueueMissing" and s,
+                    60, "LocalQueueMissing", operator)
+    assert "LocalQueue gpu-queu doesn't exist" in typo["message"]
+    for name, reason in (("too-big", "QueueTooSmall"), ("typo", "LocalQueueMissing")):
+        assert any(t == "Warning" and r == reason for t, r, _ in events(kubectl, queued, name)), name
+
+
+def test_suspending_an_admitted_job_deactivates_its_workload_without_a_loop(queued, kubectl, operator):
+    gang(kubectl, queued, "paused")
+    wait_phase(kubectl, queued, "paused", "Running", operator, timeout=60)
+    kubectl.run("patch", "ftj", "paused", "-n", queued, "--type=merge", "-p",
+                json.dumps({"spec": {"runPolicy": {"suspend": True}}}))
+    st = wait_phase(kubectl, queued, "paused", "Suspended", operator, timeout=60)
+    assert "deactivated" in st["message"]
+    wait_for(lambda: workload_of(kubectl, queued, "paused")["spec"]["active"] is False, 30, "deactivated", operator)
+    wait_for(lambda: job_of(kubectl, queued, "paused")["spec"]["suspend"], 30, "Kueue suspends the Job", operator)
+    assert suspend_flips(kubectl, queued, "paused", 15) == 0  # was ~14 per 15 s: operator and Kueue fighting
+    assert c.ANNOTATION_SUSPENDED not in job_of(kubectl, queued, "paused")["metadata"].get("annotations", {})
+    # The quota is free: another 16-GPU gang is admitted while this one is suspended.
+    gang(kubectl, queued, "meanwhile")
+    wait_phase(kubectl, queued, "meanwhile", "Running", operator, timeout=60)
+    finish(kubectl, queued, "meanwhile")
+    kubectl.run("patch", "ftj", "paused", "-n", queued, "--type=merge", "-p",
+                json.dumps({"spec": {"runPolicy": {"suspend": False}}}))
+    wait_phase(kubectl, queued, "paused", "Running", operator, timeout=90, nodes="2/2")
+    assert workload_of(kubectl, queued, "paused")["spec"]["active"] is True
+
+
+def test_a_preempted_job_says_so_and_shows_no_eta(queued, kubectl, operator):
+    gang(kubectl, queued, "low", labels={"kueue.x-k8s.io/priority-class": "low"})
+    wait_phase(kubectl, queued, "low", "Running", operator, timeout=60)
+    # What its trainer last reported while it ran.
+    kubectl.run("patch", "ftj", "low", "-n", queued, "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"progress": {"phase": "Training", "step": 830, "maxSteps": 1000, "percent": 83, "loss": 1.2,
+                                 "eta": "0m04s"}}}))
+    gang(kubectl, queued, "high", labels={"kueue.x-k8s.io/priority-class": "high"})
+    st = wait_for(lambda: (s := status(kubectl, queued, "low") or {}).get("reason") == "Preempted" and s, 90,
+                  "low preempted", operator)
+    assert st["phase"] == "Queued" and "preempted by Kueue" in st["message"]
+    assert "eta" not in st["progress"] and st["progress"]["phase"] == "Stopped", st["progress"]
+    assert st["progress"]["step"] == 830  # the last attempt's, marked as such
+    wait_phase(kubectl, queued, "high", "Running", operator, timeout=60)
+    assert any(t == "Warning" and r == "Preempted" for t, r, _ in events(kubectl, queued, "low"))
