@@ -141,7 +141,7 @@ def peak_flops() -> float | None:
     """The trainer's own datasheet table (dense bf16), so the benchmark and status.progress.mfu agree."""
     import torch
 
-    from finetune_trainer.throughput import peak_flops as device_peak
+    from finetune_trainer.training.throughput import peak_flops as device_peak
 
     return device_peak(torch.cuda.get_device_name() if torch.cuda.is_available() else None, "bf16")
 

@@ -59,7 +59,7 @@ def tiny_tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenizer.pad_token = tokenizer.eos_token  # as finetune_trainer.model.load_tokenizer does
+    tokenizer.pad_token = tokenizer.eos_token  # as finetune_trainer.training.model.load_tokenizer does
     return tokenizer
 
 

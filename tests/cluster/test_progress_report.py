@@ -3,7 +3,7 @@
 import json
 import ssl
 
-from finetune_trainer.status_report import StatusReporter
+from finetune_trainer.outputs.status_report import StatusReporter
 from tests.builders import make_job
 from tests.support.controlplane import ADMIN_TOKEN
 

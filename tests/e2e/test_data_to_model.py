@@ -31,7 +31,7 @@ def test_a_chat_model_trained_from_a_tokenizer_without_a_template_learns_to_stop
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from finetune_trainer.chat import DEFAULT_CHAT_TEMPLATE
+    from finetune_trainer.data.chat import DEFAULT_CHAT_TEMPLATE
     from finetune_trainer.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "bare-model", chat_template=False)

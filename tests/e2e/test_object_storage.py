@@ -17,7 +17,8 @@ import yaml
 from finetune_operator.api import exit_codes
 from finetune_operator.api.storage import S3Spec
 from finetune_operator.cli.processes import kill_tree
-from finetune_trainer import errors, objectstore, remote_output
+from finetune_trainer import errors, objectstore
+from finetune_trainer.outputs import remote_output
 from tests.conftest import ROOT
 from tests.support.trainer_run import TEST_ENV
 
@@ -198,7 +199,7 @@ def test_every_file_type_a_prefix_a_glob_and_streaming_read_from_the_bucket(mini
 
     from finetune_operator.api.data import DataSpec
     from finetune_trainer import data as D
-    from finetune_trainer.streaming import prepare_streaming
+    from finetune_trainer.data.streaming import prepare_streaming
 
     local = tmp_path / "files"
     local.mkdir()

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from finetune_operator.api import exit_codes
-from finetune_trainer.throughput import parameter_counts
+from finetune_trainer.training.throughput import parameter_counts
 from tests.builders import make_job
 from tests.support.trainer_run import run_nodes
 

@@ -70,14 +70,14 @@ print(json.dumps({"uid": os.getuid(), "python": list(sys.version_info[:2]), "tor
 
 def test_trainer_image_runs_the_trackers_with_the_trainers_own_environment(images):
     """wandb runs its Go service binary and MLflow its file store inside the image, non-root on a read-only root,
-    with the variables the trainer sets (finetune_trainer.tracking); /tmp stands in for the output volume."""
+    with the variables the trainer sets (finetune_trainer.outputs.tracking); /tmp stands in for the output volume."""
     _, trainer_image = images
     out = run(trainer_image, "-c", """
 import json, os
 from pathlib import Path
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_trainer.config import TrainerConfig
-from finetune_trainer.tracking import tracker_environment
+from finetune_trainer.outputs.tracking import tracker_environment
 spec = FineTuneJobSpec.model_validate({"model": {"name": "/models/m"},
     "data": {"format": "alpaca", "train": [{"path": "/data/d"}]}, "distributed": {"gpusPerNode": 0},
     "tracking": {"reportTo": ["wandb", "mlflow"], "wandb": {"offline": True},

@@ -11,7 +11,7 @@ import pytest
 
 from finetune_operator.api.data import DataSpec
 from finetune_trainer import data as D
-from finetune_trainer.chat import IGNORE_INDEX, ChatEncoder
+from finetune_trainer.data.chat import IGNORE_INDEX, ChatEncoder
 from tests.support.chat_templates import shipped_templates, tokenizer_for
 
 TEMPLATES = shipped_templates()
@@ -190,8 +190,8 @@ KNOWN_STOPS = {"trl/phi3": "<|end|>", "trl/gptoss": "<|return|>", "trl/glm4moe":
 
 
 def test_the_stop_a_template_trains_is_the_one_after_its_last_reply(templated):
-    """What the saved generation_config must stop at (finetune_trainer.model.add_stop_ids): the token the template
-    writes right after the conversation's last reply (for GLM, the next-turn token we append)."""
+    """What the saved generation_config must stop at (finetune_trainer.training.model.add_stop_ids): the token the
+    template writes right after the conversation's last reply (for GLM, the next-turn token we append)."""
     name, tokenizer = templated
     encoder = ChatEncoder.for_tokenizer(tokenizer)
     stops = encoder.stop_tokens()
@@ -208,7 +208,7 @@ def test_a_model_stops_at_the_trained_stop_as_well_as_at_its_own_eos(tiny_model_
     from transformers import AutoModelForCausalLM
 
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_trainer.model import add_stop_ids, load_tokenizer, trained_stop_ids
+    from finetune_trainer.training.model import add_stop_ids, load_tokenizer, trained_stop_ids
 
     spec = FineTuneJobSpec.model_validate({"model": {"name": str(tiny_model_dir)}, "data": {
         "format": "messages", "train": [{"inline": [ROWS["messages"]]}]}})
@@ -226,7 +226,7 @@ def test_a_model_stops_at_the_trained_stop_as_well_as_at_its_own_eos(tiny_model_
 
 def test_system_prompts_a_template_refuses_are_folded_counted_and_said_once(tiny_tokenizer):
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_trainer import advice
+    from finetune_trainer.training import advice
 
     gemma = tokenizer_for(tiny_tokenizer, TEMPLATES["trl/gemma"], "google/gemma-7b-it")
     rows = [ROWS["messages"], {"messages": ROWS["messages"]["messages"][1:]}] * 3  # 3 of 6 with a system prompt

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from finetune_trainer import checkpoints as C
+from finetune_trainer.outputs import checkpoints as C
 
 
 def make_checkpoint(root, step, *, weights=b"w" * 64, state=True, marker=True):
@@ -94,9 +94,9 @@ def test_a_checkpoint_another_method_produced_is_refused_with_the_difference(tmp
     from types import SimpleNamespace
 
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_trainer import checkpoints as ck
     from finetune_trainer.errors import ConfigError
     from finetune_trainer.main import resume_checkpoint
+    from finetune_trainer.outputs import checkpoints as ck
 
     def spec(r):
         return FineTuneJobSpec.model_validate({"model": {"name": "/models/m"}, "method": {"type": "lora",
@@ -120,9 +120,9 @@ def test_other_data_is_not_resumed_automatically_but_can_be_named(tmp_path):
     from types import SimpleNamespace
 
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_trainer import checkpoints as ck
     from finetune_trainer.errors import ConfigError
     from finetune_trainer.main import resume_checkpoint
+    from finetune_trainer.outputs import checkpoints as ck
 
     def spec(text, resume="auto"):
         return FineTuneJobSpec.model_validate({"model": {"name": "/models/m"}, "checkpoints": {"resume": resume},

@@ -90,7 +90,7 @@ def test_trainer_progress_payload_fits_the_status_model_and_is_rounded():
     """What rank 0 patches into status.progress passes the status model (the CRD schema's source) and reads well
     in `kubectl get ftj`: 4 significant digits of loss, whole tokens/s."""
     from finetune_operator.api.status import Progress
-    from finetune_trainer.callbacks import status_progress
+    from finetune_trainer.training.callbacks import status_progress
 
     record = {"time": "2026-11-23T10:00:00Z", "step": 13, "maxSteps": 30, "epoch": 0.43333333333,
               "loss": 6.161258220672607, "evalLoss": 5.98712345, "learningRate": 0.0035123456,

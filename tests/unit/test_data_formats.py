@@ -6,7 +6,7 @@ import pytest
 
 from finetune_operator.api.data import DataSpec
 from finetune_trainer import data as D
-from finetune_trainer.collators import make_collator
+from finetune_trainer.data.collators import make_collator
 from finetune_trainer.errors import DataError
 
 
@@ -273,7 +273,7 @@ def test_a_sequence_longer_than_the_models_positions_is_refused(tiny_model_dir):
 
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_trainer.errors import ConfigError
-    from finetune_trainer.model import check_lengths
+    from finetune_trainer.training.model import check_lengths
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
     base = {"model": {"name": str(tiny_model_dir)}, "data": {"format": "text", "train": [{"inline": [{"text": "x"}]}]}}
@@ -285,8 +285,8 @@ def test_a_sequence_longer_than_the_models_positions_is_refused(tiny_model_dir):
 
 def test_a_tokenizer_without_a_template_gets_one_that_ends_turns_with_its_eos(tiny_model_dir, tmp_path):
     from finetune_operator.api.spec import FineTuneJobSpec
-    from finetune_trainer.chat import DEFAULT_CHAT_TEMPLATE, ChatEncoder
-    from finetune_trainer.model import load_tokenizer
+    from finetune_trainer.data.chat import DEFAULT_CHAT_TEMPLATE, ChatEncoder
+    from finetune_trainer.training.model import load_tokenizer
 
     bare = tmp_path / "bare"
     from transformers import AutoTokenizer
@@ -310,7 +310,7 @@ def test_a_flash_attention_kernel_the_image_lacks_is_refused_with_the_way_out(ti
 
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_trainer.errors import ConfigError
-    from finetune_trainer.model import check_attention
+    from finetune_trainer.training.model import check_attention
 
     assert importlib.util.find_spec("flash_attn") is None, "the images and the test venv ship no flash-attn"
     base = {"model": {"name": str(tiny_model_dir)}, "distributed": {"gpusPerNode": 8},

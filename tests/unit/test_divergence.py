@@ -9,7 +9,7 @@ import pytest
 from transformers import TrainerControl, TrainerState
 
 from finetune_operator.api.run_policy import DivergencePolicy
-from finetune_trainer.callbacks import DivergenceWatch
+from finetune_trainer.training.callbacks import DivergenceWatch
 
 
 def drive(losses: list[float], policy: DivergencePolicy | None = None, history: list[dict] | None = None,
@@ -106,7 +106,8 @@ def test_a_resume_on_another_world_size_says_what_it_does_to_the_global_batch(tm
     import json
     from types import SimpleNamespace
 
-    from finetune_trainer import advice, checkpoints
+    from finetune_trainer.outputs import checkpoints
+    from finetune_trainer.training import advice
 
     saved = SimpleNamespace(world_size=1, per_device_train_batch_size=2, gradient_accumulation_steps=1)
     checkpoint = tmp_path / "checkpoint-10"

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from finetune_trainer import errors
-from finetune_trainer.callbacks import GracefulStop
 from finetune_trainer.main import _stop_before_training
+from finetune_trainer.training.callbacks import GracefulStop
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ import pytest
 
 from finetune_operator.api.data import DataSpec
 from finetune_trainer import data as D
-from finetune_trainer.collators import make_collator
+from finetune_trainer.data.collators import make_collator
 
 torch = pytest.importorskip("torch")
 
@@ -15,7 +15,7 @@ def test_packed_logits_equal_unpacked(tiny_model_dir, tiny_tokenizer, attention)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention, dtype="float32")
     model.eval()
-    # As in training (finetune_trainer.model sets it): transformers only builds the packed-sequence mask when
+    # As in training (finetune_trainer.training.model sets it): transformers only builds the packed-sequence mask when
     # there is no KV cache, so use_cache must be off for packing to be exact.
     model.config.use_cache = False
     rows = [{"instruction": "Name a primary colour.", "output": "Red."},

@@ -4,7 +4,7 @@ import math
 
 from PIL import Image
 
-from finetune_trainer.plot import EVAL, RATE, TRAIN, read_progress, write_loss_plot
+from finetune_trainer.outputs.plot import EVAL, RATE, TRAIN, read_progress, write_loss_plot
 
 
 def count(image, color):

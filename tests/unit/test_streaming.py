@@ -7,7 +7,7 @@ import pytest
 
 from finetune_operator.api.data import DataSpec
 from finetune_trainer import data as D
-from finetune_trainer.streaming import prepare_streaming, tokenized_stream
+from finetune_trainer.data.streaming import prepare_streaming, tokenized_stream
 
 ROWS = [{"instruction": f"What is {a} times {b}?", "output": f"{a * b}."} for a in range(1, 7) for b in range(1, 7)]
 DOCS = [{"text": " ".join(f"word{i}-{j}" for j in range(i % 9 + 1))} for i in range(60)]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from finetune_trainer import throughput as T
+from finetune_trainer.training import throughput as T
 
 
 def test_full_fine_tune_is_6n_without_the_input_embedding(tiny_model_dir):

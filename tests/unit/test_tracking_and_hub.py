@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from finetune_operator.api.validation import validate_job
-from finetune_trainer import hub, tracking
 from finetune_trainer.config import TrainerConfig
 from finetune_trainer.errors import PushFailed, PushRefused
+from finetune_trainer.outputs import hub, tracking
 from tests.builders import make_job
 
 
@@ -107,7 +107,7 @@ def test_an_outage_that_ends_is_retried_to_success(monkeypatch):
 
 def test_the_token_role_is_read_from_whoami_and_unknown_when_it_cannot_be():
     """A Hub-compatible server without whoami, or a network error, leaves the role unknown: never a refusal."""
-    from finetune_trainer.hub import token_role
+    from finetune_trainer.outputs.hub import token_role
 
     class Api:
         def __init__(self, answer):

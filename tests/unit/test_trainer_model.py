@@ -6,8 +6,8 @@ import pytest
 
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_trainer.errors import ConfigError
-from finetune_trainer.model import apply_method, quantization_config, trainable_parameters
-from finetune_trainer.status_report import StatusReporter
+from finetune_trainer.outputs.status_report import StatusReporter
+from finetune_trainer.training.model import apply_method, quantization_config, trainable_parameters
 
 
 def make_spec(**method) -> FineTuneJobSpec:

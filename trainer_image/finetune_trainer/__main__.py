@@ -1,5 +1,5 @@
 import sys
 
-from .main import main
+from finetune_trainer.main import main
 
 sys.exit(main())

@@ -8,8 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from finetune_operator.api.spec import FineTuneJobSpec
-
-from .errors import ConfigError
+from finetune_trainer.errors import ConfigError
 
 
 @dataclass(frozen=True)

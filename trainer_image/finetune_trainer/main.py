@@ -15,10 +15,9 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
-
-from . import advice, checkpoints, objectstore
-from .config import TrainerConfig, load_config, training_arguments
-from .errors import (
+from finetune_trainer import objectstore
+from finetune_trainer.config import TrainerConfig, load_config, training_arguments
+from finetune_trainer.errors import (
     EARLY_STOPS,
     ConfigError,
     Interrupted,
@@ -28,6 +27,8 @@ from .errors import (
     TrainerError,
     outcome,
 )
+from finetune_trainer.outputs import checkpoints
+from finetune_trainer.training import advice
 
 log = logging.getLogger("finetune_trainer")
 SUMMARY_FILE = "summary.json"  # the run's summary beside the model in output.uri
@@ -65,11 +66,11 @@ def require_gpus(gpus_per_node: int) -> None:
 
 
 def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
-    from .data import prepare
-    from .preparing import PreparingHeartbeat, rank_zero_first
+    from finetune_trainer.data import prepare
+    from finetune_trainer.data.preparing import PreparingHeartbeat, rank_zero_first
 
     if cfg.spec.data.streaming:
-        from .streaming import prepare_streaming
+        from finetune_trainer.data.streaming import prepare_streaming
 
         return prepare_streaming(cfg.spec.data, tokenizer, args.seed)
 
@@ -130,8 +131,13 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
 def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, warnings):
     from transformers import Trainer
 
-    from .callbacks import CheckpointMarkerCallback, DivergenceWatch, GracefulStop, ProgressCallback
-    from .collators import make_collator
+    from finetune_trainer.data.collators import make_collator
+    from finetune_trainer.training.callbacks import (
+        CheckpointMarkerCallback,
+        DivergenceWatch,
+        GracefulStop,
+        ProgressCallback,
+    )
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
                                 cfg.spec.resources.peak_tflops_per_gpu)
     watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings)
@@ -150,7 +156,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     evaluation = cfg.spec.evaluation
     samples = None
     if evaluation.prompts:
-        from .samples import SampleCallback
+        from finetune_trainer.training.samples import SampleCallback
 
         samples = SampleCallback(list(evaluation.prompts), evaluation.generation, cfg.spec.data, tokenizer,
                                  cfg.output_dir, cfg.spec.distributed.shards_parameters, stop)
@@ -219,7 +225,7 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
     from transformers import AutoModelForCausalLM
 
     m = cfg.spec.model
-    from .model import source
+    from finetune_trainer.training.model import source
 
     name = source(m.name)
     base = AutoModelForCausalLM.from_pretrained(name, revision=m.revision if name == m.name else None,
@@ -227,7 +233,7 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     target = cfg.output_dir / "merged"
     merged.config.use_cache = True
-    from .model import add_stop_ids, trained_stop_ids
+    from finetune_trainer.training.model import add_stop_ids, trained_stop_ids
 
     add_stop_ids(merged, trained_stop_ids(cfg.spec, tokenizer))
     merged.save_pretrained(target)
@@ -236,21 +242,27 @@ def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
 
 
 def run(config_path: str) -> dict[str, Any]:
-    from . import tracking
-    from .model import add_stop_ids, load_model, load_tokenizer, trainable_parameters, trained_stop_ids
+    from finetune_trainer.outputs import tracking
+    from finetune_trainer.training.model import (
+        add_stop_ids,
+        load_model,
+        load_tokenizer,
+        trainable_parameters,
+        trained_stop_ids,
+    )
 
     cfg, args = setup(config_path)
     objectstore.configure(cfg.spec.s3, cfg.cache)
     if cfg.spec.output.push is not None and args.should_save:  # a refused token fails now, not after the run
-        from .hub import check_access
+        from finetune_trainer.outputs.hub import check_access
 
         check_access(cfg)
-    from .status_report import StatusReporter, Warnings
+    from finetune_trainer.outputs.status_report import StatusReporter, Warnings
 
     reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
     remote = None
     if cfg.spec.output.uri:  # a missing bucket or refused credentials fail now (77), not after training
-        from .remote_output import RemoteOutput
+        from finetune_trainer.outputs.remote_output import RemoteOutput
 
         remote = RemoteOutput(cfg.spec.output.uri, cfg.output_dir, cfg.spec.distributed.num_nodes,
                               cfg.spec.checkpoints.keep, args.process_index == 0, reporter)
@@ -275,7 +287,7 @@ def run(config_path: str) -> dict[str, Any]:
     pusher = None
     push = cfg.spec.output.push
     if push is not None and push.strategy == "checkpoint" and trainer.args.should_save:
-        from .hub import CheckpointPushCallback, CheckpointPusher
+        from finetune_trainer.outputs.hub import CheckpointPushCallback, CheckpointPusher
 
         pusher = CheckpointPusher(cfg)
         trainer.add_callback(CheckpointPushCallback(pusher))
@@ -319,7 +331,7 @@ def run(config_path: str) -> dict[str, Any]:
         summary.update(checkpointPushes=pusher.pushed, **({"checkpointPushFailures": pusher.failures}
                                                            if pusher.failures else {}))
     if cfg.spec.output.push is not None and trainer.args.should_save:
-        from .hub import push_final
+        from finetune_trainer.outputs.hub import push_final
 
         summary.update(push_final(cfg, paths, summary))
         if reporter is not None:
@@ -334,7 +346,7 @@ def run(config_path: str) -> dict[str, Any]:
 
 def loss_plot(cfg: TrainerConfig) -> dict[str, str]:
     """loss.png in the output directory, from progress.jsonl; a plot that cannot be drawn never fails a run."""
-    from .plot import read_progress, write_loss_plot
+    from finetune_trainer.outputs.plot import read_progress, write_loss_plot
 
     try:
         title = f"{cfg.job_name}: {cfg.spec.model.name} ({cfg.spec.method.type})"

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.storage import S3Spec, is_s3, split_s3
-
-from .errors import ConfigError, DataError, StorageRefused, StorageUnavailable
+from finetune_trainer.errors import ConfigError, DataError, StorageRefused, StorageUnavailable
 
 _SETTINGS: list[S3Spec] = [S3Spec()]
 _CACHE: list[Path] = [Path.home() / ".cache" / "finetunejob-models"]

@@ -19,12 +19,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from finetune_operator.api.data import DataSource
-
-from .config import TrainerConfig, load_config
-from .data import Part, RowEncoder, TokenizeStats, load_source, sft_example, text_blocks, tokenize_documents
-from .errors import ConfigError, DataError, outcome
-from .launch import write_termination_message
-from .main import resume_checkpoint
+from finetune_trainer.config import TrainerConfig, load_config
+from finetune_trainer.data import (
+    Part,
+    RowEncoder,
+    TokenizeStats,
+    load_source,
+    sft_example,
+    text_blocks,
+    tokenize_documents,
+)
+from finetune_trainer.errors import ConfigError, DataError, outcome
+from finetune_trainer.launch import write_termination_message
+from finetune_trainer.main import resume_checkpoint
 
 log = logging.getLogger("finetune_trainer.preflight")
 ROWS_PER_SOURCE = 64
@@ -33,12 +40,12 @@ ROWS_PER_SOURCE = 64
 def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
     from transformers import AutoConfig
 
-    from .model import check_attention, check_lengths, load_tokenizer
+    from finetune_trainer.training.model import check_attention, check_lengths, load_tokenizer
 
     m = cfg.spec.model
     check_attention(cfg.spec)
     tokenizer = load_tokenizer(cfg.spec)
-    from .model import source
+    from finetune_trainer.training.model import source
 
     name = source(m.name, configs_only=True)  # an s3:// model: its configs only, not gigabytes of weights
     try:
@@ -83,7 +90,7 @@ def check_output(cfg: TrainerConfig) -> None:
 
 def run(config_path: str) -> dict[str, Any]:
     cfg = load_config(config_path)
-    from . import objectstore
+    from finetune_trainer import objectstore
 
     objectstore.configure(cfg.spec.s3, cfg.cache)
     if cfg.spec.output.uri:  # the bucket exists and takes writes with these credentials (else 77)
@@ -95,7 +102,7 @@ def run(config_path: str) -> dict[str, Any]:
     check_output(cfg)
     hub = {}
     if cfg.spec.output.push is not None:
-        from .hub import check_access
+        from finetune_trainer.outputs.hub import check_access
 
         hub = check_access(cfg)
     return {"reason": "Succeeded", "preflight": {**model, "rowsChecked": ROWS_PER_SOURCE, "sources": sources, **hub}}

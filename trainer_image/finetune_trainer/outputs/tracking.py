@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .config import TrainerConfig
+from finetune_trainer.config import TrainerConfig
 
 log = logging.getLogger(__name__)
 RUNS_FILE = "tracking.json"

@@ -5,8 +5,7 @@ what is wrong; the caller adds the file and the row."""
 from typing import Any
 
 from finetune_operator.api.data import ColumnMapping
-
-from .errors import DataError
+from finetune_trainer.errors import DataError
 
 Message = dict[str, str]
 

@@ -11,10 +11,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from finetune_operator.api import constants as c
-
-from . import checkpoints, throughput
-from .errors import EARLY_STOPS
-from .status_report import StatusReporter
+from finetune_trainer.errors import EARLY_STOPS
+from finetune_trainer.outputs import checkpoints
+from finetune_trainer.outputs.status_report import StatusReporter
+from finetune_trainer.training import throughput
 
 
 def _utc_now() -> str:

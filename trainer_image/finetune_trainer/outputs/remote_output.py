@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
-
-from . import checkpoints, objectstore
-from .errors import StorageRefused, UploadFailed
+from finetune_trainer import objectstore
+from finetune_trainer.errors import StorageRefused, UploadFailed
+from finetune_trainer.outputs import checkpoints
 
 log = logging.getLogger(__name__)
 NODES_DIR = ".nodes"
@@ -295,7 +295,7 @@ class RemoteOutput:
         return restore(self.uri, self.output_dir)
 
     def callback(self, progress: Any = None) -> Any:
-        from .callbacks import UploadCallback
+        from finetune_trainer.training.callbacks import UploadCallback
 
         self.progress = progress
         return UploadCallback(self.uploader)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import checkpoints
+from finetune_trainer.outputs import checkpoints
 
 Warn = Callable[[str, str], None]
 

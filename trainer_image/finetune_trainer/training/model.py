@@ -4,8 +4,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.spec import FineTuneJobSpec
-
-from .errors import ConfigError
+from finetune_trainer.errors import ConfigError
 
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "auto"}
 
@@ -28,7 +27,7 @@ def load_tokenizer(spec: FineTuneJobSpec):
     if tokenizer.chat_template is None and spec.data.format in ("sharegpt", "messages"):
         # Conversations need a template: ours (ChatML turns closed by the real EOS) is set on the tokenizer, so
         # final/ carries the template the model was trained with and inference renders the same text.
-        from .chat import DEFAULT_CHAT_TEMPLATE
+        from finetune_trainer.data.chat import DEFAULT_CHAT_TEMPLATE
 
         tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     return tokenizer
@@ -36,7 +35,7 @@ def load_tokenizer(spec: FineTuneJobSpec):
 
 def source(name: str | None, field: str = "spec.model.name", configs_only: bool = False) -> str | None:
     """Where from_pretrained reads a model, tokenizer or adapter (objectstore.local_source: s3:// staged here)."""
-    from .objectstore import local_source
+    from finetune_trainer.objectstore import local_source
 
     return local_source(name, field, configs_only)
 
@@ -205,13 +204,13 @@ def trainable_parameters(model) -> tuple[int, int]:
 def trained_stop_ids(spec: FineTuneJobSpec, tokenizer) -> list[int]:
     """The token ids that end a reply as the data trained them: the chat template's end-of-turn token (Phi-3's
     <|end|>, Llama-3's <|eot_id|>, GPT-OSS's <|return|>, GLM's <|user|>) and the EOS; none for raw text."""
-    from .data import uses_chat_template
+    from finetune_trainer.data import uses_chat_template
 
     if spec.data.format == "text":
         return []
     stops = [tokenizer.eos_token] if tokenizer.eos_token else []
     if uses_chat_template(spec.data, tokenizer):
-        from .chat import ChatEncoder
+        from finetune_trainer.data.chat import ChatEncoder
 
         stops += ChatEncoder.for_tokenizer(tokenizer).stop_tokens()
     unknown = tokenizer.unk_token_id

@@ -16,10 +16,10 @@ from typing import Any
 
 from finetune_operator.api.data import DataSource, DataSpec
 from finetune_operator.api.storage import is_s3
-
-from . import formats, objectstore
-from .chat import IGNORE_INDEX, ChatEncoder, Encoded, labels_from_spans
-from .errors import DataError
+from finetune_trainer import objectstore
+from finetune_trainer.data import formats
+from finetune_trainer.data.chat import IGNORE_INDEX, ChatEncoder, Encoded, labels_from_spans
+from finetune_trainer.errors import DataError
 
 EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text",
               ".text": "text", ".md": "text"}

@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from .data import IGNORE_INDEX
-from .errors import ConfigError
+from finetune_trainer.data import IGNORE_INDEX
+from finetune_trainer.errors import ConfigError
 
 # Attention kernels that respect per-sample position_ids in a flattened batch, so packed samples never attend
 # across boundaries: flash attention reads cu_seqlens; sdpa/eager/flex get a block-diagonal mask from transformers'

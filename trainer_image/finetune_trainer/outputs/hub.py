@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 from transformers import TrainerCallback
 
-from .config import TrainerConfig
-from .errors import PushFailed, PushRefused
+from finetune_trainer.config import TrainerConfig
+from finetune_trainer.errors import PushFailed, PushRefused
 
 log = logging.getLogger(__name__)
 # Never pushed: the Hub cache and tokenized data (.cache/), half-written files, tracker run files.

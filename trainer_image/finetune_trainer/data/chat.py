@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .errors import DataError
+from finetune_trainer.errors import DataError
 
 IGNORE_INDEX = -100
 Message = dict[str, str]

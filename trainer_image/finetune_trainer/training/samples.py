@@ -16,9 +16,7 @@ from transformers import TrainerCallback
 
 from finetune_operator.api.data import DataSpec
 from finetune_operator.api.evaluation import Generation
-
-from . import formats
-from .data import uses_chat_template
+from finetune_trainer.data import formats, uses_chat_template
 
 SAMPLES_FILE = "samples.jsonl"
 

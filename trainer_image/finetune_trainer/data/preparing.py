@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
-
-from .status_report import StatusReporter
+from finetune_trainer.outputs.status_report import StatusReporter
 
 HEARTBEAT_SECONDS = 30.0
 DATA_BARRIER_TIMEOUT = timedelta(hours=24)

@@ -11,8 +11,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from finetune_operator.api.data import DataSpec
-
-from .data import Part, PreparedData, RowEncoder, TokenizeStats, load_rows, sft_example, text_blocks, tokenize_documents
+from finetune_trainer.data import (
+    Part,
+    PreparedData,
+    RowEncoder,
+    TokenizeStats,
+    load_rows,
+    sft_example,
+    text_blocks,
+    tokenize_documents,
+)
 
 # Examples shuffled within this window (re-seeded every epoch by the Trainer's set_epoch); shard order is shuffled too.
 SHUFFLE_BUFFER = 10_000
