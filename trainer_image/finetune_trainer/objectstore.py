@@ -31,6 +31,10 @@ def configure(s3: S3Spec, cache: Path | None = None) -> None:
     _FILESYSTEMS.clear()
 
 
+def settings() -> S3Spec:
+    return _SETTINGS[0]
+
+
 def storage_options() -> dict[str, Any]:
     """s3fs's keyword arguments for spec.s3 (datasets.load_dataset(storage_options=...) takes the same)."""
     s3 = _SETTINGS[0]

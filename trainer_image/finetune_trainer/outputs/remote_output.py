@@ -13,6 +13,8 @@ import logging
 import os
 import queue
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
+from finetune_operator.api import exit_codes
 from finetune_trainer import objectstore
 from finetune_trainer.errors import StorageRefused, UploadFailed
 from finetune_trainer.outputs import checkpoints
@@ -203,7 +206,7 @@ class CheckpointUploader:
         target = f"{self.uri}/checkpoint-{step}"
         names = [str(p.relative_to(snapshot)) for p in sorted(snapshot.rglob("*")) if p.is_file()
                  and p.name != checkpoints.COMPLETE_MARKER]
-        self._retry(lambda: objectstore.upload(snapshot, target, names))
+        self._retry(lambda: upload_niced(snapshot, target, names))
         self._retry(lambda: objectstore.filesystem().pipe_file(f"{target}/{NODES_DIR}/node-{self.node}", b"{}"))
         if self.node != 0:
             self._prune_local()
@@ -247,6 +250,34 @@ class CheckpointUploader:
     def _report(self) -> None:
         if self.report is not None and self.node == 0:
             self.report(self.state.as_status(self.uri))
+
+
+class UploadProcessFailed(OSError):
+    """upload_files exited non-zero: refused (77) or unreachable (74), as objectstore.refused/unreachable read."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        if code == exit_codes.PUSH_REFUSED:
+            self.response = {"Error": {"Code": "AccessDenied"}}
+        elif code == exit_codes.PUSH_FAILED:
+            self.response = {"Error": {"Code": "ServiceUnavailable"}}
+
+
+def upload_niced(local: Path, uri: str, names: list[str]) -> None:
+    """The files, uploaded by `python -m finetune_trainer.outputs.upload_files` at nice 19 (argv, no shell)."""
+    from finetune_trainer.outputs.upload_files import ENV_S3
+
+    env = {**os.environ, ENV_S3: json.dumps(objectstore.settings().model_dump(mode="json", by_alias=True))}
+    proc = subprocess.run([sys.executable, "-m", "finetune_trainer.outputs.upload_files", str(local), uri, *names],
+                          env=env, capture_output=True, text=True, preexec_fn=_lowest_priority, check=False)
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise UploadProcessFailed(proc.returncode, lines[-1] if lines else f"upload_files exited {proc.returncode}")
+
+
+def _lowest_priority() -> None:
+    os.nice(19)
 
 
 def upload_final(uri: str, output_dir: Path, names: list[str]) -> int:
