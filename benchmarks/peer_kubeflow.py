@@ -11,6 +11,10 @@ webhook on either side. Our pods are created by the Job controller (kube-control
 creates its pods itself: writes are counted for the controller under test only, and pods-exist is what a user
 waits for in both cases. kwok runs init containers (PyTorchJob workers have one) as a kubelet would.
 
+Each side's figures are written to --out as soon as that side is measured; a failure in one side (or in stopping a
+controller: SIGTERM, then SIGKILL after a grace) is recorded in the figures and never discards the other's. Exit
+code: 0 when both sides were measured, else the sum of 1 (ours failed), 2 (the peer failed), 4 (clean-up failed).
+
 Usage: .venv/bin/python benchmarks/peer_kubeflow.py [--jobs 300] [--nodes 300] [--out FILE]
 """
 
@@ -41,6 +45,22 @@ KF_VERSION = "v1.8.1"
 KF_JOB_LABEL = "training.kubeflow.org/job-name"
 CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # controller-runtime's default, as its pod mounts it
 REPLICAS = 4
+STOP_GRACE_SECONDS = 30.0
+OURS_FAILED, PEER_FAILED, CLEANUP_FAILED = 1, 2, 4
+
+
+def stop_process(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> str | None:
+    """SIGTERM, then SIGKILL once the grace is over; what had to be done when it did not stop by itself."""
+    if proc.poll() is not None:
+        return None
+    proc.terminate()
+    try:
+        proc.wait(grace)
+        return None
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+        return f"pid {proc.pid} did not exit within {grace:.0f} s of SIGTERM: killed"
 
 
 def training_operator() -> tuple[Path, Path]:
@@ -92,7 +112,10 @@ class PodWatch:
 
 def measure(name: str, cp: ControlPlane, api, namespace: str, job_label: str, submit, start, jobs: int,
             submitters: int, timeout: float) -> dict:
+    """The figures of one side; the controller is stopped at the end whatever happened (its clean-up's trouble,
+    if any, is in "stopped")."""
     controller, pid = start()
+    result: dict = {}
     try:
         time.sleep(5)  # informers synced, webhook certs written
         pods = PodWatch(api, namespace, job_label)
@@ -115,18 +138,28 @@ def measure(name: str, cp: ControlPlane, api, namespace: str, job_label: str, su
         counts = audit.requests(cp.audit_log, start=t0, end=t_running + 3, namespace=namespace)
         exists = [pods.exists_at[n] - submitted[n] for n in names]
         running = [pods.running_at[n] - submitted[n] for n in names]
-        return {
+        result = {
             "creation_jobs_per_s": jobs / (max(pods.exists_at.values()) - t0),
             "pods_exist_p50_s": scale.percentile(exists, 50), "pods_exist_p99_s": scale.percentile(exists, 99),
             "running_p50_s": scale.percentile(running, 50), "running_p99_s": scale.percentile(running, 99),
             "peak_rss_mb": rss["VmHWM"] / 1024, "writes_per_job": audit.writes(counts) / jobs,
             "requests": {f"{v} {r}": n for (v, r), n in counts.items()},
+            "load_average": os.getloadavg(),
         }
+        return result
     finally:
-        controller()
+        try:
+            stopped = controller()
+        except Exception as exc:  # the figures are taken: a controller that will not stop must not lose them
+            stopped = f"{type(exc).__name__}: {exc}"
+        if stopped:
+            result["stopped"] = stopped
 
 
-def main() -> None:
+OURS, PEER = "finetunejob-operator", f"kubeflow training-operator {KF_VERSION}"
+
+
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--nodes", type=int, default=300)
@@ -138,6 +171,8 @@ def main() -> None:
     if 2 * args.jobs * REPLICAS > args.nodes * 8:
         parser.error("the two runs together need more GPUs than the fake nodes have")
     binary, kf_crd = training_operator()
+    figures: dict[str, dict] = {}
+    failed = 0
     cp = ControlPlane(build_binaries(), apiserver_args=["--disable-admission-plugins=TaintNodesByCondition",
                                                         "--max-requests-inflight=800"]).start()
     try:
@@ -164,7 +199,12 @@ def main() -> None:
 
         def start_ours():
             op = OperatorProcess(cp.audited_kubeconfig, cp.work / "operator.log", workers=16).start()
-            return op.stop, op.proc.pid
+
+            def stop() -> str | None:
+                said = stop_process(op.proc)
+                op.log.close()
+                return said
+            return stop, op.proc.pid
 
         def mount_webhook_certs() -> None:
             """What the kubelet does in its pod: the cert Secret, once its rotator filled it, appears as files in
@@ -193,27 +233,62 @@ def main() -> None:
                                          "MY_POD_NAMESPACE": "kubeflow"}, stdout=log, stderr=subprocess.STDOUT)
             mount_webhook_certs()
 
-            def stop() -> None:
-                proc.terminate()
-                proc.wait(30)
+            def stop() -> str | None:
+                said = stop_process(proc)
                 log.close()
+                return said
             return stop, proc.pid
 
-        figures = {
-            "finetunejob-operator": measure(
+        sides = (
+            (OURS, OURS_FAILED, lambda: measure(
                 "ftj", cp, api, "ours", c.LABEL_JOB,
                 lambda job: custom.create_namespaced_custom_object(c.GROUP, c.VERSION, "ours", c.PLURAL,
                                                                    scale.job_doc(job, "ours", REPLICAS)),
-                start_ours, args.jobs, args.submitters, args.timeout),
-            f"kubeflow training-operator {KF_VERSION}": measure(
+                start_ours, args.jobs, args.submitters, args.timeout)),
+            (PEER, PEER_FAILED, lambda: measure(
                 "ptj", cp, api, "kubeflow-jobs", KF_JOB_LABEL,
                 lambda job: custom.create_namespaced_custom_object("kubeflow.org", "v1", "kubeflow-jobs",
                                                                    "pytorchjobs", pytorchjob(job, "kubeflow-jobs")),
-                start_kubeflow, args.jobs, args.submitters, args.timeout),
-        }
+                start_kubeflow, args.jobs, args.submitters, args.timeout)),
+        )
+        for label, bit, run in sides:
+            try:
+                figures[label] = run()
+            except Exception as exc:  # one side's failure never discards the other's figures
+                figures[label] = {"failed": f"{type(exc).__name__}: {exc}"}
+                failed |= bit
+            if figures[label].get("stopped"):
+                failed |= CLEANUP_FAILED
+            save(args.out, figures)
+    except Exception as exc:
+        figures["setup"] = {"failed": f"{type(exc).__name__}: {exc}"}
+        failed |= CLEANUP_FAILED if figures else OURS_FAILED | PEER_FAILED
     finally:
-        cp.stop()
-    ours, theirs = figures.values()
+        try:
+            cp.stop()
+        except Exception as exc:
+            figures["cleanup"] = {"failed": f"{type(exc).__name__}: {exc}"}
+            failed |= CLEANUP_FAILED
+        save(args.out, figures)
+    report(args, figures)
+    return failed
+
+
+def save(out: Path | None, figures: dict) -> None:
+    if out is not None:
+        out.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def report(args: argparse.Namespace, figures: dict) -> None:
+    ours, theirs = figures.get(OURS, {}), figures.get(PEER, {})
+    for label, side in ((OURS, ours), (PEER, theirs)):
+        if "failed" in side or "stopped" in side:
+            print(f"{label}: {side.get('failed') or side.get('stopped')}")
+    if "creation_jobs_per_s" not in ours or "creation_jobs_per_s" not in theirs:
+        for label, side in ((OURS, ours), (PEER, theirs)):
+            if "creation_jobs_per_s" in side:
+                print(f"{label}: {json.dumps({k: v for k, v in side.items() if k != 'requests'})}")
+        return
     print(f"\n{args.jobs} jobs x {REPLICAS} pods x 1 GPU on {args.nodes} kwok nodes x 8 GPUs, one control plane")
     print(f"{'':<34}{'FineTuneJob':>14}{'PyTorchJob':>14}{'ratio':>8}")
     for key, label, better in (("creation_jobs_per_s", "creation, jobs/s (pods exist)", "higher"),
@@ -226,10 +301,9 @@ def main() -> None:
         ratio = ours[key] / theirs[key] if better == "higher" else theirs[key] / max(ours[key], 1e-9)
         print(f"{label:<34}{ours[key]:>14.2f}{theirs[key]:>14.2f}{ratio:>7.2f}x")
     print("(ratio > 1: FineTuneJob better)")
-    if args.out:
-        args.out.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    main()
-    os._exit(0)  # watch threads may sit in reads of the stopped apiserver
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # watch threads may sit in reads of the stopped apiserver
