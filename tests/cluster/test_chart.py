@@ -278,7 +278,39 @@ def test_service_monitor_and_dashboard_are_off_by_default_and_render_when_asked(
     assert "ServiceMonitor" not in no_metrics
 
 
+UPGRADE = "kubectl apply --server-side --force-conflicts -f charts/finetunejob/crds/"
+
+
 def test_notes_tell_how_to_upgrade_the_crd(installed):
     out = installed  # what `helm install` printed
-    assert "kubectl apply --server-side -f charts/finetunejob/crds/" in out
+    assert UPGRADE in out and UPGRADE in (ROOT / "README.md").read_text()
     assert "kubectl get finetunejobs -w" in out
+
+
+def test_the_documented_crd_upgrade_works_on_a_crd_that_helm_installed(helm, kubectl, tmp_path):
+    """The session's CRD was applied by kubectl, so helm would skip it: the same CRD under another group, in a
+    chart of its own, is installed by helm, then upgraded with the command the NOTES give."""
+    def crd(description: str) -> str:
+        text = (ROOT / "charts" / "finetunejob" / "crds" / "finetunejob.yaml").read_text()
+        doc = yaml.safe_load(text.replace(c.GROUP, "upgrade-test.finetunejob.dev"))
+        doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = description
+        return yaml.safe_dump(doc)
+
+    chart = tmp_path / "chart"
+    (chart / "crds").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: crd-upgrade-test\nversion: 0.1.0\n")
+    (chart / "crds" / "finetunejob.yaml").write_text(crd("the chart's first version"))
+    helm("install", "crd-upgrade-test", str(chart), "--namespace", "default")
+    try:
+        name = f"{c.PLURAL}.upgrade-test.finetunejob.dev"
+        assert "helm" in json.dumps(kubectl.json("get", "crd", name, "--show-managed-fields")["metadata"])
+        (chart / "crds" / "finetunejob.yaml").write_text(crd("the chart's next version"))
+        old = kubectl.run("apply", "--server-side", "-f", str(chart / "crds"), check=False)
+        assert old.returncode != 0 and "conflict" in old.stderr.lower()  # what the README used to say
+        args = UPGRADE.split()[1:-1] + [str(chart / "crds")]
+        kubectl.run(*args)
+        schema = kubectl.json("get", "crd", name)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        assert schema["description"] == "the chart's next version"
+    finally:
+        helm("uninstall", "crd-upgrade-test", "--namespace", "default", check=False)
+        kubectl.run("delete", "crd", f"{c.PLURAL}.upgrade-test.finetunejob.dev", "--ignore-not-found", check=False)

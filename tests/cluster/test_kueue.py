@@ -123,7 +123,7 @@ def test_suspending_an_admitted_job_deactivates_its_workload_without_a_loop(queu
     gang(kubectl, queued, "paused")
     wait_phase(kubectl, queued, "paused", "Running", operator, timeout=60)
     kubectl.run("patch", "ftj", "paused", "-n", queued, "--type=merge", "-p",
-                json.dumps({"spec": {"runPolicy": {"suspend": True}}}))
+                json.dumps({"spec": {"suspend": True}}))
     st = wait_phase(kubectl, queued, "paused", "Suspended", operator, timeout=60)
     assert "deactivated" in st["message"]
     wait_for(lambda: workload_of(kubectl, queued, "paused")["spec"]["active"] is False, 30, "deactivated", operator)
@@ -135,7 +135,7 @@ def test_suspending_an_admitted_job_deactivates_its_workload_without_a_loop(queu
     wait_phase(kubectl, queued, "meanwhile", "Running", operator, timeout=60)
     finish(kubectl, queued, "meanwhile")
     kubectl.run("patch", "ftj", "paused", "-n", queued, "--type=merge", "-p",
-                json.dumps({"spec": {"runPolicy": {"suspend": False}}}))
+                json.dumps({"spec": {"suspend": False}}))
     wait_phase(kubectl, queued, "paused", "Running", operator, timeout=90, nodes="2/2")
     assert workload_of(kubectl, queued, "paused")["spec"]["active"] is True
 

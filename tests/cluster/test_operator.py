@@ -140,12 +140,12 @@ def test_suspend_stops_pods_and_resume_continues_the_same_attempt(kubectl, opera
     submit(kubectl, namespace, "pausable")
     running(kubectl, namespace, "pausable", operator)
     kubectl.run("patch", "ftj", "pausable", "-n", namespace, "--type=merge", "-p",
-                '{"spec": {"runPolicy": {"suspend": true}}}')
+                '{"spec": {"suspend": true}}')
     wait_phase(kubectl, namespace, "pausable", "Suspended", operator)
     assert kubectl.json("get", "job", "pausable-a1", "-n", namespace)["spec"]["suspend"] is True
     wait_for(lambda: attempt_pods(kubectl, namespace, "pausable", 1) == [], what="pods gone", op=operator)
     kubectl.run("patch", "ftj", "pausable", "-n", namespace, "--type=merge", "-p",
-                '{"spec": {"runPolicy": {"suspend": false}}}')
+                '{"spec": {"suspend": false}}')
     st = wait_phase(kubectl, namespace, "pausable", "Running", operator, attempt=1)
     assert st["restarts"] == 0
 

@@ -187,7 +187,7 @@ def test_killed_node_gang_restarts_and_resumes_without_redoing_work(runtime, cha
 @pytest.mark.parametrize("runtime", ["processes"], indirect=True)  # ten stop/resume cycles: fast starts
 def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_step(
         runtime, chart_operator, kubectl, control_plane, namespace, tiny_model_dir, tmp_path):
-    """spec.runPolicy.suspend, flipped at random moments (startup, data preparation, mid-step, at a checkpoint):
+    """spec.suspend, flipped at random moments (startup, data preparation, mid-step, at a checkpoint):
     every node gets SIGTERM from its pod's deletion, the ranks agree on one stop step, save one checkpoint and exit
     143; the resumed gang starts right after it. Seeded, so a failure replays."""
     rng = random.Random(20261123)
@@ -208,7 +208,7 @@ def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_s
                     assert time.monotonic() < deadline, f"cycle {cycle}: no step after {done}"
                     time.sleep(0.2)
                 time.sleep(rng.uniform(0.0, 3.0))
-            kubectl.run(*suspend, json.dumps({"spec": {"runPolicy": {"suspend": True}}}))
+            kubectl.run(*suspend, json.dumps({"spec": {"suspend": True}}))
             wait_status(kubectl, namespace, lambda s: s.get("phase") == "Suspended", 60, chart_operator, runner)
             live = [n for n, p in runner.processes.items() if n not in stopped]
             deadline = time.monotonic() + 120
@@ -217,7 +217,7 @@ def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_s
             codes = {n: runner.processes[n].poll() for n in live}
             assert len(codes) == 2 and set(codes.values()) == {143}, (cycle, codes)  # stopped, never crashed
             stopped += live
-            kubectl.run(*suspend, json.dumps({"spec": {"runPolicy": {"suspend": False}}}))
+            kubectl.run(*suspend, json.dumps({"spec": {"suspend": False}}))
         st = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", 180, chart_operator, runner)
     assert (st["attempt"], st["restarts"]) == (1, 0), st  # a suspend is not a failure
     steps = [r["step"] for r in progress_records(tmp_path) if "step" in r]

@@ -66,3 +66,26 @@ def test_termination_message_is_capped(tmp_path, monkeypatch):
     launch.write_termination_message({"exitCode": 0, "reason": "Succeeded", "data": "x" * 10000, "steps": 5})
     text = target.read_text()
     assert len(text) <= launch.MAX_TERMINATION_MESSAGE and '"steps": 5' in text
+
+
+def test_a_requested_stop_leaves_no_traceback_in_the_pod_log(monkeypatch):
+    from finetune_trainer import launch
+
+    monkeypatch.setattr(launch, "STOPS", [15])
+    quiet = launch.QuietStop()
+    log = ["W agent: Received 15 death signal, shutting down workers\n", "Traceback (most recent call last):\n",
+           '  File "torch/distributed/run.py", line 1, in <module>\n', "    main()\n",
+           "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15\n",
+           "Traceback (most recent call last):\n", '  File "x.py", line 2, in f\n', "RuntimeError: a real crash\n"]
+    out = [kept for line in log for kept in quiet.filter(line)] + quiet.flush()
+    assert out[0].startswith("W agent") and "a requested stop" in out[1] and "SignalException" not in "".join(out)
+    assert out[-3:] == log[-3:]  # any other traceback passes unchanged
+
+
+def test_without_a_stop_every_traceback_passes(monkeypatch):
+    from finetune_trainer import launch
+
+    monkeypatch.setattr(launch, "STOPS", [])
+    quiet = launch.QuietStop()
+    log = ["Traceback (most recent call last):\n", "  File 'x', line 1\n", "SignalException: x\n"]
+    assert [kept for line in log for kept in quiet.filter(line)] == log

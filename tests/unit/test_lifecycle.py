@@ -114,8 +114,10 @@ def test_retryable_failure_restarts_the_whole_gang_after_backoff():
     ready = plan(job(), observe(later.status, [], [], now=T0 + timedelta(seconds=10)), SETTINGS)
     assert ready.create_attempt == 2 and ready.resume_from == "/output/checkpoint-40"
     assert ready.status["phase"] == "Restarting"
-    assert [(e.type, e.reason, e.message) for e in ready.events] == [
+    # Said with the creation itself (reconcile posts it only when the Job is really created: once, not per pass).
+    assert [(e.type, e.reason, e.message) for e in ready.create_events] == [
         ("Normal", "Resuming", "attempt 2 starts from /output/checkpoint-40 (step 40)")]
+    assert ready.events == []
 
 
 def test_restart_waits_until_the_old_gang_is_gone():
@@ -153,7 +155,7 @@ def test_backoff_doubles_and_is_capped():
 
 
 def test_suspend_stops_the_attempt_and_resume_continues_it():
-    p = plan(job(**{"spec.runPolicy.suspend": True}), observe(running_status(), [workload(1)], [pod(0), pod(1)]))
+    p = plan(job(**{"spec.suspend": True}), observe(running_status(), [workload(1)], [pod(0), pod(1)]))
     assert p.suspend_workload == ("test-job-a1", True) and p.status["phase"] == "Suspended"
     assert conditions(p)["Suspended"] == "True" and not p.delete_workloads
     resumed = plan(job(), observe(p.status, [workload(1, suspend=True)], []))
@@ -232,12 +234,12 @@ def test_a_stopped_attempts_progress_loses_its_eta_once():
     """Suspended, queued, restarting or failed: the ETA of the last attempt would read as current."""
     progress = {"phase": "Training", "step": 830, "maxSteps": 1000, "percent": 83, "eta": "0m04s"}
     status = running_status(progress=progress)
-    p = plan(job(**{"spec.runPolicy.suspend": True}), observe(status, [workload(1)], [pod(0), pod(1)]))
+    p = plan(job(**{"spec.suspend": True}), observe(status, [workload(1)], [pod(0), pod(1)]))
     assert p.status["phase"] == "Suspended"
     assert p.status["progress"] == {"phase": "Stopped", "eta": None,
                                     "message": "the last report of attempt 1, which is not running"}
     stopped = {**status, **p.status, "progress": {**progress, "phase": "Stopped", "eta": None}}
-    again = plan(job(**{"spec.runPolicy.suspend": True}), observe(stopped, [workload(1, suspend=True)], []))
+    again = plan(job(**{"spec.suspend": True}), observe(stopped, [workload(1, suspend=True)], []))
     assert "progress" not in again.status  # said once
     running = plan(job(), observe(status, [workload(1)], [pod(0), pod(1)]))
     assert "progress" not in running.status
@@ -371,6 +373,18 @@ def test_resuming_without_kueue_reads_resuming_not_queued():
     assert (p.status["phase"], p.status["reason"]) == ("Pending", "Resuming")
 
 
+def test_gpus_and_global_batch_are_the_running_attempts_until_the_next_one():
+    st = running_status(gpus=16, globalBatchSize=16)
+    edited = job(**{"spec.distributed.numNodes": 4})  # 32 GPUs and twice the global batch, from the next attempt
+    p = plan(edited, observe(st, [workload(1)], [pod(0), pod(1)]))
+    assert (p.status["gpus"], p.status["globalBatchSize"]) == (16, 16)
+    failed = [pod(0, "Failed", 1), pod(1)]
+    restart = plan(edited, observe(p.status, [workload(1, failed=True)], failed), SETTINGS)
+    later = plan(edited, observe(restart.status, [], [], now=T0 + timedelta(seconds=30)), SETTINGS)
+    assert later.create_attempt == 2 and (later.status["gpus"], later.status["globalBatchSize"]) == (
+        32, edited.spec.global_batch_size) and edited.spec.global_batch_size == 32
+
+
 def test_nodes_come_from_the_running_attempt_not_from_an_edited_spec():
     two_node_attempt = {**workload(1), "spec": {"suspend": False, "parallelism": 2}}
     p = plan(job(**{"spec.distributed.numNodes": 3}), observe(running_status(), [two_node_attempt], [pod(0), pod(1)]))
@@ -380,7 +394,9 @@ def test_nodes_come_from_the_running_attempt_not_from_an_edited_spec():
     assert pending["status"] == "True" and "numNodes is 3, attempt 1 runs on 2 node(s)" in pending["message"]
     again = plan(job(), observe(p.status, [two_node_attempt], [pod(0), pod(1)]))  # the edit is undone
     cleared = next(cd for cd in again.status["conditions"] if cd["type"] == "TopologyChangePending")
-    assert cleared["status"] == "False" and cleared["message"] == ""
+    # A False condition says why (the job's reason) and what the job does now, not its own type and ''.
+    assert (cleared["status"], cleared["reason"]) == ("False", "Running")
+    assert cleared["message"].startswith("TopologyChangePending no longer holds: the job is Running")
     untouched = plan(job(), observe(running_status(), [two_node_attempt], [pod(0), pod(1)]))
     assert all(cd["type"] != "TopologyChangePending" for cd in untouched.status["conditions"])
 

@@ -8,7 +8,7 @@ import time
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import peer_kubeflow  # noqa: E402
+import peer_kubeflow
 
 
 def test_a_controller_that_ignores_sigterm_is_killed_after_its_grace():

@@ -263,7 +263,7 @@ def test_labels_and_kueue_queue_makes_workload_suspended():
 
 
 def test_suspend_and_scheduling_fields():
-    objs = render({"spec.runPolicy.suspend": True, "spec.pod.nodeSelector": {"pool": "a100"},
+    objs = render({"spec.suspend": True, "spec.pod.nodeSelector": {"pool": "a100"},
                    "spec.pod.priorityClassName": "high", "spec.pod.schedulerName": "volcano",
                    "spec.pod.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]})
     pod = objs["Job"]["spec"]["template"]["spec"]

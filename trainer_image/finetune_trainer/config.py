@@ -20,6 +20,7 @@ class TrainerConfig:
     output_dir: Path
     resume_from: str | None
     cache_dir: Path | None = None  # spec.data.cacheDir as rendered; None: <output>/.cache
+    job_uid: str | None = None  # the FineTuneJob this trainer reports to (its UID: a precondition of each write)
 
     @property
     def cache(self) -> Path:
@@ -42,6 +43,7 @@ def load_config(path: str | Path) -> TrainerConfig:
             output_dir=Path(doc["outputDir"]),
             resume_from=doc.get("resumeFrom"),
             cache_dir=Path(doc["cacheDir"]) if doc.get("cacheDir") else None,
+            job_uid=doc["job"].get("uid"),
         )
     except (KeyError, TypeError, ValidationError) as exc:
         raise ConfigError(f"invalid trainer config {path}: {exc}") from exc

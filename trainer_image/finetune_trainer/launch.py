@@ -109,6 +109,33 @@ def write_termination_message(summary: dict) -> None:
         pass  # not in a pod (no termination log): the summary is also on stdout
 
 
+class QuietStop:
+    """After a stop we forwarded (a suspend, a pod deletion, Ctrl-C), torchrun's agent re-raises the signal as a
+    SignalException with a traceback, in every pod's log, for a stop that went as asked. Such a traceback is replaced
+    by one line; any other traceback passes unchanged."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def filter(self, line: str) -> list[str]:
+        if self.held:
+            self.held.append(line)
+            if line.startswith((" ", "\t")):
+                return []
+            block, self.held = self.held, []
+            if "SignalException" in line:
+                return [f"finetune launch: torchrun stopped on the forwarded signal {STOPS[0]} (a requested stop)\n"]
+            return block
+        if STOPS and line.startswith("Traceback (most recent call last)"):
+            self.held = [line]
+            return []
+        return [line]
+
+    def flush(self) -> list[str]:
+        block, self.held = self.held, []
+        return block
+
+
 def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | None = None) -> int:
     """Runs torchrun as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every worker cleanly. Its
     stderr is passed through (the pod log) and its last lines kept in `tail`, to explain a crash."""
@@ -117,10 +144,14 @@ def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | No
 
     def relay() -> None:
         assert child.stderr is not None
+        quiet = QuietStop()
         for line in child.stderr:
-            sys.stderr.write(line)
+            for kept in quiet.filter(line):
+                sys.stderr.write(kept)
             if tail is not None:
                 tail.append(line)
+        for kept in quiet.flush():
+            sys.stderr.write(kept)
 
     reader = threading.Thread(target=relay, name="stderr", daemon=True)
     reader.start()

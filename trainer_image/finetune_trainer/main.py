@@ -259,7 +259,8 @@ def run(config_path: str) -> dict[str, Any]:
         check_access(cfg)
     from finetune_trainer.outputs.status_report import StatusReporter, Warnings
 
-    reporter = StatusReporter.in_cluster(cfg.namespace, cfg.job_name) if args.process_index == 0 else None
+    reporter = (StatusReporter.in_cluster(cfg.namespace, cfg.job_name, cfg.job_uid) if args.process_index == 0
+                else None)
     remote = None
     if cfg.spec.output.uri:  # a missing bucket or refused credentials fail now (77), not after training
         from finetune_trainer.outputs.remote_output import RemoteOutput
@@ -417,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     code, summary, unexpected = outcome(lambda: run(args.config))
     if unexpected is not None:
         log.error("training failed", exc_info=unexpected)
+    elif code == exit_codes.INTERRUPTED:  # a requested stop that went as asked: not an error in every pod's log
+        log.info("%s: %s", summary["reason"], summary["message"])
     elif code != exit_codes.SUCCESS:
         log.error("%s: %s", summary["reason"], summary["message"])
     write_result(code, summary)

@@ -31,7 +31,7 @@ LABEL_KUEUE_QUEUE: Final = f"{KUEUE_PREFIX}queue-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
 KUEUE_WORKLOADS: Final = "workloads"
-# On a Job the operator suspended itself (runPolicy.suspend, no Kueue): a Job suspended without it was suspended
+# On a Job the operator suspended itself (spec.suspend, no Kueue): a Job suspended without it was suspended
 # by someone else (Kueue's manageJobsWithoutQueueName), and the operator never unsuspends it.
 ANNOTATION_SUSPENDED: Final = f"{GROUP}/suspended-by-operator"
 

@@ -45,9 +45,6 @@ class RunPolicy(ApiModel):
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the FineTuneJob (and its children) this long after it finishes."
     )
-    suspend: bool = Field(
-        default=False, description="Stop the running attempt (checkpoints are kept); unset to resume from the last one."
-    )
     preflight: bool = Field(
         default=False,
         description="Before attempt 1 requests any GPU, check in one small CPU pod that the tokenizer and model "

@@ -52,7 +52,12 @@ class FineTuneJobSpec(ApiModel):
                                        "the validation loss and its perplexity: early stopping.")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment trackers (wandb, mlflow, "
                                    "...) besides TensorBoard.")
-    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and suspension.")
+    suspend: bool = Field(
+        default=False, description="Stop the running attempt: its pods get SIGTERM and save a checkpoint, their GPUs "
+        "are freed (under Kueue the workload is deactivated and its quota released); false again resumes from the "
+        "newest checkpoint. `kubectl patch ftj NAME --type=merge -p '{\"spec\":{\"suspend\":true}}'`, as for batch "
+        "Jobs, JobSet and TrainJob.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and stalls.")
     s3: S3Spec = Field(default_factory=S3Spec, description="The S3-compatible object storage that s3:// URIs use "
                        "(data paths, model.name, method.lora.initFrom, output.uri): endpoint, region, credentials "
                        "by Secret reference.")

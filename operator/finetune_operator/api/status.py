@@ -137,7 +137,7 @@ class FineTuneJobStatus(ApiModel):
                                      description="Since when the job is active again (absent while Queued or "
                                      "Suspended).")
     kueue_deactivated: bool | None = Field(default=None, description="The operator deactivated the attempt's Kueue "
-                                           "workload for runPolicy.suspend; it activates it again on resume.")
+                                           "workload for spec.suspend; it activates it again on resume.")
     notice: Notice | None = Field(default=None, description="The trainer's latest warning (a loss spike, a resume "
                                   "that changed the global batch ...), posted by the operator as a Warning Event.")
     notice_posted: str | None = Field(default=None, json_schema_extra={"format": "date-time"},

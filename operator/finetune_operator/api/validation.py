@@ -116,7 +116,7 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
         message = "unknown field"
         camel = to_camel(str(loc[-1]))
         fix = (f"write it as {camel} (the manifest's names are camelCase)" if camel in valid and camel != loc[-1]
-               else _training_argument_fix(root, loc) or (
+               else _training_argument_fix(root, loc) or MOVED_FIELDS.get(tuple(str(p) for p in loc)) or (
                    (f"did you mean {close[0]}? " if close else "") + f"valid fields here: {', '.join(valid)}"))
     elif kind == "literal_error":
         fix = f"use one of {ctx.get('expected')}"
@@ -263,6 +263,13 @@ def advice(spec: FineTuneJobSpec, pods: bool = True) -> list[str]:
     if spec.distributed.num_nodes > 1 and spec.distributed.gpus_per_node == 0:
         notes.append("a multi-node CPU job communicates over gloo; expect it to be slow beyond a smoke test")
     return notes
+
+
+# Fields that moved: where they are now.
+MOVED_FIELDS: dict[tuple[str, ...], str] = {
+    ("runPolicy", "suspend"): "it moved to spec.suspend (as on batch Jobs, JobSet and TrainJob): write "
+                              "spec.suspend: true",
+}
 
 
 def _training_argument_fix(root: type[BaseModel], loc: tuple[Any, ...]) -> str | None:

@@ -84,6 +84,9 @@ class Plan:
     kueue_active: tuple[str, bool] | None = None  # (Kueue Workload, active): a suspend of a Kueue-managed attempt
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
+    # Posted only when this pass really creates the attempt (a pass before the new Job reaches the cache plans the
+    # same creation again, which is skipped, and must not say it twice).
+    create_events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     restarted: bool = False  # this pass started a gang restart (for the restarts metric)
     rescheduled: bool = False  # this pass gave up on a partial gang (scheduleTimeoutSeconds): retried, not failed
@@ -202,7 +205,9 @@ def _post_notice(p: Plan, obs: Observed) -> None:
 
 def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
     spec, st, now = job.spec, p.status, obs.now
-    st["gpus"], st["globalBatchSize"] = spec.total_gpus, spec.global_batch_size
+    # GPUs and the global batch of the running attempt: an edit of the topology applies from the next attempt.
+    st.setdefault("gpus", spec.total_gpus)
+    st.setdefault("globalBatchSize", spec.global_batch_size)
     if not st.get("attempt"):
         # The message the first look at the attempt would write anyway: one status write fewer per job.
         st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
@@ -281,10 +286,11 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
         p.requeue(2)
         return
     p.create_attempt = st["attempt"]
+    st["gpus"], st["globalBatchSize"] = job.spec.total_gpus, job.spec.global_batch_size
     checkpoint = obs.status.get("checkpoint") or {}
     p.resume_from = checkpoint.get("path") if job.spec.checkpoints.resume == "auto" else None
     if p.resume_from:  # the trainer checks it was made by the same model and method (else exit 78, explained)
-        p.events.append(Event("Normal", "Resuming", f"attempt {st['attempt']} starts from {p.resume_from} "
+        p.create_events.append(Event("Normal", "Resuming", f"attempt {st['attempt']} starts from {p.resume_from} "
                                                     f"(step {checkpoint.get('step', 0)})"))
     st["nodes"] = f"0/{job.spec.distributed.num_nodes}"
     if st.get("phase") != "Restarting":
@@ -321,7 +327,7 @@ def _suspension(p: Plan, obs: Observed, workload: dict, want_suspend: bool, is_s
 def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) -> None:
     spec, st = job.spec, p.status
     nodes = attempt_nodes(workload, spec.distributed.num_nodes)  # the running attempt's topology, not an edit's
-    want_suspend = spec.run_policy.suspend
+    want_suspend = spec.suspend
     is_suspended = bool((workload.get("spec") or {}).get("suspend"))
     queued = _suspension(p, obs, workload, want_suspend, is_suspended)
     if nodes != spec.distributed.num_nodes and not _finished(workload):
@@ -339,13 +345,13 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         code, reason, message = classify_failure(obs.pods)
         _failed_attempt(p, job, obs, reason, message, code=code)
     elif want_suspend:
-        st.update(phase="Suspended", reason="Suspended", message="suspended by spec.runPolicy.suspend; "
+        st.update(phase="Suspended", reason="Suspended", message="suspended by spec.suspend; "
                   "checkpoints are kept and the job resumes from the newest one"
                   + ("; its Kueue workload is deactivated, so it holds no quota" if queued else ""))
     elif is_suspended and queued:
         reason, message = queueing.waiting(queueing.kueue_workload(obs.kueue_workloads, workload))
         st.update(phase="Queued", reason=reason, message=message)
-    elif is_suspended:  # our own unsuspend (spec.runPolicy.suspend cleared) is on its way
+    elif is_suspended:  # our own unsuspend (spec.suspend cleared) is on its way
         st.update(phase="Pending", reason="Resuming", message=f"attempt {st['attempt']}: resuming from the newest "
                   "checkpoint")
     elif running >= nodes:
@@ -504,14 +510,23 @@ def _set_conditions(p: Plan, obs: Observed) -> None:
         else:
             since = before.get("lastTransitionTime")
         reason, message = _condition_text(kind, st, p)
+        if value == "False":  # why it no longer holds: what the job is doing instead
+            reason, message = _condition_false(kind, st, before)
         conditions.append({
-            "type": kind, "status": value,
-            "reason": reason if value == "True" else (before or {}).get("reason", kind),
-            "message": message if value == "True" else "",
+            "type": kind, "status": value, "reason": reason, "message": message,
             "lastTransitionTime": since,
             "observedGeneration": obs.generation,
         })
     st["conditions"] = conditions
+
+
+def _condition_false(kind: str, st: dict[str, Any], before: dict[str, Any] | None) -> tuple[str, str]:
+    """A condition that stopped holding: the phase's reason and a short word on what the job does now."""
+    phase = st.get("phase") or "Pending"
+    if before is not None and before.get("status") == "False" and before.get("message"):
+        return before.get("reason") or phase, before["message"]  # unchanged since it became False
+    return st.get("reason") or phase, f"{kind} no longer holds: the job is {phase}" + (
+        f" ({exit_codes.short(st['message'], 200)})" if st.get("message") else "")
 
 
 def _condition_text(kind: str, st: dict[str, Any], p: Plan) -> tuple[str, str]:

@@ -123,17 +123,19 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         expectations.forget(("attempt", ns, name, obj["metadata"]["uid"], attempt_of(seen)))
         expectations.forget(("suspend", ns, seen["metadata"]["name"], bool((seen.get("spec") or {}).get("suspend"))))
 
-    def once(key: tuple[Any, ...], action: Callable[[], Any], ttl: float | None = None) -> None:
+    def once(key: tuple[Any, ...], action: Callable[[], Any], ttl: float | None = None) -> bool:
+        """True when the action ran now (False: the same write is still on its way)."""
         if expectations.pending(key):
             if ttl is None:
                 result.requeue(expectations.ttl)
-            return
+            return False
         expectations.record(key, ttl)  # before the write: passes of other jobs run concurrently
         try:
             action()
         except BaseException:
             expectations.forget(key)
             raise
+        return True
 
     for workload in result.delete_workloads:
         once(("delete", ns, workload), functools.partial(kube.delete_workload, ns, workload))
@@ -151,9 +153,11 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
              ttl=IDENTITY_TTL_SECONDS)
         ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=trainer_image,
                             job_labels=obj["metadata"].get("labels") or {},
-                            job_annotations=obj["metadata"].get("annotations") or {}, resume_from=result.resume_from)
+                            job_annotations=obj["metadata"].get("annotations") or {}, resume_from=result.resume_from,
+                            uid=obj["metadata"].get("uid"))
         render = render_preflight if creates == PREFLIGHT_ATTEMPT else render_all
-        once(("attempt", ns, name, obj["metadata"]["uid"], creates),
-             lambda: kube.apply_all(render(job.spec, ctx), owner=obj))
+        if once(("attempt", ns, name, obj["metadata"]["uid"], creates),
+                lambda: kube.apply_all(render(job.spec, ctx), owner=obj)):
+            result.events.extend(result.create_events)
     if result.delete_job:
         once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))

@@ -23,3 +23,5 @@ class RenderContext:
     cache_dir: str | None = None
     # Set when resuming an attempt from a checkpoint the operator recorded in status.checkpoint.
     resume_from: str | None = None
+    # The FineTuneJob's UID: its trainer writes only to the object with this UID (a precondition of each report).
+    uid: str | None = None

@@ -21,7 +21,8 @@ def trainer_config(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": TRAINER_CONFIG_KIND,
-        "job": {"name": ctx.name, "namespace": ctx.namespace},
+        "job": {"name": ctx.name, "namespace": ctx.namespace, **({"uid": ctx.uid} if ctx.uid else {}),
+                "attempt": ctx.attempt},
         "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True),
         "trainingArguments": training_arguments(spec, ctx),
         "outputDir": ctx.output_dir,

@@ -31,7 +31,7 @@ def spec_hash(spec: FineTuneJobSpec) -> str:
 
 
 def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
-    d, run = spec.distributed, spec.run_policy
+    d = spec.distributed
     labels = attempt_labels(ctx, "trainer")
     # Every Kueue label and annotation users put on the FineTuneJob (queue name, priority class, ...) reaches the
     # Job, which Kueue manages.
@@ -39,7 +39,7 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
     kueue_annotations = {k: v for k, v in ctx.job_annotations.items() if k.startswith(c.KUEUE_PREFIX)}
     queue = kueue_labels.get(c.LABEL_KUEUE_QUEUE)
     annotations = {c.ANNOTATION_SPEC_HASH: spec_hash(spec), **kueue_annotations}
-    if run.suspend and not queue:  # our own suspend (controller/queueing.py tells it from Kueue's)
+    if spec.suspend and not queue:  # our own suspend (controller/queueing.py tells it from Kueue's)
         annotations[c.ANNOTATION_SUSPENDED] = "true"
     return {
         "apiVersion": "batch/v1",
@@ -56,7 +56,7 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
             "parallelism": d.num_nodes,
             "backoffLimit": 0,
             # Kueue admits a queued workload by unsuspending it, so a queued job starts suspended.
-            "suspend": run.suspend or bool(queue),
+            "suspend": spec.suspend or bool(queue),
             "podReplacementPolicy": "Failed",
             "template": _pod_template(spec, ctx, labels),
         },

@@ -27,11 +27,15 @@ class StatusReporter:
     name: str
     ssl_context: ssl.SSLContext
     min_interval: float = 10.0
+    # The FineTuneJob this trainer was started for: a precondition of every write, so a report never lands on a job
+    # deleted and created again under the same name (the apiserver answers 409).
+    uid: str | None = None
     _last: float = float("-inf")
     failures: int = 0
+    refused_as_stale: bool = False
 
     @classmethod
-    def in_cluster(cls, namespace: str, name: str) -> "StatusReporter | None":
+    def in_cluster(cls, namespace: str, name: str, uid: str | None = None) -> "StatusReporter | None":
         host, port = os.environ.get(c.ENV_KUBERNETES_SERVICE_HOST), os.environ.get(c.ENV_KUBERNETES_SERVICE_PORT, "443")
         sa_dir = os.environ.get(c.ENV_SERVICEACCOUNT_DIR, c.SERVICEACCOUNT_DIR)
         token_file = os.path.join(sa_dir, "token")
@@ -40,7 +44,7 @@ class StatusReporter:
         with open(token_file, encoding="utf-8") as f:
             token = f.read().strip()
         context = ssl.create_default_context(cafile=os.path.join(sa_dir, "ca.crt"))
-        return cls(f"https://{host}:{port}", token, namespace, name, context)
+        return cls(f"https://{host}:{port}", token, namespace, name, context, uid=uid)
 
     @property
     def url(self) -> str:
@@ -49,15 +53,25 @@ class StatusReporter:
     def report(self, status: dict[str, Any], force: bool = False) -> bool:
         """Sends the patch unless one was sent within min_interval (force: the final report). True if sent."""
         now = time.monotonic()
-        if not force and now - self._last < self.min_interval:
+        if self.refused_as_stale or (not force and now - self._last < self.min_interval):
             return False
         self._last = now
-        body = json.dumps({"status": status}).encode()
+        precondition = {"metadata": {"uid": self.uid}} if self.uid else {}
+        body = json.dumps({**precondition, "status": status}).encode()
         request = urllib.request.Request(self.url, data=body, method="PATCH", headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/merge-patch+json"})
         try:
             with urllib.request.urlopen(request, timeout=5, context=self.ssl_context) as response:
                 return 200 <= response.status < 300
+        except urllib.error.HTTPError as exc:
+            self.failures += 1
+            if exc.code == 409 and self.uid:  # the job was deleted (and maybe created again): not ours any more
+                self.refused_as_stale = True
+                log.warning("%s is no longer the FineTuneJob this trainer was started for (UID %s); no more "
+                            "progress reports", self.url, self.uid)
+            else:
+                log.warning("progress report to %s failed (%s); training continues", self.url, exc)
+            return False
         except (urllib.error.URLError, OSError, ValueError) as exc:
             self.failures += 1
             log.warning("progress report to %s failed (%s); training continues", self.url, exc)
