@@ -48,7 +48,8 @@ def test_more_gpus_per_node_than_any_node_has_reads_unschedulable(kubectl, opera
     st = wait_status(kubectl, namespace, "too-big", lambda s: s.get("reason") == "Unschedulable", operator)
     # At once, from the nodes' shape (the chart's nodeShapeCheck), before the scheduler's first try is even read.
     assert time.monotonic() - started < 8, time.monotonic() - started
-    assert "gpusPerNode is 16, but the largest node" in st["message"] and "has 8 nvidia.com/gpu" in st["message"]
+    assert "gpusPerNode is 16, but the largest of the cluster's nodes" in st["message"]
+    assert "has 8 nvidia.com/gpu" in st["message"]
     # Then the scheduler's own words, once the waiting gang is looked at (same reason: no second Event).
     st = wait_status(kubectl, namespace, "too-big", lambda s: "Insufficient nvidia.com/gpu" in s.get("message", ""),
                      operator)
@@ -139,3 +140,34 @@ def test_an_image_that_cannot_be_pulled_reads_image_pull_failed(kubectl, operato
     assert waiting["status"] == "True" and waiting["reason"] == "ImagePullFailed"
     events = [e for e in warning_events(kubectl, namespace, "bad-image") if e["reason"] == "ImagePullFailed"]
     assert len(events) == 1 and image in events[0]["message"], events
+
+
+def test_a_gang_the_cluster_can_never_hold_warns_at_once_and_stops_retrying(kubectl, operator, namespace):
+    """3 x 8 GPUs where the nodes hold 2 such pods (the kwok GPU nodes of this session may grow, so the nodes the job
+    may use are narrowed by a selector to the two it starts with)."""
+    nodes = [n["metadata"]["name"] for n in kubectl.json("get", "nodes")["items"]
+             if n["metadata"]["name"].startswith("gpu-node-")][:2]
+    for node in nodes:
+        kubectl.run("label", "node", node, f"{POOL}=never-fits", "--overwrite")
+    submit(kubectl, namespace, "never-fits", **{
+        "spec.distributed.numNodes": 3, "spec.distributed.gpusPerNode": 8, "spec.training.precision": "bf16",
+        "spec.pod.nodeSelector": {POOL: "never-fits"}, "spec.runPolicy.scheduleTimeoutSeconds": 15,
+        "spec.runPolicy.scheduleRetryLimit": 1})
+    st = wait_status(kubectl, namespace, "never-fits", lambda s: s.get("reason") == "InsufficientCapacity", operator,
+                     timeout=20)
+    assert "hold 2 such pod(s) (16 nvidia.com/gpu on 2 node(s))" in st["message"]
+    assert any(e["reason"] == "InsufficientCapacity" for e in warning_events(kubectl, namespace, "never-fits"))
+    st = wait_status(kubectl, namespace, "never-fits", lambda s: s.get("phase") == "Failed", operator, timeout=120)
+    assert st["reason"] == "ScheduleRetriesExhausted" and st["scheduleRetries"] == 1
+    assert not kubectl.json("get", "pods", "-n", namespace, "-l", f"{c.LABEL_JOB}=never-fits")["items"] or all(
+        p["metadata"].get("deletionTimestamp") for p in kubectl.json(
+            "get", "pods", "-n", namespace, "-l", f"{c.LABEL_JOB}=never-fits")["items"])  # no GPU held
+
+
+def test_a_gang_above_the_namespaces_gpu_quota_fails_at_once(kubectl, operator, namespace):
+    kubectl.run("create", "quota", "gpus", "-n", namespace, "--hard=requests.nvidia.com/gpu=12")
+    submit(kubectl, namespace, "over-quota", **{"spec.distributed.numNodes": 2, "spec.distributed.gpusPerNode": 8,
+                                               "spec.training.precision": "bf16"})
+    st = wait_status(kubectl, namespace, "over-quota", lambda s: s.get("phase") == "Failed", operator, timeout=20)
+    assert st["reason"] == "QuotaTooSmall" and "ResourceQuota gpus of this namespace allows 12" in st["message"]
+    assert not kubectl.json("get", "jobs", "-n", namespace)["items"]  # nothing created, no GPU ever requested

@@ -536,21 +536,68 @@ def test_kueue_jobs_are_never_torn_down_for_scheduling():
     assert plan(spec, obs, SETTINGS).delete_workloads == []
 
 
+def gpu_node(name, gpus=8, **extra):
+    return {"name": name, "labels": {}, "taints": [], "unschedulable": False,
+            "allocatable": {"nvidia.com/gpu": str(gpus)}, **extra}
+
+
 def test_more_gpus_per_node_than_the_largest_node_has_is_a_warning_at_once():
     sixteen = job(**{"spec.distributed.gpusPerNode": 16})
     obs = Observed(name="test-job", namespace="ns", generation=1, labels={}, status={}, workloads=[], pods=[], now=T0,
-                   largest_node=("gpu-node-3", 8))
+                   nodes=[gpu_node(f"gpu-node-{i}") for i in range(4)])
     p = plan(sixteen, obs, SETTINGS)
     assert p.create_attempt == 1  # still created: an autoscaler may add a bigger node
     assert (p.status["phase"], p.status["reason"]) == ("Pending", "Unschedulable")
-    assert "gpusPerNode is 16, but the largest node (gpu-node-3) has 8 nvidia.com/gpu" in p.status["message"]
+    assert "gpusPerNode is 16, but the largest of the cluster's nodes (gpu-node-0) has 8 nvidia.com/gpu" in \
+        p.status["message"]
     assert "numNodes 4 x gpusPerNode 8" in p.status["message"]
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "Unschedulable")]
     assert {cd["type"]: cd["status"] for cd in p.status["conditions"]}["Waiting"] == "True"
-    fits = plan(job(), Observed(**{**obs.__dict__, "largest_node": ("gpu-node-3", 8)}), SETTINGS)
+    fits = plan(job(), obs, SETTINGS)
     assert fits.status["reason"] == "Created" and fits.events[0].type == "Normal"
-    unknown = plan(sixteen, Observed(**{**obs.__dict__, "largest_node": None}), SETTINGS)
+    unknown = plan(sixteen, Observed(**{**obs.__dict__, "nodes": None}), SETTINGS)
     assert unknown.status["reason"] == "Created"  # nodes not readable: the scheduler will say it
+
+
+def test_a_gang_larger_than_the_nodes_it_may_use_says_so_at_once():
+    """4 x 8 GPUs on 3 nodes of 8 (and a fourth node it may not use: tainted, not tolerated)."""
+    big = job(**{"spec.distributed.numNodes": 4, "spec.distributed.gpusPerNode": 8})
+    nodes = [gpu_node(f"gpu-node-{i}") for i in range(3)] + [
+        gpu_node("tainted", taints=[{"key": "team", "value": "b", "effect": "NoSchedule"}])]
+    obs = Observed(name="test-job", namespace="ns", generation=1, labels={}, status={}, workloads=[], pods=[], now=T0,
+                   nodes=nodes)
+    p = plan(big, obs, SETTINGS)
+    assert p.create_attempt == 1 and (p.status["phase"], p.status["reason"]) == ("Pending", "InsufficientCapacity")
+    assert "the gang needs 4 pod(s) of 8 nvidia.com/gpu (32 in all), but the cluster's nodes hold 3 such pod(s) " \
+        "(24 nvidia.com/gpu on 3 node(s))" in p.status["message"]
+    assert "scheduleRetryLimit=5" in p.status["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "InsufficientCapacity")]
+    tolerant = job(**{"spec.distributed.numNodes": 4, "spec.distributed.gpusPerNode": 8,
+                      "spec.pod.tolerations": [{"key": "team", "operator": "Exists"}]})
+    assert plan(tolerant, obs, SETTINGS).status["reason"] == "Created"
+
+
+def test_a_gang_above_its_namespaces_quota_fails_at_once():
+    quota = {"metadata": {"name": "team-gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "12"}}}
+    obs = Observed(name="test-job", namespace="ns", generation=1, labels={}, status={}, workloads=[], pods=[], now=T0,
+                   nodes=[gpu_node("a"), gpu_node("b")], quotas=[quota])
+    p = plan(job(), obs, SETTINGS)  # 2 x 8 = 16 GPUs
+    assert p.create_attempt is None and (p.status["phase"], p.status["reason"]) == ("Failed", "QuotaTooSmall")
+    assert "the gang needs 16 nvidia.com/gpu (2 node(s) x 8), but ResourceQuota team-gpus of this namespace " \
+        "allows 12" in p.status["message"]
+    assert plan(job(**{"spec.distributed.gpusPerNode": 4}), obs, SETTINGS).create_attempt == 1
+
+
+def test_schedule_retries_are_bounded():
+    spec = job(**{"spec.runPolicy.scheduleTimeoutSeconds": 60, "spec.runPolicy.scheduleRetryLimit": 2})
+    created = {**workload(1), "metadata": {**workload(1)["metadata"], "creationTimestamp": ts(T0 - timedelta(
+        seconds=600))}, "spec": {"suspend": False, "parallelism": 2}, "status": {"conditions": [], "ready": 1}}
+    status = {"phase": "Pending", "attempt": 1, "restarts": 0, "scheduleRetries": 2}
+    obs = Observed(name="test-job", namespace="ns", generation=3, labels={}, status=status, workloads=[created],
+                   pods=[], now=T0, looked=True)
+    p = plan(spec, obs, SETTINGS)
+    assert (p.status["phase"], p.status["reason"]) == ("Failed", "ScheduleRetriesExhausted")
+    assert p.delete_workloads == ["test-job-a1"] and "after 2 retries" in p.status["message"]
 
 
 def test_a_trainer_notice_becomes_one_warning_event():
@@ -564,3 +611,18 @@ def test_a_trainer_notice_becomes_one_warning_event():
     assert again.events == []
     newer = {**status, **first.status, "notice": {**notice, "time": ts(T0 + timedelta(seconds=5))}}
     assert len(plan(job(), observe(newer, [workload(1)], [pod(0), pod(1)]), SETTINGS).events) == 1
+
+
+@pytest.mark.parametrize("pods", [
+    [],  # kubectl delete pod: gone before the operator looked
+    [pod(0, "Failed", 143), pod(1)],  # the trainer stopped on a SIGTERM nobody asked the job for
+    [{**pod(0, "Failed", 137), "status": {**pod(0, "Failed", 137)["status"], "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "Eviction API: "
+         "evicting"}]}}, pod(1)],
+], ids=["deleted", "sigterm-from-outside", "evicted"])
+def test_a_pod_stopped_from_outside_is_a_disruption_not_a_failure(pods):
+    st = running_status(restarts=3)
+    p = plan(job(**{"spec.runPolicy.backoffLimit": 3}), observe(st, [workload(1, failed=True)], pods), SETTINGS)
+    assert (p.status["phase"], p.status["reason"]) == ("Restarting", "Disrupted"), p.status
+    assert p.status["restarts"] == 3 and p.status["disruptions"] == 1  # backoffLimit 3 is not exceeded by it
+    assert "not counted against backoffLimit" in p.status["message"]

@@ -52,6 +52,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["list"]
+# A new job asking for more GPUs than the namespace's ResourceQuota allows fails at once (QuotaTooSmall).
+- apiGroups: [""]
+  resources: ["resourcequotas"]
+  verbs: ["get", "list"]
 # Kueue (when installed): the Workloads of our Jobs say why a queued job waits; a suspend of a Kueue-managed job
 # deactivates its Workload (spec.active) instead of fighting Kueue over the Job's spec.suspend.
 - apiGroups: ["kueue.x-k8s.io"]

@@ -63,6 +63,12 @@ class RunPolicy(ApiModel):
         description="Stop a run whose loss stays far above its first step's (e.g. a learning rate 1000x too high): "
         "by default 3 logged losses in a row above max(3 x first, first + 3).",
     )
+    schedule_retry_limit: int = Field(
+        default=5, ge=0, le=1000,
+        description="How many times a partial gang torn down after scheduleTimeoutSeconds is retried; then the job "
+        "fails (ScheduleRetriesExhausted) instead of grabbing its GPUs again and again. A gang larger than every "
+        "node its pods may use can hold together says so at once (InsufficientCapacity, a Warning).",
+    )
     stall_timeout_seconds: int | None = Field(
         default=1800, ge=60,
         description="Restart an attempt whose progress heartbeat is older than this; unset disables the watchdog.",

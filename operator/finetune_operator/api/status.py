@@ -117,6 +117,8 @@ class FineTuneJobStatus(ApiModel):
     restarts: int = Field(default=0, ge=0, description="Gang restarts so far (counted against backoffLimit).")
     schedule_retries: int = Field(default=0, ge=0, description="Partial gangs torn down after "
                                   "runPolicy.scheduleTimeoutSeconds and retried (not counted against backoffLimit).")
+    disruptions: int = Field(default=0, ge=0, description="Gang restarts because a pod was stopped from outside "
+                             "(deleted, evicted, preempted, a node drained): not counted against backoffLimit.")
     nodes: str | None = Field(default=None, max_length=32, description="Nodes running / nodes requested, e.g. 2/2.")
     gpus: int | None = Field(default=None, ge=0, description="GPUs requested by one attempt.")
     global_batch_size: int | None = Field(default=None, ge=1, description="Sequences per optimizer step.")

@@ -22,6 +22,7 @@ NODE_SHAPE_FORBIDDEN_RETRY_SECONDS = 600.0
 class Kube:
     def __init__(self, api_client: client.ApiClient):
         self.dyn = DynamicClient(api_client)
+        self.quotas = self.dyn.resources.get(api_version="v1", kind="ResourceQuota")
         self.ftj = self.dyn.resources.get(api_version=c.API_VERSION, kind=c.KIND)
         self.jobs = self.dyn.resources.get(api_version="batch/v1", kind="Job")
         self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
@@ -66,26 +67,36 @@ class Kube:
         items: list[dict[str, Any]] = self.events.get(namespace=namespace, field_selector=selector).to_dict()["items"]
         return items
 
-    def largest_node(self, resource: str) -> tuple[str, int] | None:
-        """(name, allocatable) of the node with the most of an extended resource, or None when the nodes cannot be
-        read (no RBAC for it) or none has any."""
+    def node_shapes(self) -> list[dict[str, Any]] | None:
+        """Every node's name, labels, taints, unschedulable flag and allocatable resources (cached for a while:
+        read for new jobs only), or None when the nodes cannot be read (no RBAC for it)."""
         with self._shape_lock:
-            expires, allocatable = self._shape
+            expires, shapes = self._shape
             if time.monotonic() >= expires:
                 try:
                     nodes = self.nodes.get().to_dict()["items"]
-                    allocatable = [{"name": n["metadata"]["name"], **((n.get("status") or {}).get("allocatable")
-                                                                     or {})} for n in nodes]
+                    shapes = [{"name": n["metadata"]["name"], "labels": n["metadata"].get("labels") or {},
+                               "taints": (n.get("spec") or {}).get("taints") or [],
+                               "unschedulable": bool((n.get("spec") or {}).get("unschedulable")),
+                               "allocatable": (n.get("status") or {}).get("allocatable") or {}} for n in nodes]
                     expires = time.monotonic() + NODE_SHAPE_TTL_SECONDS
                 except ApiException as exc:
                     if exc.status not in (401, 403):
                         raise
-                    allocatable = None
+                    shapes = None
                     expires = time.monotonic() + NODE_SHAPE_FORBIDDEN_RETRY_SECONDS
-                self._shape = (expires, allocatable)
-        counts = [(n["name"], _count(n.get(resource))) for n in allocatable or []]
-        best = max(counts, key=lambda item: item[1], default=None)
-        return best if best is not None and best[1] > 0 else None
+                self._shape = (expires, shapes)
+        return shapes
+
+    def resource_quotas(self, namespace: str) -> list[dict[str, Any]] | None:
+        """The namespace's ResourceQuotas (read for new jobs only), or None without the right to read them."""
+        try:
+            items: list[dict[str, Any]] = self.quotas.get(namespace=namespace).to_dict()["items"]
+        except ApiException as exc:
+            if exc.status not in (401, 403):
+                raise
+            return None
+        return items
 
     def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None) -> None:
         """Server-side apply, with the owner reference set for a job's children (not for namespace
@@ -153,11 +164,3 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
-
-
-def _count(quantity: Any) -> int:
-    """An extended resource's quantity (whole numbers only: GPUs are not divisible)."""
-    try:
-        return int(str(quantity))
-    except ValueError:
-        return 0

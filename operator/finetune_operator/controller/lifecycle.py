@@ -14,8 +14,9 @@ from ..api import exit_codes
 from ..api.errors import InvalidSpec
 from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
-from . import goodput, queueing
+from . import capacity, goodput, queueing
 from .observed import (
+    DISRUPTED,
     WAITING_REASONS,
     attempt_nodes,
     attempt_of,
@@ -33,7 +34,8 @@ from .settings import Settings
 
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "scheduleRetries",
                           "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
-                          "goodput", "preflight", "noticePosted", "kueueDeactivated", "activeSeconds", "activeSince")
+                          "goodput", "preflight", "noticePosted", "kueueDeactivated", "activeSeconds", "activeSince",
+                          "disruptions")
 CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
                    "Succeeded", "Failed")
 # A gang not fully running this long after its Job was created is looked at (its pods, its Job's events) to say
@@ -61,8 +63,10 @@ class Observed:
     # pods only while the gang waits past WAIT_GRACE_SECONDS.
     events: list[dict[str, Any]] = field(default_factory=list)
     looked: bool = False  # pods and events were read this pass (else an earlier pass's waiting reason stands)
-    # (name, allocatable GPUs) of the cluster's largest node, read for a job's first pass only (None: unknown)
-    largest_node: tuple[str, int] | None = None
+    # The nodes (name, labels, taints, allocatable) and the namespace's ResourceQuotas, read for a job's first pass
+    # only (None: not readable, or not read)
+    nodes: list[dict[str, Any]] | None = None
+    quotas: list[dict[str, Any]] | None = None
     # Kueue's Workloads of this job's Jobs (empty without Kueue)
     kueue_workloads: list[dict[str, Any]] = field(default_factory=list)
 
@@ -212,7 +216,8 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
         # The message the first look at the attempt would write anyway: one status write fewer per job.
         st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
                   message=f"attempt 1: 0/{spec.distributed.num_nodes} node(s) running")
-        _node_shape(st, job, obs)
+        if _never_fits(p, job, obs):
+            return
     attempt = st["attempt"]
     deadline = spec.run_policy.active_deadline_seconds
     active = active_seconds(st, now)
@@ -241,17 +246,40 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
         _observe_attempt(p, job, obs, current)
 
 
-def _node_shape(st: dict[str, Any], job: ValidatedJob, obs: Observed) -> None:
-    """A pod no node can hold says so at once (a Warning Event with the phase), not after the scheduler's first
-    try; the job is still created, as a cluster autoscaler may add a bigger node."""
-    d, resource = job.spec.distributed, job.spec.resources.gpu_resource_name
-    if obs.largest_node is None or d.gpus_per_node <= obs.largest_node[1]:
-        return
-    node, most = obs.largest_node
-    st.update(reason="Unschedulable", message=(
-        f"spec.distributed.gpusPerNode is {d.gpus_per_node}, but the largest node ({node}) has {most} {resource} "
-        f"allocatable: no node can run a pod of this job; ask for at most {most} per node (e.g. numNodes "
-        f"{-(-d.num_nodes * d.gpus_per_node // most)} x gpusPerNode {most}) or add nodes with more GPUs"))
+def _never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
+    """On the first pass, what the gang can never get says so at once instead of after scheduleTimeoutSeconds and a
+    retry after each: a ResourceQuota below its GPUs fails the job (True); too few GPUs on the nodes its pods may
+    use (their nodeSelector and tolerations), or no node big enough for one pod, is a Warning: a cluster
+    autoscaler may add nodes, and runPolicy.scheduleRetryLimit bounds the retries."""
+    st, d, resource = p.status, job.spec.distributed, job.spec.resources.gpu_resource_name
+    gang = d.num_nodes * d.gpus_per_node
+    quota = capacity.quota_limit(obs.quotas or [], resource) if gang else None
+    if quota is not None and gang > quota[1]:
+        _finish(p, obs, "Failed", "QuotaTooSmall", (
+            f"the gang needs {gang} {resource} ({d.num_nodes} node(s) x {d.gpus_per_node}), but ResourceQuota "
+            f"{quota[0]} of this namespace allows {quota[1]}: it can never run here; ask for at most {quota[1]} "
+            f"(numNodes x gpusPerNode) or have the quota raised"))
+        return True
+    if obs.nodes is None or not gang:
+        return False
+    pod = job.spec.pod
+    cap = capacity.capacity(obs.nodes, resource, dict(pod.node_selector or {}),
+                            [t.model_dump(by_alias=True, exclude_none=True) for t in pod.tolerations], d.gpus_per_node)
+    where = "the nodes its pods may use (nodeSelector, tolerations)" if pod.node_selector or pod.tolerations else \
+        "the cluster's nodes"
+    if cap.largest is not None and d.gpus_per_node > cap.largest[1]:
+        node, most = cap.largest
+        st.update(reason="Unschedulable", message=(
+            f"spec.distributed.gpusPerNode is {d.gpus_per_node}, but the largest of {where} ({node}) has {most} "
+            f"{resource} allocatable: no node can run a pod of this job; ask for at most {most} per node (e.g. "
+            f"numNodes {-(-gang // most)} x gpusPerNode {most}) or add nodes with more GPUs"))
+    elif cap.slots < d.num_nodes:
+        st.update(reason="InsufficientCapacity", message=(
+            f"the gang needs {d.num_nodes} pod(s) of {d.gpus_per_node} {resource} ({gang} in all), but {where} "
+            f"hold {cap.slots} such pod(s) ({cap.total} {resource} on {cap.nodes} node(s)): it cannot run until "
+            f"nodes are added; it is retried at most runPolicy.scheduleRetryLimit="
+            f"{job.spec.run_policy.schedule_retry_limit} time(s)"))
+    return False
 
 
 def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
@@ -395,6 +423,14 @@ def _schedule_timeout(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[
     not against backoffLimit (nothing failed); Kueue-managed jobs are left to Kueue."""
     st = p.status
     timeout = job.spec.run_policy.schedule_timeout_seconds
+    limit = job.spec.run_policy.schedule_retry_limit
+    if st.get("scheduleRetries", 0) >= limit:
+        detail = f"; {why[1]}" if why else ""
+        _finish(p, obs, "Failed", "ScheduleRetriesExhausted", (
+            f"attempt {st['attempt']}: {running}/{nodes} node(s) ran within scheduleTimeoutSeconds={timeout} after "
+            f"{limit} retries (runPolicy.scheduleRetryLimit){detail}; its pods were deleted"))
+        p.delete_workloads.append(workload["metadata"]["name"])
+        return
     st["scheduleRetries"] = st.get("scheduleRetries", 0) + 1
     st["attempt"] = st["attempt"] + 1
     p.delete_workloads.append(workload["metadata"]["name"])
@@ -409,6 +445,14 @@ def _schedule_timeout(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[
 def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, message: str, code: int | None) -> None:
     st = p.status
     limit = job.spec.run_policy.backoff_limit
+    if reason == DISRUPTED:  # stopped from outside: not the job's failure, never counted against backoffLimit
+        st["disruptions"] = st.get("disruptions", 0) + 1
+        st["attempt"] = st["attempt"] + 1
+        p.restarted = True
+        st.update(phase="Restarting", reason=reason,
+                  message=f"attempt {st['attempt'] - 1} was disrupted ({message}); the gang restarts from the newest "
+                          f"checkpoint (disruption {st['disruptions']}, not counted against backoffLimit)")
+        return
     if code is not None and exit_codes.is_permanent(code):
         _finish(p, obs, "Failed", reason, f"{message} (exit {code}: not retried)")
     elif st.get("restarts", 0) >= limit:

@@ -64,6 +64,21 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 MESSAGE_LIMIT = 3000  # a trainer's termination message is at most 4 KiB of JSON
+# A pod stopped from outside (deleted, evicted, preempted by the scheduler, its node drained): the gang restarts
+# from the newest checkpoint, counted in status.disruptions, not against backoffLimit.
+DISRUPTED = "Disrupted"
+
+
+def _disruption(pod: dict[str, Any]) -> str | None:
+    """Why a pod was stopped from outside, or None: the API's DisruptionTarget condition (eviction, preemption,
+    taint manager, pod GC), or the trainer's own 143 (it stopped on a SIGTERM nobody asked the job for)."""
+    for cd in (pod.get("status") or {}).get("conditions") or []:
+        if cd.get("type") == "DisruptionTarget" and cd.get("status") == "True":
+            return f"{cd.get('reason') or 'disrupted'}: {cd.get('message') or 'the pod was stopped from outside'}"
+    term = _terminated(pod)
+    if term is not None and term.get("exitCode") == exit_codes.INTERRUPTED:
+        return "stopped by a SIGTERM from outside the job (kubectl delete pod, a drain); it saved a checkpoint"
+    return None
 
 
 def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
@@ -74,6 +89,10 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
     for pod in pods:
         status = pod.get("status") or {}
         term = _terminated(pod)
+        disruption = _disruption(pod)
+        if disruption is not None:
+            failures.append((None, DISRUPTED, f"{pod['metadata']['name']}: {disruption}"))
+            continue
         if term is not None and term.get("exitCode", 0) != 0:
             code = int(term["exitCode"])
             reason, message = exit_codes.reason(code), term.get("message") or ""
@@ -90,8 +109,9 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
         elif status.get("phase") == "Failed":
             failures.append((None, status.get("reason") or "PodFailed",
                              f"{pod['metadata']['name']}: {status.get('message') or status.get('reason') or 'failed'}"))
-    if not failures:
-        return None, "PodFailed", "a node of the attempt failed and its pod is gone"
+    if not failures:  # its pod is gone: deleted by someone (kubectl delete pod, a drain, the pod GC)
+        return None, DISRUPTED, ("a pod of the attempt was deleted (kubectl delete pod, a drain, an eviction) before "
+                                 "it could say why; nothing in the job failed")
     failures.sort(key=lambda f: (not exit_codes.is_permanent(f[0] or 0), f[0] is None))
     return failures[0]
 
@@ -99,7 +119,8 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
 # Why a gang waits, from its pods and its Job's events, most specific first.
 IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CREATE_CONTAINER_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
-WAITING_REASONS = ("ImagePullFailed", "CreateContainerError", "Unschedulable", "QuotaExceeded", "PodFailedToStart")
+WAITING_REASONS = ("ImagePullFailed", "CreateContainerError", "Unschedulable", "QuotaExceeded", "PodFailedToStart",
+                   "InsufficientCapacity")
 
 
 def waiting_reason(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[str, str] | None:

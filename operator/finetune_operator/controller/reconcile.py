@@ -103,13 +103,15 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
     events = kube.list_job_events(view.namespace, current["metadata"]["name"]) if waiting and current else []
     # A new job asking for GPUs: does any node have that many? (A Warning at once instead of a wait.)
     gpus = job.spec.distributed.gpus_per_node if not isinstance(job, InvalidSpec) else 0
-    largest = kube.largest_node(job.spec.resources.gpu_resource_name) if gpus and not attempt else None
+    first = bool(gpus) and not attempt  # what the cluster can ever give this gang: read once, for a new job
+    nodes = kube.node_shapes() if first else None
+    quotas = kube.resource_quotas(view.namespace) if first else None
     observed = Observed(
         name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
         labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
         pods=[p for p in pods if attempt_of(p) in looked_at], now=now,
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
-        events=events, looked=waiting, largest_node=largest, kueue_workloads=view.kueue_workloads,
+        events=events, looked=waiting, nodes=nodes, quotas=quotas, kueue_workloads=view.kueue_workloads,
     )
     return job, plan(job, observed, settings)
 
