@@ -57,6 +57,29 @@ def test_lint_and_template(helm):
     assert not [d for d in yaml.safe_load_all(strict) if d and d["kind"].startswith("Cluster")]
 
 
+def test_security_options_a_review_asks_for(helm):
+    """Off by default: NetworkPolicies (the operator's ingress only on its metrics port; each gang's pods only from
+    their own gang, rendered by the operator); images by digest; a readiness probe always."""
+    digest = "sha256:" + "a" * 64
+    docs = template(helm, "networkPolicy.enabled=true", f"image.digest={digest}",
+                    "trainerImage=registry.local/trainer@" + digest)
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == [
+        {"ports": [{"port": 8080, "protocol": "TCP"}]}]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"ghcr.io/finetunejob/operator@{digest}"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FINETUNE_NETWORK_POLICY"] == "true" and env["FINETUNE_TRAINER_IMAGE"].endswith("@" + digest)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    assert any("networkpolicies" in r["resources"] for r in rules)
+    default = template(helm)
+    assert not [d for d in default if d["kind"] == "NetworkPolicy"]
+    assert not [r for d in default if d["kind"] == "ClusterRole" for r in d["rules"] if "networkpolicies" in
+                r["resources"]]
+
+
 def test_values_schema_rejects_bad_values(helm):
     proc = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "restartBackoffSeconds=-1",
                 check=False)

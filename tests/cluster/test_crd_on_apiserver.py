@@ -60,7 +60,7 @@ def test_status_is_a_subresource(kubectl, namespace):
     ({"spec.data.train": []}, "spec.data.train: Invalid value"),
     ({"spec.resources.memory": "lots"}, "spec.resources.memory: Invalid value"),
     ({"spec.distributed.numNode": 2}, 'unknown field "spec.distributed.numNode"'),
-    ({"metadata.name": "a" * 63}, "metadata.name must be at most 48 characters"),
+    ({"metadata.name": "a" * 63}, "metadata.name: Too long: may not be more than 48"),
 ], ids=["num-nodes-zero", "string-for-integer", "unknown-strategy", "empty-model", "no-train-data",
         "bad-quantity", "unknown-field", "name-too-long"])
 def test_apiserver_refuses_schema_violations(kubectl, namespace, overrides, expected):
@@ -68,6 +68,7 @@ def test_apiserver_refuses_schema_violations(kubectl, namespace, overrides, expe
     proc = kubectl.run("apply", "-f", "-", input=json.dumps(job), check=False)
     assert proc.returncode != 0
     assert expected in proc.stderr, proc.stderr
+    assert '<nil>: Invalid value: "object"' not in proc.stderr  # every refusal names its field
 
 
 def test_kubectl_explain_uses_model_descriptions(kubectl):

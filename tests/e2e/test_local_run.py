@@ -56,6 +56,9 @@ def test_runs_the_tiny_example_to_a_saved_model(tiny_model_dir, tmp_path):
     assert "Succeeded: 30 steps" in out and "resumed:    from" in out and "tokens/s:" not in out
     summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
     assert summary["attemptSteps"] == 0 and summary["trainLoss"] is None and summary["tokensPerSecond"] is None
+    # ... and says so: a warning in the summary (an Event in a cluster), not a silent Succeeded.
+    (said,) = [w for w in summary["warnings"] if w["reason"] == "ResumedAtFinalStep"]
+    assert "already at the final step (30): nothing was trained" in said["message"]
 
 
 def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir, tmp_path):

@@ -384,3 +384,13 @@ def test_output_in_object_storage_needs_no_volume_and_credentials_stay_in_their_
     assert config["spec"]["output"]["uri"] == "s3://training/runs/x"
     assert config["spec"]["s3"]["endpointURL"] == "http://minio.storage:9000"
     assert "AWS_SECRET_ACCESS_KEY" not in json.dumps(objs["ConfigMap"])
+
+
+def test_a_gang_network_policy_admits_only_its_own_pods_when_the_operator_is_asked_to():
+    assert "NetworkPolicy" not in render()
+    objs = render(ctx=RenderContext(**{**CTX.__dict__, "network_policy": True}))
+    policy = objs["NetworkPolicy"]["spec"]
+    own = {"matchLabels": {c.LABEL_JOB: "test-job"}}
+    assert policy == {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]}
+    pod_labels = objs["Job"]["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels[c.LABEL_JOB] == "test-job"  # the gang's pods are what the policy selects

@@ -308,6 +308,10 @@ def run(config_path: str) -> dict[str, Any]:
         paths.update(loss_plot(cfg))
     history = [h for h in trainer.state.log_history if "loss" in h]
     attempt = progress.attempt_totals(trainer.state, result.metrics.get("train_runtime"))
+    if resume is not None and attempt["attemptSteps"] == 0:  # e.g. a job created again over a finished run's output
+        warnings("ResumedAtFinalStep", f"{resume} is already at the final step ({trainer.state.global_step}): "
+                 "nothing was trained, the final model was saved from it. To train again, delete the checkpoints, "
+                 "set checkpoints.resume: never, or use another name or output.subPath")
     evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
     summary = {
         "reason": exit_codes.reason(exit_codes.SUCCESS), "steps": trainer.state.global_step,

@@ -8,7 +8,11 @@
 {{- end -}}
 
 {{- define "finetunejob.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
 {{- end -}}
 
 {{- define "finetunejob.labels" -}}
@@ -52,6 +56,12 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["list"]
+{{- if .Values.networkPolicy.enabled }}
+# networkPolicy.enabled: each gang gets a NetworkPolicy, owned by its FineTuneJob.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
 # A new job asking for more GPUs than the namespace's ResourceQuota allows fails at once (QuotaTooSmall).
 - apiGroups: [""]
   resources: ["resourcequotas"]

@@ -16,6 +16,8 @@ class _Values(BaseModel):
 class Image(_Values):
     repository: str = Field(default="ghcr.io/finetunejob/operator", min_length=1, description="Operator image.")
     tag: str = Field(default="", description="Image tag; empty means the chart's appVersion.")
+    digest: str = Field(default="", pattern=r"^(sha256:[a-f0-9]{64})?$",
+                        description="Image digest (sha256:...); set, it pins the image and the tag is ignored.")
     pullPolicy: Literal["Always", "IfNotPresent", "Never"] = Field(default="IfNotPresent", description="Pull policy.")
 
 
@@ -55,6 +57,12 @@ class EnvVar(_Values):
     value: str = Field(default="", description="Value.")
 
 
+class NetworkPolicy(_Values):
+    enabled: bool = Field(default=False, description="The operator pod takes ingress only on its metrics port, and "
+                          "each gang's pods only from the pods of their own FineTuneJob (the operator creates one "
+                          "NetworkPolicy per job). Egress is left to your own policies.")
+
+
 class ChartValues(_Values):
     nameOverride: str = Field(default="", max_length=40, description="Replaces 'operator' in resource names "
                               "(<release>-<nameOverride>).")
@@ -62,7 +70,8 @@ class ChartValues(_Values):
     image: Image = Field(default_factory=Image, description="The operator image.")
     imagePullSecrets: list[str] = Field(default_factory=list, description="Pull Secret names for the operator.")
     trainerImage: str = Field(default=DEFAULT_TRAINER_IMAGE, min_length=1,
-                              description="Default trainer image for FineTuneJobs that do not set spec.pod.image.")
+                              description="Default trainer image for FineTuneJobs that do not set spec.pod.image "
+                              "(a tag or a digest: registry/trainer@sha256:...).")
     watchNamespaces: list[str] = Field(
         default_factory=list,
         description="Namespaces the operator manages, with a Role in each; empty = all namespaces (ClusterRole).")
@@ -73,6 +82,8 @@ class ChartValues(_Values):
                                  "nodes` only) so a job asking for more GPUs per node than any node has gets a "
                                  "Warning at once; off: it waits and reads the scheduler's Unschedulable.")
     extraEnv: list[EnvVar] = Field(default_factory=list, description="Extra environment of the operator container.")
+    networkPolicy: NetworkPolicy = Field(default_factory=lambda: NetworkPolicy(),
+                                         description="NetworkPolicies (off by default).")
     metrics: Metrics = Field(default_factory=Metrics, description="Prometheus /metrics endpoint and its Service.")
     grafanaDashboard: GrafanaDashboard = Field(default_factory=GrafanaDashboard,
                                                description="Grafana dashboard of the operator metrics.")

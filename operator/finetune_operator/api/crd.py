@@ -65,17 +65,14 @@ def crd() -> dict[str, Any]:
                             "description": "FineTuneJob fine-tunes a language model on one or more nodes with the "
                             "Hugging Face Trainer; the operator runs it as gang-restarted Indexed Jobs.",
                             "required": ["spec"],
-                            # Pod hostnames <name>-a<attempt>-<index> must fit a DNS label: refused at apply
-                            # time by the apiserver, not later by the operator.
-                            "x-kubernetes-validations": [{
-                                "rule": f"self.metadata.name.size() <= {MAX_JOB_NAME_LENGTH}",
-                                "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters: pod "
-                                           "hostnames <name>-a<attempt>-<index> must fit in 63",
-                            }],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                # Pod hostnames <name>-a<attempt>-<index> must fit a DNS label: refused at apply
+                                # time by the apiserver as "metadata.name: Too long" (a CEL rule at the root read
+                                # "<nil>: Invalid value: "object": ...").
+                                "metadata": {"type": "object", "properties": {"name": {
+                                    "type": "string", "maxLength": MAX_JOB_NAME_LENGTH}}},
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },

@@ -73,7 +73,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, post_event: EventS
             obj = kube.get_finetunejob(view.namespace, view.name)
     else:
         raise ApiException(status=409, reason=f"status of {view.namespace}/{view.name} kept changing")
-    _act(kube, obj, job, result, view, settings.trainer_image, expectations)
+    _act(kube, obj, job, result, view, settings, expectations)
     for event in result.events:
         post_event(obj, event.type, event.reason, event.message)
     before = (obj.get("status") or {}).get("goodput") if written is not None else None
@@ -116,7 +116,7 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
     return job, plan(job, observed, settings)
 
 
-def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot, trainer_image: str,
+def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot, settings: Settings,
          expectations: Expectations) -> None:
     """Each action is skipped while the same write is still on its way back through the watch; what the cache
     already shows is no longer expected, so a Job deleted by hand is re-created at once, not after the TTL."""
@@ -153,7 +153,8 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         account = job.spec.pod.service_account_name
         once(("identity", ns, account), lambda: kube.apply_all(render_trainer_identity(ns, account)),
              ttl=IDENTITY_TTL_SECONDS)
-        ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=trainer_image,
+        ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=settings.trainer_image,
+                            network_policy=settings.network_policy,
                             job_labels=obj["metadata"].get("labels") or {},
                             job_annotations=obj["metadata"].get("annotations") or {}, resume_from=result.resume_from,
                             uid=obj["metadata"].get("uid"))

@@ -17,6 +17,8 @@ class Settings(BaseModel):
     restart_backoff_max_seconds: float = Field(default=300.0, gt=0, description="Longest gang-restart backoff.")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="Port of /metrics; 0 serves none.")
     workers: int = Field(default=16, ge=1, le=256, description="Reconcile passes run at once (and API connections).")
+    network_policy: bool = Field(default=False, description="Give each gang a NetworkPolicy: ingress only from the "
+                                 "pods of the same FineTuneJob.")
 
 
 ENVIRONMENT: dict[str, str] = {
@@ -24,6 +26,7 @@ ENVIRONMENT: dict[str, str] = {
     "restart_backoff_seconds": c.ENV_OPERATOR_RESTART_BACKOFF,
     "metrics_port": c.ENV_OPERATOR_METRICS_PORT,
     "workers": c.ENV_OPERATOR_WORKERS,
+    "network_policy": c.ENV_OPERATOR_NETWORK_POLICY,
 }
 
 

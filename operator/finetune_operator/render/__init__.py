@@ -8,6 +8,7 @@ from typing import Any
 from ..api.spec import FineTuneJobSpec
 from .configmap import render_config_map
 from .context import RenderContext
+from .network_policy import render_network_policy
 from .rbac import render_trainer_identity
 from .service import render_service
 from .workload import render_workload
@@ -19,4 +20,5 @@ def render_all(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]
     """The attempt's children in apply order: config and Service exist before the pods that use them.
 
     The trainer identity they run as is namespace infrastructure: render_trainer_identity."""
-    return [render_config_map(spec, ctx), render_service(spec, ctx), render_workload(spec, ctx)]
+    policy = [render_network_policy(spec, ctx)] if ctx.network_policy else []
+    return [render_config_map(spec, ctx), render_service(spec, ctx), *policy, render_workload(spec, ctx)]

@@ -25,3 +25,5 @@ class RenderContext:
     resume_from: str | None = None
     # The FineTuneJob's UID: its trainer writes only to the object with this UID (a precondition of each report).
     uid: str | None = None
+    # The operator's networkPolicy setting: each gang gets a NetworkPolicy (ingress only from its own pods).
+    network_policy: bool = False
