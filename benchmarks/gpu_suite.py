@@ -1,0 +1,413 @@
+"""GPU acceptance in one command: every figure the first time a GPU is lent, each case in its own process (one
+failure hides none of the others), one JSON and one Markdown table in --out.
+
+Cases (GPU sizes; --smoke runs the same code on CPU with a tiny model, sequence 128, in under 2 minutes):
+1. ours: full fine-tune of a ~1.1B Llama built from a config (random weights), bf16, sequence 4096, packing
+   (text blocks), sdpa, through `finetune run`: tokens/s per GPU, MFU as progress.jsonl reports it and as an
+   independent count from the model's shape (6N + attention), peak memory, loss.
+2. hf_trainer / trl: the same model and data through a plain HF Trainer (DataCollatorForSeq2Seq padding) and TRL's
+   SFTTrainer with packing: tokens/s and loss after the same steps, as ratios to ours.
+3. Switches: gradient checkpointing, torch.compile, Liger kernels, LoRA on an 8B-shaped model, QLoRA (when
+   bitsandbytes is there), FSDP2 and ZeRO-3 at world size 1: each end to end, its final model saved and reloaded.
+4. first_step: process start to the first optimizer step of the 1B model with the tokenized data cached.
+
+On a GPU machine (no registry: hack/gpu-wheels.sh prepares the carry here):
+  pip install -q --no-index --no-deps --no-build-isolation --target .gpu-site .gpu-wheels/* && \\
+    PYTHONPATH=.gpu-site:operator:trainer_image python benchmarks/gpu_suite.py --out "$OUT/gpu"
+Smoke (CPU, a test runs it): .venv/bin/python benchmarks/gpu_suite.py --smoke --out /tmp/gpu-smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "trainer_image")]
+
+GOALS = {"mfu": 0.50, "vs_hf_trainer": 1.0, "vs_trl": 1.0, "first_step_seconds": 30.0}
+
+
+@dataclass(frozen=True)
+class Size:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    seq: int
+    steps: int
+    batch: int
+
+
+GPU_1B = Size(2048, 16, 16, 8, 5632, 32000, 4096, 30, 2)
+GPU_8B_SHAPED = Size(4096, 8, 32, 8, 14336, 32000, 4096, 10, 1)  # an 8B model's layers, 8 of its 32
+SMOKE = Size(64, 2, 4, 2, 128, 512, 128, 4, 2)
+CASE_SECONDS = {"ours": 150, "hf_trainer": 120, "trl": 120, "first_step": 120, "gradient_checkpointing": 120,
+                "compile": 180, "liger": 120, "lora_8b_shaped": 240, "qlora": 180, "fsdp2": 150, "zero3": 180}
+SMOKE_SECONDS = 90
+
+
+# --- shared pieces ---------------------------------------------------------------------------------------------
+def device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def build_model(work: Path, size: Size) -> Path:
+    """A Llama built from a config with random weights (bf16 on GPU), and the locally trained tokenizer."""
+    target = work / f"model-{size.hidden}x{size.layers}"
+    if (target / "config.json").exists():
+        return target
+    from finetune_trainer.tiny_model import build_tiny_model
+
+    build_tiny_model(target, layers=size.layers, hidden=size.hidden, heads=size.heads, kv_heads=size.kv_heads,
+                     intermediate=size.intermediate, vocab_size=size.vocab, max_positions=max(size.seq, 4096))
+    return target
+
+
+def write_data(work: Path, size: Size) -> Path:
+    """Documents of words (several paragraphs each): enough tokens for every step of every case."""
+    import random
+
+    path = work / f"docs-{size.seq}.jsonl"
+    if path.exists():
+        return path
+    rng = random.Random(0)
+    words = ("the model learns to answer questions about numbers colours animals and code while rain falls on "
+             "the grey city and a quick brown fox jumps over the lazy dog").split()
+    need = size.seq * size.batch * (size.steps + 5) * 3  # ~1-2 tokens per word with the small BPE vocabulary
+    with path.open("w") as f:
+        written = 0
+        while written < need:
+            text = "\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(40, 200)))
+                               for _ in range(rng.randint(2, 8)))
+            f.write(json.dumps({"text": text}) + "\n")
+            written += len(text.split())
+    return path
+
+
+def flops_per_token(size: Size, trained_fraction: float = 1.0) -> float:
+    """Independent of our throughput module: matmul weights from the shape (6 per weight, 4 for frozen ones) plus
+    attention's score and value products (causal: half of 4 x seq x hidden per layer, x3 for backward)."""
+    attention = size.hidden * (2 * size.hidden + 2 * size.hidden * size.kv_heads // size.heads)
+    per_layer = attention + 3 * size.hidden * size.intermediate
+    matmul = size.layers * per_layer + size.hidden * size.vocab  # + lm_head
+    weights = matmul * (4 + 2 * trained_fraction)
+    return weights + 3 * 2 * size.layers * size.seq * size.hidden
+
+
+def job_spec(model: Path, data: Path, size: Size, gpu: bool, **extra: Any) -> dict:
+    spec = {
+        "model": {"name": str(model), "dtype": "bfloat16" if gpu else "float32", "attnImplementation": "sdpa"},
+        "data": {"format": "text", "blockSize": size.seq, "train": [{"path": str(data)}]},
+        "method": {"type": "full"},
+        "training": {"maxSteps": size.steps, "learningRate": 1e-5, "perDeviceTrainBatchSize": size.batch,
+                     "precision": "bf16" if gpu else "fp32", "loggingSteps": 1, "optim": "adamw_torch"},
+        "distributed": {"numNodes": 1, "gpusPerNode": 1 if gpu else 0},
+        "checkpoints": {"saveStrategy": "no"},
+    }
+    for key, value in extra.items():
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
+    return {"apiVersion": "finetunejob.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "gpu-suite"},
+            "spec": spec}
+
+
+def finetune_run(doc: dict, work: Path, timeout: float) -> tuple[dict, list[dict], float]:
+    """`finetune run` (the README's command): (summary, progress records, seconds from start to the first step)."""
+    import yaml
+
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "job.yaml").write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "finetune_operator", "run", str(work / "job.yaml"), "--output",
+                           str(work / "run")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    result = work / "run" / "logs" / "node-0.result.json"
+    summary = json.loads(result.read_text()) if result.exists() else {}
+    if proc.returncode != 0:
+        raise RuntimeError(f"finetune run exited {proc.returncode}: {summary.get('message') or proc.stdout[-1500:]}")
+    progress = work / "run" / "output" / "progress.jsonl"
+    def when(record: dict) -> float:
+        return time.mktime(time.strptime(record["time"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+
+    records = [r for r in (json.loads(line) for line in progress.read_text().splitlines())
+               if r.get("phase") != "Preparing" and r.get("step")] if progress.exists() else []
+    records = [r for r in records if when(r) >= int(started)]  # this run's (a directory may hold an earlier one's)
+    first = min((when(r) for r in records), default=started)
+    return summary, records, first - started
+
+
+def steady(records: list[dict], key: str) -> float | None:
+    """The median over the second half of the run (compilation and warm-up excluded)."""
+    values = sorted(r[key] for r in records[len(records) // 2:] if r.get(key) is not None)
+    return values[len(values) // 2] if values else None
+
+
+def reload(final: Path, adapter: bool = False) -> None:
+    """A saved model is only a model if it loads again."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if adapter:
+        from peft import AutoPeftModelForCausalLM
+
+        AutoPeftModelForCausalLM.from_pretrained(final, dtype=torch.bfloat16)
+    else:
+        AutoModelForCausalLM.from_pretrained(final, dtype=torch.bfloat16)
+
+
+# --- the cases ------------------------------------------------------------------------------------------------
+def case_ours(work: Path, size: Size, gpu: bool, **extra: Any) -> dict:
+    model, data = build_model(work, size), write_data(work, size)
+    summary, records, first = finetune_run(job_spec(model, data, size, gpu, **extra), work / "ours",
+                                           CASE_SECONDS["ours"] * 3)
+    per_device = steady(records, "tokensPerSecondPerDevice")
+    figures = {"tokensPerSecondPerGpu": per_device, "mfuReported": steady(records, "mfu"),
+               "peakMemoryGiB": summary.get("peakMemoryGiB"), "loss": summary.get("finalLoss"),
+               "steps": summary.get("steps"), "secondsToFirstStep": round(first, 1)}
+    if gpu and per_device:
+        from finetune_trainer.training.throughput import peak_flops
+
+        peak = peak_flops(device(), "bf16")
+        figures["mfuIndependent"] = per_device * flops_per_token(size) / peak if peak else None
+    return figures
+
+
+def _tokenized_blocks(model: Path, data: Path, size: Size) -> Any:
+    import datasets
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = datasets.load_dataset("json", data_files=str(data), split="train")
+
+    def tokenize(batch: dict) -> dict:
+        out = tokenizer(batch["text"], truncation=True, max_length=size.seq)
+        out["labels"] = [list(ids) for ids in out["input_ids"]]
+        return out
+    return tokenizer, rows.map(tokenize, batched=True, remove_columns=["text"])
+
+
+def _trainer_args(work: Path, size: Size, gpu: bool) -> Any:
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=str(work), max_steps=size.steps, per_device_train_batch_size=size.batch,
+                             learning_rate=1e-5, logging_steps=1, report_to="none", save_strategy="no",
+                             bf16=gpu, use_cpu=not gpu, optim="adamw_torch", include_num_input_tokens_seen="all")
+
+
+def _model(model: Path, gpu: bool) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if gpu else torch.float32,
+                                                attn_implementation="sdpa")
+
+
+def case_hf_trainer(work: Path, size: Size, gpu: bool) -> dict:
+    """What many users write: rows padded by DataCollatorForSeq2Seq, no packing."""
+    from transformers import DataCollatorForSeq2Seq, Trainer
+
+    model, data = build_model(work, size), write_data(work, size)
+    tokenizer, rows = _tokenized_blocks(model, data, size)
+    tokenizer.pad_token = tokenizer.eos_token
+    trainer = Trainer(model=_model(model, gpu), args=_trainer_args(work / "hf", size, gpu), train_dataset=rows,
+                      data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True))
+    result = trainer.train()
+    # include_num_input_tokens_seen="all" counts padding too: an upper bound of its useful rate.
+    return {"tokensPerSecondPerGpu": trainer.state.num_input_tokens_seen / result.metrics["train_runtime"],
+            "loss": trainer.state.log_history[-2].get("loss"), "countsPadding": True}
+
+
+def case_trl(work: Path, size: Size, gpu: bool) -> dict:
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    model, data = build_model(work, size), write_data(work, size)
+    rows = datasets.load_dataset("json", data_files=str(data), split="train")
+    args = SFTConfig(output_dir=str(work / "trl"), max_steps=size.steps, per_device_train_batch_size=size.batch,
+                     learning_rate=1e-5, logging_steps=1, report_to="none", save_strategy="no", bf16=gpu,
+                     use_cpu=not gpu, packing=True, max_length=size.seq, dataset_text_field="text",
+                     include_num_input_tokens_seen="all")
+    trainer = SFTTrainer(model=_model(model, gpu), args=args, train_dataset=rows)
+    result = trainer.train()
+    return {"tokensPerSecondPerGpu": trainer.state.num_input_tokens_seen / result.metrics["train_runtime"],
+            "loss": trainer.state.log_history[-2].get("loss")}
+
+
+def case_first_step(work: Path, size: Size, gpu: bool) -> dict:
+    """A second run in the first case's directory (its tokenized data cached there): start to first step."""
+    model, data = build_model(work, size), write_data(work, size)
+    if not (work / "ours" / "run" / "output" / ".cache").exists():  # run alone: make the cache first
+        finetune_run(job_spec(model, data, size, gpu, training={"maxSteps": 1}), work / "ours",
+                     CASE_SECONDS["first_step"] * 3)
+    _, _, first = finetune_run(job_spec(model, data, size, gpu, training={"maxSteps": 2}), work / "ours",
+                               CASE_SECONDS["first_step"] * 3)
+    return {"secondsToFirstStep": round(first, 1)}
+
+
+def _switch(work: Path, size: Size, gpu: bool, name: str, adapter: bool = False, **extra: Any) -> dict:
+    figures = case_ours(work / name, size, gpu, **extra)
+    reload(work / name / "ours" / "run" / "output" / "final", adapter=adapter)
+    return {**figures, "finalReloaded": True}
+
+
+def case_gradient_checkpointing(work: Path, size: Size, gpu: bool) -> dict:
+    return _switch(work, size, gpu, "gc", training={"gradientCheckpointing": True})
+
+
+def case_compile(work: Path, size: Size, gpu: bool) -> dict:
+    return _switch(work, size, gpu, "compile", training={"extraArgs": {"torch_compile": True}})
+
+
+def case_liger(work: Path, size: Size, gpu: bool) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise SkipCase("liger-kernel is not installed")
+    return _switch(work, size, gpu, "liger", training={"extraArgs": {"use_liger_kernel": True}})
+
+
+def case_lora_8b_shaped(work: Path, size: Size, gpu: bool) -> dict:
+    shaped = GPU_8B_SHAPED if gpu else size
+    return _switch(work, shaped, gpu, "lora", adapter=True, method={"type": "lora", "lora": {"r": 16, "alpha": 32}})
+
+
+def case_qlora(work: Path, size: Size, gpu: bool) -> dict:
+    import importlib.util
+
+    if not gpu:
+        raise SkipCase("QLoRA's 4-bit base needs a GPU")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise SkipCase("bitsandbytes is not installed (not carried: 43 MB over the 60 MiB carry)")
+    return _switch(work, size, gpu, "qlora", adapter=True, method={"type": "qlora"},
+                   model={"quantization": "4bit"})
+
+
+def case_fsdp2(work: Path, size: Size, gpu: bool) -> dict:
+    if not gpu:
+        raise SkipCase("FSDP through the Trainer needs a GPU")
+    return _switch(work, size, gpu, "fsdp2", distributed={"strategy": "fsdp"})
+
+
+def case_zero3(work: Path, size: Size, gpu: bool) -> dict:
+    return _switch(work, size, gpu, "zero3", distributed={"strategy": "deepspeed", "deepspeed": {"zeroStage": 3}})
+
+
+class SkipCase(Exception):
+    """The case cannot run here (a package or a device missing): said in the table, not a failure."""
+
+
+CASES = {"ours": case_ours, "hf_trainer": case_hf_trainer, "trl": case_trl, "first_step": case_first_step,
+         "gradient_checkpointing": case_gradient_checkpointing, "compile": case_compile, "liger": case_liger,
+         "lora_8b_shaped": case_lora_8b_shaped, "qlora": case_qlora, "fsdp2": case_fsdp2, "zero3": case_zero3}
+SMOKE_SKIPS = {"compile": "torch.compile is measured on a GPU only (inductor's CPU build would take minutes here)"}
+
+
+# --- the driver -------------------------------------------------------------------------------------------------
+def run_case(name: str, work: Path, smoke: bool) -> dict:
+    """In a process of its own, bounded in time; whatever happens, a result."""
+    if smoke and name in SMOKE_SKIPS:
+        return {"case": name, "status": "skipped", "why": SMOKE_SKIPS[name]}
+    out = work / f"{name}.json"
+    argv = [sys.executable, __file__, "--case", name, "--work", str(work), "--result", str(out)]
+    started = time.monotonic()
+    limit = SMOKE_SECONDS if smoke else CASE_SECONDS[name]
+    try:
+        proc = subprocess.run([*argv, *(["--smoke"] if smoke else [])], capture_output=True, text=True,
+                              timeout=limit * (4 if smoke else 2))
+        tail = (proc.stdout + proc.stderr)[-1500:]
+    except subprocess.TimeoutExpired:
+        return {"case": name, "status": "failed", "error": f"timed out after {limit * (4 if smoke else 2)} s"}
+    result = json.loads(out.read_text()) if out.exists() else {
+        "case": name, "status": "failed", "error": f"exited {proc.returncode}: {tail}"}
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def one_case(name: str, work: Path, smoke: bool, result: Path) -> None:
+    size = SMOKE if smoke else GPU_1B
+    gpu = not smoke
+    try:
+        figures = CASES[name](work, size, gpu)
+        out = {"case": name, "status": "ok", "figures": figures}
+    except SkipCase as exc:
+        out = {"case": name, "status": "skipped", "why": str(exc)}
+    except Exception as exc:  # every failure is a row of the table, not a lost run
+        out = {"case": name, "status": "failed", "error": f"{type(exc).__name__}: {str(exc)[:1500]}"}
+    result.write_text(json.dumps(out, default=str))
+
+
+def table(results: list[dict], meta: dict) -> str:
+    by = {r["case"]: r for r in results}
+    ours = (by.get("ours") or {}).get("figures") or {}
+
+    def rate(name: str) -> float | None:
+        return ((by.get(name) or {}).get("figures") or {}).get("tokensPerSecondPerGpu")
+
+    lines = [f"GPU suite on {meta['device']} ({'smoke, CPU' if meta['smoke'] else 'full'}), torch {meta['torch']}, "
+             f"transformers {meta['transformers']}", "",
+             "| case | status | tokens/s/GPU | vs ours | MFU (ours / independent) | peak GiB | loss | s | goal |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        f = r.get("figures") or {}
+        tps = f.get("tokensPerSecondPerGpu")
+        vs = f"{rate('ours') / tps:.2f}x ours" if tps and rate("ours") and r["case"] in ("hf_trainer", "trl") else ""
+        mfu = "" if f.get("mfuReported") is None else f"{100 * f['mfuReported']:.1f}%" + (
+            f" / {100 * f['mfuIndependent']:.1f}%" if f.get("mfuIndependent") else "")
+        goal = {"ours": f"MFU >= {GOALS['mfu']:.0%}", "hf_trainer": "ours >= 1.0x", "trl": "ours >= 1.0x",
+                "first_step": f"first step < {GOALS['first_step_seconds']:.0f} s"}.get(r["case"], "runs, saves, reloads")
+        status = r["status"] + (f": {r.get('why') or r.get('error', '')[:160]}" if r["status"] != "ok" else "")
+        lines.append(f"| {r['case']} | {status} | {tps:.0f} | {vs} | {mfu} | {f.get('peakMemoryGiB') or ''} | "
+                     f"{f.get('loss') if f.get('loss') is not None else ''} | "
+                     f"{f.get('secondsToFirstStep', r.get('seconds', ''))} | {goal} |" if tps else
+                     f"| {r['case']} | {status} |  |  |  |  |  | {f.get('secondsToFirstStep', r.get('seconds', ''))} "
+                     f"| {goal} |")
+    if ours:
+        lines += ["", f"ours: {ours.get('tokensPerSecondPerGpu')} tokens/s/GPU, peak {ours.get('peakMemoryGiB')} GiB"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("gpu-suite"))
+    parser.add_argument("--smoke", action="store_true", help="CPU, a tiny model: checks the kit in under 2 minutes")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        one_case(args.case, args.work, args.smoke, args.result)
+        return
+    import torch
+    import transformers
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "work"
+    work.mkdir(exist_ok=True)
+    meta = {"device": device(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "smoke": args.smoke, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    results = []
+    for name in args.cases.split(","):
+        results.append(run_case(name, work, args.smoke))
+        (args.out / "results.json").write_text(json.dumps({"meta": meta, "goals": GOALS, "results": results},
+                                                          indent=2, default=str))
+        print(f"{name}: {results[-1]['status']}", flush=True)
+    (args.out / "results.md").write_text(table(results, meta))
+    print(table(results, meta))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The GPU kit cannot rot between GPU runs: the carry downloads, fits 60 MiB and installs without an index into a
+fresh target for Python 3.12 (the GPU machine's); the suite's smoke mode runs every case's code on CPU."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_the_carry_fits_and_installs_offline_for_python_312(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "hack" / "gpu-wheels.sh"), str(tmp_path / "carry")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted((tmp_path / "carry").iterdir())
+    assert sum(f.stat().st_size for f in files) <= 60 * 2**20
+    wheels = [str(f) for f in files if f.suffix == ".whl"]
+    sdists = [f.name for f in files if f.name.endswith(".tar.gz")]
+    assert sdists == [n for n in sdists if n.startswith("deepspeed-")] and len(sdists) == 1  # built on the machine
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                              "--no-index", "--no-deps", "--target", str(tmp_path / "site"), "--python-version",
+                              "3.12", "--only-binary=:all:", *wheels], capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr
+    for package in ("pydantic", "datasets", "trl", "pandas", "liger_kernel", "tensorboard"):
+        assert (tmp_path / "site" / package).is_dir(), package
+
+
+def test_the_suite_runs_every_case_in_smoke_mode(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = {r["case"]: r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    ran = {"ours", "hf_trainer", "trl", "first_step", "gradient_checkpointing", "lora_8b_shaped", "zero3"}
+    assert {n for n, r in results.items() if r["status"] == "ok"} == ran, {n: r.get("error") for n, r in
+                                                                            results.items()}
+    assert all(r["status"] == "skipped" and r["why"] for n, r in results.items() if n not in ran)
+    assert results["ours"]["figures"]["tokensPerSecondPerGpu"] > 0 and results["ours"]["figures"]["loss"] > 0
+    assert 0 < results["first_step"]["figures"]["secondsToFirstStep"] < 120
+    table = (tmp_path / "results.md").read_text()
+    assert "| ours | ok |" in table and "MFU >= 50%" in table
