@@ -83,8 +83,9 @@ def write_data(work: Path, size: Size) -> Path:
     if path.exists():
         return path
     rng = random.Random(0)
-    words = ("the model learns to answer questions about numbers colours animals and code while rain falls on "
-             "the grey city and a quick brown fox jumps over the lazy dog").split()
+    words = ["the", "model", "learns", "to", "answer", "questions", "about", "numbers", "colours", "animals", "and",
+             "code", "while", "rain", "falls", "on", "grey", "city", "a", "quick", "brown", "fox", "jumps", "over",
+             "lazy", "dog"]
     need = size.seq * size.batch * (size.steps + 5) * 3  # ~1-2 tokens per word with the small BPE vocabulary
     with path.open("w") as f:
         written = 0
@@ -366,8 +367,9 @@ def table(results: list[dict], meta: dict) -> str:
         vs = f"{rate('ours') / tps:.2f}x ours" if tps and rate("ours") and r["case"] in ("hf_trainer", "trl") else ""
         mfu = "" if f.get("mfuReported") is None else f"{100 * f['mfuReported']:.1f}%" + (
             f" / {100 * f['mfuIndependent']:.1f}%" if f.get("mfuIndependent") else "")
-        goal = {"ours": f"MFU >= {GOALS['mfu']:.0%}", "hf_trainer": "ours >= 1.0x", "trl": "ours >= 1.0x",
-                "first_step": f"first step < {GOALS['first_step_seconds']:.0f} s"}.get(r["case"], "runs, saves, reloads")
+        goals = {"ours": f"MFU >= {GOALS['mfu']:.0%}", "hf_trainer": "ours >= 1.0x", "trl": "ours >= 1.0x",
+                 "first_step": f"first step < {GOALS['first_step_seconds']:.0f} s"}
+        goal = goals.get(r["case"], "runs, saves, reloads")
         status = r["status"] + (f": {r.get('why') or r.get('error', '')[:160]}" if r["status"] != "ok" else "")
         lines.append(f"| {r['case']} | {status} | {tps:.0f} | {vs} | {mfu} | {f.get('peakMemoryGiB') or ''} | "
                      f"{f.get('loss') if f.get('loss') is not None else ''} | "
