@@ -2,6 +2,7 @@
 itself (SubjectAccessReview through `kubectl auth can-i`), with the operator running under the chart's identity."""
 
 import json
+import ssl
 import subprocess
 import time
 
@@ -216,6 +217,27 @@ def test_trainer_identity_patches_only_its_own_status(installed, kubectl, contro
     kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": "mine-a1",
                                                                 "metadata.namespace": namespace})))
     assert patch_as(bound, "mine-a1").returncode != 0
+
+    # The trainer's own reports name the job (UID) and attempt it was started for: deleted and created again under
+    # its name, the job refuses the old pod's last report (it used to show step 2140 and a loss it never trained).
+    from finetune_trainer.outputs.status_report import StatusReporter
+    from tests.support.controlplane import ADMIN_TOKEN
+
+    old_uid = kubectl.json("get", "ftj", "mine", "-n", namespace)["metadata"]["uid"]
+    context = ssl._create_unverified_context()  # the test apiserver's self-signed certificate
+    reporter = StatusReporter(control_plane.server, bound, namespace, "mine", context, min_interval=0, uid=old_uid,
+                              attempt=1)
+    assert reporter.report({"progress": {"step": 10, "maxSteps": 100}})
+    kubectl.run("patch", "ftj", "mine", "-n", namespace, "--subresource=status", "--type=merge",
+                f"--token={ADMIN_TOKEN}", "-p", '{"status": {"attempt": 2}}')  # the operator moved on to attempt 2
+    assert reporter.report({"progress": {"step": 11, "maxSteps": 100}}) is False and reporter.refused_as_stale
+    reporter = StatusReporter(control_plane.server, bound, namespace, "mine", context, min_interval=0, uid=old_uid,
+                              attempt=2)
+    kubectl.run("delete", "ftj", "mine", "-n", namespace, "--wait=true")
+    kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": "mine",
+                                                                "metadata.namespace": namespace})))
+    assert reporter.report({"progress": {"step": 2140, "maxSteps": 3000, "loss": 0.42}}) is False
+    assert "progress" not in (kubectl.json("get", "ftj", "mine", "-n", namespace).get("status") or {})
 
 
 def test_operator_pod_is_admitted_under_restricted_pod_security(helm, kubectl, namespace):

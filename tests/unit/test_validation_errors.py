@@ -421,3 +421,10 @@ def test_object_storage_mistakes_are_named_with_their_fix():
         validate_job(make_job({"spec.output.uri": "s3://key:secret@bucket/x"}))
     with pytest.raises(InvalidSpec, match=r"spec.pod.env\[0\].name: AWS_SECRET_ACCESS_KEY holds a credential"):
         validate_job(make_job({"spec.pod.env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "abc"}]}))
+
+
+def test_an_invalid_spec_with_suspend_set_still_lists_its_errors():
+    """spec.suspend is a plain field beside the sections: the per-section validation skips it instead of failing."""
+    with pytest.raises(InvalidSpec) as raised:
+        validate_job(make_job({"spec.suspend": True, "spec.method.type": "qlora"}))
+    assert "spec.method.type" in raised.value.summary()

@@ -20,7 +20,8 @@ class TrainerConfig:
     output_dir: Path
     resume_from: str | None
     cache_dir: Path | None = None  # spec.data.cacheDir as rendered; None: <output>/.cache
-    job_uid: str | None = None  # the FineTuneJob this trainer reports to (its UID: a precondition of each write)
+    job_uid: str | None = None  # the FineTuneJob (UID) and attempt this trainer reports to (status.reporter)
+    attempt: int | None = None
 
     @property
     def cache(self) -> Path:
@@ -44,6 +45,7 @@ def load_config(path: str | Path) -> TrainerConfig:
             resume_from=doc.get("resumeFrom"),
             cache_dir=Path(doc["cacheDir"]) if doc.get("cacheDir") else None,
             job_uid=doc["job"].get("uid"),
+            attempt=doc["job"].get("attempt"),
         )
     except (KeyError, TypeError, ValidationError) as exc:
         raise ConfigError(f"invalid trainer config {path}: {exc}") from exc

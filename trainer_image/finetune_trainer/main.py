@@ -259,8 +259,8 @@ def run(config_path: str) -> dict[str, Any]:
         check_access(cfg)
     from finetune_trainer.outputs.status_report import StatusReporter, Warnings
 
-    reporter = (StatusReporter.in_cluster(cfg.namespace, cfg.job_name, cfg.job_uid) if args.process_index == 0
-                else None)
+    reporter = (StatusReporter.in_cluster(cfg.namespace, cfg.job_name, cfg.job_uid, cfg.attempt)
+                if args.process_index == 0 else None)
     remote = None
     if cfg.spec.output.uri:  # a missing bucket or refused credentials fail now (77), not after training
         from finetune_trainer.outputs.remote_output import RemoteOutput

@@ -100,6 +100,8 @@ def valid_sections(raw: dict[str, Any]) -> dict[str, Any]:
     for name, info in FineTuneJobSpec.model_fields.items():
         alias = info.alias or name
         model: type[BaseModel] = info.annotation  # type: ignore[assignment]
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):  # a plain field (suspend), not a section
+            continue
         if alias not in raw and info.is_required():
             continue
         try:

@@ -107,6 +107,11 @@ class UploadStatus(ApiModel):
     last_error: str | None = Field(default=None, max_length=1024, description="The store's last error, retried.")
 
 
+class Reporter(ApiModel):
+    uid: str = Field(max_length=64, description="The FineTuneJob UID the reporting trainer was started for.")
+    attempt: int | None = Field(default=None, ge=0, description="Its attempt.")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = Field(default=None, description="Pending, Queued, Running, Restarting, Suspended, "
                                 "Succeeded or Failed.")
@@ -133,6 +138,9 @@ class FineTuneJobStatus(ApiModel):
     pushed: PushRef | None = Field(default=None, description="Where spec.output.push put the final model "
                                    "(written by the trainer once the push succeeded).")
     upload: UploadStatus | None = Field(default=None, description="Checkpoint uploads to spec.output.uri.")
+    reporter: Reporter | None = Field(default=None, description="Who wrote the trainer's fields last: the chart's "
+                                      "admission policy admits a trainer's write only for this object's UID and its "
+                                      "current attempt.")
     active_seconds: int | None = Field(default=None, ge=0, description="Seconds the job was active (not Queued "
                                        "or Suspended) before activeSince: what runPolicy.activeDeadlineSeconds limits.")
     active_since: str | None = Field(default=None, json_schema_extra={"format": "date-time"},

@@ -27,15 +27,18 @@ class StatusReporter:
     name: str
     ssl_context: ssl.SSLContext
     min_interval: float = 10.0
-    # The FineTuneJob this trainer was started for: a precondition of every write, so a report never lands on a job
-    # deleted and created again under the same name (the apiserver answers 409).
+    # The FineTuneJob and attempt this trainer was started for, sent with every report as status.reporter: the
+    # chart's admission policy refuses a report whose job UID or attempt is not the object's current one (an old
+    # pod writing to a job deleted and created again under its name, or to its next attempt).
     uid: str | None = None
+    attempt: int | None = None
     _last: float = float("-inf")
     failures: int = 0
     refused_as_stale: bool = False
 
     @classmethod
-    def in_cluster(cls, namespace: str, name: str, uid: str | None = None) -> "StatusReporter | None":
+    def in_cluster(cls, namespace: str, name: str, uid: str | None = None, attempt: int | None = None
+                   ) -> "StatusReporter | None":
         host, port = os.environ.get(c.ENV_KUBERNETES_SERVICE_HOST), os.environ.get(c.ENV_KUBERNETES_SERVICE_PORT, "443")
         sa_dir = os.environ.get(c.ENV_SERVICEACCOUNT_DIR, c.SERVICEACCOUNT_DIR)
         token_file = os.path.join(sa_dir, "token")
@@ -44,7 +47,7 @@ class StatusReporter:
         with open(token_file, encoding="utf-8") as f:
             token = f.read().strip()
         context = ssl.create_default_context(cafile=os.path.join(sa_dir, "ca.crt"))
-        return cls(f"https://{host}:{port}", token, namespace, name, context, uid=uid)
+        return cls(f"https://{host}:{port}", token, namespace, name, context, uid=uid, attempt=attempt)
 
     @property
     def url(self) -> str:
@@ -56,8 +59,8 @@ class StatusReporter:
         if self.refused_as_stale or (not force and now - self._last < self.min_interval):
             return False
         self._last = now
-        precondition = {"metadata": {"uid": self.uid}} if self.uid else {}
-        body = json.dumps({**precondition, "status": status}).encode()
+        reporter = {"reporter": {"uid": self.uid, "attempt": self.attempt}} if self.uid else {}
+        body = json.dumps({"status": {**status, **reporter}}).encode()
         request = urllib.request.Request(self.url, data=body, method="PATCH", headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/merge-patch+json"})
         try:
@@ -65,7 +68,7 @@ class StatusReporter:
                 return 200 <= response.status < 300
         except urllib.error.HTTPError as exc:
             self.failures += 1
-            if exc.code == 409 and self.uid:  # the job was deleted (and maybe created again): not ours any more
+            if exc.code in (403, 404, 422) and self.uid and "not the job" in _body(exc):  # not ours any more
                 self.refused_as_stale = True
                 log.warning("%s is no longer the FineTuneJob this trainer was started for (UID %s); no more "
                             "progress reports", self.url, self.uid)
@@ -76,6 +79,13 @@ class StatusReporter:
             self.failures += 1
             log.warning("progress report to %s failed (%s); training continues", self.url, exc)
             return False
+
+
+def _body(exc: urllib.error.HTTPError) -> str:
+    try:
+        return exc.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @dataclass
