@@ -78,3 +78,18 @@ def test_a_gpu_job_that_sees_no_gpu_says_whether_the_image_or_the_node_is_at_fau
     assert not exit_codes.is_permanent(caught.value.exit_code)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     require_gpus(8)
+
+
+@pytest.mark.parametrize("field", ["name", "tokenizer"])
+def test_a_local_model_path_that_does_not_exist_says_so_not_the_hubs_repo_id_text(field, tmp_path):
+    from finetune_trainer.training.model import load_tokenizer
+
+    missing = str(tmp_path / "models" / "llama")
+    spec = FineTuneJobSpec.model_validate({"model": {"name": missing if field == "name" else "/m",
+                                                     **({"tokenizer": missing} if field == "tokenizer" else {})},
+                                           "data": {"format": "alpaca", "train": [{"path": "/d"}]}})
+    with pytest.raises(ConfigError) as raised:
+        load_tokenizer(spec)
+    text = str(raised.value)
+    assert f"spec.model.{field} is {missing}, a path, but no such file or directory exists here" in text
+    assert "spec.pod.volumes" in text and "Repo id must be" not in text
