@@ -27,14 +27,8 @@ def finetune_run(spec: dict, workdir) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_a_chat_model_trained_from_a_tokenizer_without_a_template_learns_to_stop(tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from finetune_trainer.data.chat import DEFAULT_CHAT_TEMPLATE
-    from finetune_trainer.tiny_model import build_tiny_model
-
-    model_dir = build_tiny_model(tmp_path / "bare-model", chat_template=False)
+def train_on_colours(model_dir, workdir):
+    """A full fine-tune on the four question/answer conversations, long enough to learn where replies end."""
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in COLOURS]
     code, out = finetune_run({
         "model": {"name": str(model_dir), "dtype": "float32"},
@@ -43,19 +37,40 @@ def test_a_chat_model_trained_from_a_tokenizer_without_a_template_learns_to_stop
         "training": {"maxSteps": 80, "learningRate": 0.005, "perDeviceTrainBatchSize": 4, "precision": "fp32",
                      "optim": "adamw_torch", "lrScheduler": "constant", "loggingSteps": 10, "seed": 1},
         "distributed": {"numNodes": 1, "gpusPerNode": 0},
-        "checkpoints": {"saveStrategy": "no"}, "runPolicy": {"backoffLimit": 0}}, tmp_path)
+        "checkpoints": {"saveStrategy": "no"}, "runPolicy": {"backoffLimit": 0}}, workdir)
     assert code == 0, out[-3000:]
-    final = tmp_path / "run" / "output" / "final"
-    tokenizer = AutoTokenizer.from_pretrained(final)
-    assert tokenizer.chat_template == DEFAULT_CHAT_TEMPLATE  # final/ carries the template it was trained with
+    return workdir / "run" / "output" / "final"
+
+
+def generated_replies(final, tokenizer, **generate):
+    """question -> the token ids the trained model generates after its generation prompt (greedy)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(final, dtype="float32").eval()
-    for question, answer in COLOURS:
+    out = {}
+    for question, _ in COLOURS:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)
         with torch.no_grad():
-            generated = model.generate(**prompt, max_new_tokens=24, do_sample=False,
-                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-        new = generated[0, prompt["input_ids"].shape[1]:].tolist()
+            ids = model.generate(**prompt, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.eos_token_id,
+                                 **generate)
+        out[question] = ids[0, prompt["input_ids"].shape[1]:].tolist()
+    return out
+
+
+def test_a_chat_model_trained_from_a_tokenizer_without_a_template_learns_to_stop(tmp_path):
+    from transformers import AutoTokenizer
+
+    from finetune_trainer.data.chat import DEFAULT_CHAT_TEMPLATE
+    from finetune_trainer.tiny_model import build_tiny_model
+
+    final = train_on_colours(build_tiny_model(tmp_path / "bare-model", chat_template=False), tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert tokenizer.chat_template == DEFAULT_CHAT_TEMPLATE  # final/ carries the template it was trained with
+    replies = generated_replies(final, tokenizer, eos_token_id=tokenizer.eos_token_id)
+    for question, answer in COLOURS:
+        new = replies[question]
         assert tokenizer.eos_token_id in new, f"{question!r}: never stopped: {tokenizer.decode(new)!r}"
         assert tokenizer.decode(new[:new.index(tokenizer.eos_token_id)]) == answer
 
@@ -88,8 +103,7 @@ PHI3_STYLE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|e
 def test_a_model_whose_template_stops_with_another_token_than_its_eos_stops_there(tmp_path):
     """Phi-3 style: replies close with <|end|>, the model's EOS is </s>. Trained, the saved generation_config lists
     both, so a plain generate() stops after the reply instead of generating past <|end|> forever."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
     from finetune_trainer.tiny_model import build_tiny_model
 
@@ -100,25 +114,10 @@ def test_a_model_whose_template_stops_with_another_token_than_its_eos_stops_ther
     tokenizer.save_pretrained(model_dir)
     end = tokenizer.convert_tokens_to_ids("<|end|>")
     assert GenerationConfig.from_pretrained(model_dir).eos_token_id == tokenizer.eos_token_id != end
-    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in COLOURS]
-    code, out = finetune_run({
-        "model": {"name": str(model_dir), "dtype": "float32"},
-        "data": {"format": "messages", "maxLength": 64, "train": [{"inline": rows}]},
-        "method": {"type": "full"},
-        "training": {"maxSteps": 80, "learningRate": 0.005, "perDeviceTrainBatchSize": 4, "precision": "fp32",
-                     "optim": "adamw_torch", "lrScheduler": "constant", "loggingSteps": 10, "seed": 1},
-        "distributed": {"numNodes": 1, "gpusPerNode": 0},
-        "checkpoints": {"saveStrategy": "no"}, "runPolicy": {"backoffLimit": 0}}, tmp_path)
-    assert code == 0, out[-3000:]
-    final = tmp_path / "run" / "output" / "final"
+    final = train_on_colours(model_dir, tmp_path)
     assert GenerationConfig.from_pretrained(final).eos_token_id == [tokenizer.eos_token_id, end]
-    model = AutoModelForCausalLM.from_pretrained(final, dtype="float32").eval()
+    replies = generated_replies(final, tokenizer)  # no eos_token_id: the saved generation_config decides
     for question, answer in COLOURS:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
-        with torch.no_grad():  # no eos_token_id passed: the saved generation_config decides where to stop
-            generated = model.generate(**prompt, max_new_tokens=24, do_sample=False,
-                                       pad_token_id=tokenizer.eos_token_id)
-        new = generated[0, prompt["input_ids"].shape[1]:].tolist()
+        new = replies[question]
         assert new[-1] == end, f"{question!r}: did not stop at <|end|>: {tokenizer.decode(new)!r}"
         assert tokenizer.decode(new[:-1]) == answer
