@@ -7,8 +7,9 @@ server (MinIO from its Go module, on this machine's loopback), through `finetune
 2. Time from a (re)start to the first step: resuming from the bucket in an empty directory (the checkpoint is
    downloaded first) vs resuming from a local copy of the same checkpoint (a claim). Printed as a ratio.
 
-On a 2-core machine the MinIO server and the upload thread share the cores with training, so (1) is an upper bound
-of what a cluster with remote storage sees.
+On a 2-core machine the MinIO server shares the cores with training: by default it runs at nice 19, standing in for
+a store on other machines (as S3, or MinIO on its own nodes, is), and --same-priority measures the worst case where
+it competes with training. The uploads themselves run at nice 19 in the trainer (outputs/upload_files.py).
 Usage: .venv/bin/python benchmarks/object_storage.py [--steps 24] [--save-steps 6] [--out FILE] [--tiny]
 """
 
@@ -82,12 +83,14 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=6)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tiny", action="store_true", help="a tiny model: checks the harness, measures nothing")
+    parser.add_argument("--same-priority", action="store_true",
+                        help="run MinIO at the trainer's priority (by default it is niced: a store on other machines)")
     args = parser.parse_args()
     from tests.support.minio import MinIO, build_components
 
     with tempfile.TemporaryDirectory(prefix="object-storage-bench-") as tmp:
         work = Path(tmp)
-        server = MinIO(build_components()["minio"] / "minio", work=work / "minio").start()
+        server = MinIO(build_components()["minio"] / "minio", work=work / "minio", niced=not args.same_priority).start()
         try:
             bucket = server.bucket("bench")
             model = build_model(work / "model", args.tiny)

@@ -269,8 +269,10 @@ def upload_niced(local: Path, uri: str, names: list[str]) -> None:
     from finetune_trainer.outputs.upload_files import ENV_S3
 
     env = {**os.environ, ENV_S3: json.dumps(objectstore.settings().model_dump(mode="json", by_alias=True))}
-    proc = subprocess.run([sys.executable, "-m", "finetune_trainer.outputs.upload_files", str(local), uri, *names],
-                          env=env, capture_output=True, text=True, preexec_fn=_lowest_priority, check=False)
+    # The idle I/O class too, where util-linux's ionice is there: reading a checkpoint must not slow the next save.
+    idle_io = ["ionice", "-c", "3"] if shutil.which("ionice") else []
+    proc = subprocess.run([*idle_io, sys.executable, "-m", "finetune_trainer.outputs.upload_files", str(local), uri,
+                           *names], env=env, capture_output=True, text=True, preexec_fn=_lowest_priority, check=False)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         raise UploadProcessFailed(proc.returncode, lines[-1] if lines else f"upload_files exited {proc.returncode}")
