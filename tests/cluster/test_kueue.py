@@ -155,3 +155,30 @@ def test_a_preempted_job_says_so_and_shows_no_eta(queued, kubectl, operator):
     assert st["progress"]["step"] == 830  # the last attempt's, marked as such
     wait_phase(kubectl, queued, "high", "Running", operator, timeout=60)
     assert any(t == "Warning" and r == "Preempted" for t, r, _ in events(kubectl, queued, "low"))
+
+
+def test_a_gang_restart_keeps_its_admission_and_its_place_in_the_queue(queued, kubectl, operator):
+    """A node of the first job fails while a second job waits for the same 16 GPUs: the restarted gang runs under
+    the Workload its first attempt was admitted with, and the second job, submitted later, does not overtake it."""
+    gang(kubectl, queued, "holder")
+    wait_phase(kubectl, queued, "holder", "Running", operator, timeout=60, nodes="2/2")
+    admitted = workload_of(kubectl, queued, "holder")["metadata"]["name"]
+    gang(kubectl, queued, "later")
+    wait_for(lambda: (status(kubectl, queued, "later") or {}).get("phase") == "Queued", 60, "later Queued", operator)
+    pod = attempt_pods(kubectl, queued, "holder", 1)[0]["metadata"]["name"]
+    terminate(kubectl, queued, pod, 1)  # a retryable failure: a gang restart
+    st = wait_phase(kubectl, queued, "holder", "Running", operator, attempt=2, timeout=90, nodes="2/2")
+    assert st["restarts"] == 1, st
+    job = job_of(kubectl, queued, "holder", attempt=2)
+    assert job["metadata"]["labels"][c.LABEL_KUEUE_PREBUILT] == admitted
+    kept = kubectl.json("get", "workloads.kueue.x-k8s.io", admitted, "-n", queued)
+    assert [(o["kind"], o["name"]) for o in kept["metadata"]["ownerReferences"]] == [("Job", "holder-a2")]
+    assert {cd["type"]: cd["status"] for cd in kept["status"]["conditions"]}["Admitted"] == "True"
+    assert any(r == "KueueAdmissionKept" for _, r, _ in events(kubectl, queued, "holder"))
+    # The later job still waits (it would have been admitted had the restart queued a new Workload behind it).
+    time.sleep(5)
+    assert status(kubectl, queued, "later")["phase"] == "Queued"
+    assert job_of(kubectl, queued, "later")["spec"]["suspend"] is True
+    finish(kubectl, queued, "holder", attempt=2)
+    wait_phase(kubectl, queued, "holder", "Succeeded", operator, timeout=60)
+    wait_phase(kubectl, queued, "later", "Running", operator, timeout=60, nodes="2/2")

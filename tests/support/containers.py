@@ -23,7 +23,7 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 from tests.support.controlplane import ROOT
-from tests.support.pod_runner import PodRunner, write_service_account
+from tests.support.pod_runner import PodRunner, expand, write_service_account
 
 PODMAN = [str(ROOT / "hack" / "podman.sh")]
 
@@ -142,12 +142,12 @@ class ContainerPodRunner(PodRunner):
                # This machine's limits, not the pod's: no Hub to reach, two cores for every container.
                "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
         for item in container["env"]:
-            value = item["value"] if "value" in item else self._value_from(pod, item)
+            value = expand(item["value"], env) if "value" in item else self._value_from(pod, item)
             if value is not None:
                 env[item["name"]] = value
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
-        master = next(item["value"] for item in container["env"] if item["name"] == c.ENV_PET_MASTER_ADDR)
+        master = env[c.ENV_PET_MASTER_ADDR]
         args += ["--add-host", f"{master}:127.0.0.1"]
         args += ["--entrypoint", json.dumps(container["command"][:1]), container["image"],
                  *container["command"][1:], *container.get("args", [])]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,13 @@ from tests.support.controlplane import ROOT
 from tests.support.pod_status import terminated
 
 DEFAULT_GRACE_SECONDS = 30.0  # the kubelet's: SIGTERM, then SIGKILL after the pod's terminationGracePeriodSeconds
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion: a variable defined earlier is substituted, $$ is a literal $, anything else
+    stays as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
 
 
 class LocalProcess:
@@ -162,7 +170,7 @@ class PodRunner:
                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.cp.api_port),
                "FINETUNE_SERVICEACCOUNT_DIR": str(self._service_account(pod, root))}
         for item in container["env"]:
-            value = remap(item["value"], mounts) if "value" in item else self._value_from(pod, item)
+            value = remap(expand(item["value"], env), mounts) if "value" in item else self._value_from(pod, item)
             if value is not None:
                 env[item["name"]] = value
         env["PET_MASTER_ADDR"] = "127.0.0.1"  # the headless-Service name of node 0, resolved as DNS would

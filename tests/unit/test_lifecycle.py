@@ -1,5 +1,6 @@
 """The FineTuneJob state machine, pure: every phase, gang restart, backoff, suspend/Kueue, deadline, stall, TTL."""
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -168,6 +169,39 @@ def test_kueue_queued_job_is_never_unsuspended_by_the_operator():
     p = plan(job(), observe({"phase": "Pending", "attempt": 1}, [queued], [], labels=labels))
     assert p.status["phase"] == "Queued" and p.suspend_workload is None
     assert "Kueue" in p.status["message"]
+
+
+def test_a_queued_gang_restart_hands_its_admitted_kueue_workload_to_the_next_attempt():
+    labels = {c.LABEL_KUEUE_QUEUE: "gpu"}
+    admitted = [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]
+    first = workload(1, labels=labels)
+    first["spec"]["backoffLimit"] = 2**31 - 1  # render/workload.py: a queued Job never fails by itself
+    first["status"]["failed"] = 1
+    first["metadata"]["annotations"] = {c.ANNOTATION_POD_SET_HASH: "abc"}
+    kueue = {"name": "job-test-job-a1-1", "job": "test-job-a1", "holder": None, "active": True,
+             "conditions": admitted}
+    with_kueue = lambda obs, *kw: dataclasses.replace(obs, kueue_workloads=list(kw))  # noqa: E731
+    failed = plan(job(), with_kueue(observe(running_status(), [first], [pod(0, "Failed", 1), pod(1)], labels),
+                                    kueue), SETTINGS)
+    assert failed.status["phase"] == "Restarting" and failed.status["attempt"] == 2
+    assert not failed.delete_workloads  # its pods tell what happened first
+    # The next pass deletes the failed Job, after the FineTuneJob took its Workload over (the quota stays held).
+    later = T0 + timedelta(seconds=30)
+    gone = plan(job(), with_kueue(observe(failed.status, [first], [], labels, now=later, old_pods=1), kueue),
+                SETTINGS)
+    assert gone.delete_workloads == ["test-job-a1"] and gone.hold_kueue == ("job-test-job-a1-1", "abc")
+    assert gone.create_attempt is None  # its other pods still run
+    held = {**kueue, "job": None, "holder": "test-job", "podSetHash": "abc"}
+    start = plan(job(), with_kueue(observe(gone.status, [], [], labels, now=later), held), SETTINGS)
+    assert start.create_attempt == 2 and start.offer_kueue == "job-test-job-a1-1" and start.hold_kueue is None
+    second = workload(2, suspend=True, suspended_by="kueue",
+                      labels={**labels, c.LABEL_KUEUE_PREBUILT: "job-test-job-a1-1"})
+    hand = plan(job(), with_kueue(observe(start.status, [second], [], labels, now=later), held), SETTINGS)
+    assert hand.hand_kueue == ("job-test-job-a1-1", "test-job-a2") and hand.create_attempt is None
+    # A job that ends while it holds the Workload gives the quota back.
+    ended = plan(job(), with_kueue(observe({**start.status, "phase": "Failed", "completionTime": ts(T0)}, [], [],
+                                           labels, now=later), held), SETTINGS)
+    assert ended.kueue_active == ("job-test-job-a1-1", False)
 
 
 def test_active_deadline_fails_and_frees_the_gpus():

@@ -10,6 +10,7 @@ from finetune_operator.render import RenderContext, render_all, render_trainer_i
 from finetune_operator.render.rbac import trainer_binding_name
 from finetune_operator.render.workload import render_workload
 from tests.builders import make_job
+from tests.support.pod_runner import expand
 
 CTX = RenderContext(name="test-job", namespace="ml", attempt=2, trainer_image="registry.local/trainer:1")
 
@@ -55,11 +56,15 @@ def test_multi_node_ddp_rendezvous_contract():
     env = env_of(objs)
     assert env[c.ENV_PET_NNODES] == "4"
     assert env[c.ENV_PET_NPROC_PER_NODE] == "8"
-    assert env[c.ENV_PET_MASTER_ADDR] == "test-job-a2-0.test-job.ml.svc"
+    # The kubelet expands the attempt from the pod's own label: every attempt's containers are the same.
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert env[c.ENV_ATTEMPT] == {"fieldRef": {"fieldPath": f"metadata.labels['{c.LABEL_ATTEMPT}']"}}
+    assert labels[c.LABEL_ATTEMPT] == "2"
+    assert expand(env[c.ENV_PET_MASTER_ADDR], {c.ENV_ATTEMPT: labels[c.LABEL_ATTEMPT]}) == \
+        "test-job-a2-0.test-job.ml.svc"
     assert env[c.ENV_PET_MASTER_PORT] == "29500"
     assert env[c.ENV_PET_NODE_RANK] == {
         "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
-    assert env[c.ENV_ATTEMPT] == "2"
     assert container(objs)["resources"]["limits"]["nvidia.com/gpu"] == "8"
     args = files(objs)[c.CONFIG_FILE]["trainingArguments"]
     assert args["ddp_find_unused_parameters"] is False  # lora default freezes the base
@@ -260,6 +265,24 @@ def test_labels_and_kueue_queue_makes_workload_suspended():
     for obj in objs.values():
         assert obj["metadata"]["labels"][c.LABEL_MANAGED_BY] == c.MANAGED_BY
         assert obj["metadata"]["labels"][c.LABEL_INSTANCE] == "test-job"
+
+
+def test_a_queued_attempt_never_fails_by_itself_and_can_take_over_the_last_attempts_workload():
+    """Kueue finishes a failed Job's Workload (the quota and the place in the queue go with it): a queued Job
+    leaves its pod failures to the operator, and every attempt's pods are what Kueue compares, unchanged."""
+    queue = {c.LABEL_KUEUE_QUEUE: "gpu-queue", c.LABEL_KUEUE_PREBUILT: "a-users-own"}
+    first = render(ctx=RenderContext(**{**CTX.__dict__, "attempt": 1}), labels=queue)["Job"]
+    third = render(ctx=RenderContext(**{**CTX.__dict__, "attempt": 3, "resume_from": "/output/checkpoint-40",
+                                        "kueue_workload": "job-test-job-a1-x"}), labels=queue)["Job"]
+    assert first["spec"]["backoffLimit"] == third["spec"]["backoffLimit"] > 1000
+    assert render()["Job"]["spec"]["backoffLimit"] == 0  # not queued: one failed pod fails the Job
+    assert c.LABEL_KUEUE_PREBUILT not in first["metadata"]["labels"]  # never a user's
+    assert third["metadata"]["labels"][c.LABEL_KUEUE_PREBUILT] == "job-test-job-a1-x"
+    assert first["spec"]["template"]["spec"]["containers"] == third["spec"]["template"]["spec"]["containers"]
+    hashes = {j["metadata"]["annotations"][c.ANNOTATION_POD_SET_HASH] for j in (first, third)}
+    assert len(hashes) == 1
+    other = render({"spec.distributed.numNodes": 3}, labels=queue)["Job"]
+    assert other["metadata"]["annotations"][c.ANNOTATION_POD_SET_HASH] not in hashes
 
 
 def test_suspend_and_scheduling_fields():

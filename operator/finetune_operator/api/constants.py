@@ -28,6 +28,8 @@ LABEL_ROLE: Final = f"{GROUP}/role"
 # under its prefix on a FineTuneJob (queue name, priority class, ...) is copied to the attempt's Job.
 KUEUE_PREFIX: Final = "kueue.x-k8s.io/"
 LABEL_KUEUE_QUEUE: Final = f"{KUEUE_PREFIX}queue-name"
+# A gang restart hands the admitted Workload of the failed attempt to the next one (controller/queueing.py).
+LABEL_KUEUE_PREBUILT: Final = f"{KUEUE_PREFIX}prebuilt-workload-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
 KUEUE_WORKLOADS: Final = "workloads"
@@ -38,6 +40,9 @@ ANNOTATION_SUSPENDED: Final = f"{GROUP}/suspended-by-operator"
 # The Indexed Job controller writes each pod's completion index into this annotation; node rank comes from it.
 ANNOTATION_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
 ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
+# What Kueue compares between a Job and its Workload (containers, tolerations, pod count): equal across attempts,
+# the next attempt may take over the Workload the last one was admitted with.
+ANNOTATION_POD_SET_HASH: Final = f"{GROUP}/pod-set-hash"
 
 # Paths inside trainer pods.
 CONFIG_MOUNT_PATH: Final = "/etc/finetune"

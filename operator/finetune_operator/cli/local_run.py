@@ -88,7 +88,7 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
     env.update({e["name"]: e["value"] for e in trainer_env(job.spec, ctx) if "value" in e})
     env.update({
         c.ENV_PET_NODE_RANK: str(rank), c.ENV_PET_MASTER_ADDR: "127.0.0.1", c.ENV_PET_MASTER_PORT: str(port),
-        c.ENV_JOB_NAMESPACE: "local", c.ENV_POD_NAME: f"{job.name}-local-{rank}",
+        c.ENV_JOB_NAMESPACE: "local", c.ENV_POD_NAME: f"{job.name}-local-{rank}", c.ENV_ATTEMPT: str(ctx.attempt),
         c.ENV_TERMINATION_LOG: str(workdir / "logs" / f"node-{rank}.result.json"),
         # The rendered values point at pod volumes; locally the user's caches serve (a model is downloaded once).
         c.ENV_HF_HOME: os.environ.get(c.ENV_HF_HOME, str(Path.home() / ".cache" / "huggingface")),

@@ -36,21 +36,28 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
     spec, status = body.get("spec") or {}, body.get("status") or {}
     meta = body.get("metadata") or {}
     slim = {"metadata": _pick(meta, "name", "labels", "deletionTimestamp", "creationTimestamp"),
-            "spec": _pick(spec, "suspend", "parallelism"), "status": _pick(status, "conditions", "ready", "succeeded")}
-    ours = (meta.get("annotations") or {}).get(c.ANNOTATION_SUSPENDED)
-    if ours is not None:  # who suspended it (controller/queueing.py)
-        slim["metadata"]["annotations"] = {c.ANNOTATION_SUSPENDED: ours}
+            "spec": _pick(spec, "suspend", "parallelism", "backoffLimit"),
+            "status": _pick(status, "conditions", "ready", "succeeded", "failed")}
+    # Who suspended it (controller/queueing.py), and what Kueue compares when the next attempt takes its Workload.
+    kept = {k: v for k, v in (meta.get("annotations") or {}).items()
+            if k in (c.ANNOTATION_SUSPENDED, c.ANNOTATION_POD_SET_HASH)}
+    if kept:
+        slim["metadata"]["annotations"] = kept
     return slim
 
 
 def slim_workload_kueue(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A Kueue Workload of one of our Jobs: its name, the Job, whether it is active, its priority and conditions."""
+    """A Kueue Workload of one of our Jobs (or held by a FineTuneJob between two attempts): its name, the Job or
+    the holder, whether it is active, its priority and conditions."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    owner = next((o.get("name") for o in (body.get("metadata") or {}).get("ownerReferences") or []
-                  if o.get("kind") == "Job"), None)
-    return {"name": (body.get("metadata") or {}).get("name"), "job": owner, "active": spec.get("active", True),
+    meta = body.get("metadata") or {}
+    owners = meta.get("ownerReferences") or []
+    owner = next((o.get("name") for o in owners if o.get("kind") == "Job"), None)
+    holder = next((o.get("name") for o in owners if o.get("kind") == c.KIND and o.get("controller")), None)
+    return {"name": meta.get("name"), "job": owner, "holder": holder, "active": spec.get("active", True),
             "priority": spec.get("priority"), "priorityClassName": (spec.get("priorityClassRef") or {}).get("name")
             or spec.get("priorityClassName"),
+            "podSetHash": (meta.get("annotations") or {}).get(c.ANNOTATION_POD_SET_HASH),
             "conditions": [_pick(cd, "type", "status", "reason", "message", "lastTransitionTime")
                            for cd in status.get("conditions") or []]}
 

@@ -78,8 +78,12 @@ def workload_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: An
 
 
 def _ours(body: kopf.Body, **_: Any) -> bool:
-    return any(o.get("kind") == "Job" and finetunejob_of_job(o.get("name"))
+    return any((o.get("kind") == "Job" and finetunejob_of_job(o.get("name"))) or o.get("kind") == c.KIND
                for o in body.get("metadata", {}).get("ownerReferences") or [])
+
+
+def _finetunejob_of_kueue_workload(slim: dict[str, Any]) -> str | None:
+    return finetunejob_of_job(slim["job"]) or slim["holder"]
 
 
 # Kueue's Workloads of our Jobs (when Kueue is installed: kopf watches the resource once its CRD exists): whether
@@ -87,13 +91,13 @@ def _ours(body: kopf.Body, **_: Any) -> bool:
 @kopf.index(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, when=_ours)
 def kueue_workload_index(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
     slim = slim_workload_kueue(body)
-    return {(namespace, finetunejob_of_job(slim["job"]) or ""): slim}
+    return {(namespace, _finetunejob_of_kueue_workload(slim) or ""): slim}
 
 
 @kopf.on.event(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, when=_ours)
 async def kueue_workload_changed(namespace: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     controller: Controller = memo.controller
-    name = finetunejob_of_job(slim_workload_kueue(body)["job"])
+    name = _finetunejob_of_kueue_workload(slim_workload_kueue(body))
     if name:
         await controller.reconcile((namespace, name), _indexes(kwargs), gather=GATHER_SECONDS)
 

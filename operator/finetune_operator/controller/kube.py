@@ -129,9 +129,33 @@ class Kube:
     def set_kueue_active(self, namespace: str, name: str, active: bool) -> None:
         """Deactivate (or activate again) a Kueue Workload: Kueue evicts it, suspending its Job and releasing the
         quota, the way Kueue's own users stop a workload (kubectl patch workload --type=merge spec.active)."""
-        workloads = self.dyn.resources.get(api_version=f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", kind="Workload")
-        workloads.patch(name=name, namespace=namespace, body={"spec": {"active": active}},
-                        content_type="application/merge-patch+json")
+        self._kueue_workloads().patch(name=name, namespace=namespace, body={"spec": {"active": active}},
+                                      content_type="application/merge-patch+json")
+
+    def _kueue_workloads(self):
+        return self.dyn.resources.get(api_version=f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", kind="Workload")
+
+    def hold_kueue_workload(self, namespace: str, name: str, finetunejob: dict[str, Any],
+                            pod_set_hash: str | None) -> None:
+        """Make the FineTuneJob the controller owner of its failed attempt's admitted Workload, so that deleting
+        that Job neither finishes the Workload (Kueue finishes those whose owner is gone) nor frees its quota; the
+        pod-set hash says which next attempt may take it over (controller/queueing.py)."""
+        meta = finetunejob["metadata"]
+        self._kueue_workloads().patch(name=name, namespace=namespace, content_type="application/merge-patch+json",
+                                      body={"metadata": {
+                                          "ownerReferences": [{"apiVersion": c.API_VERSION, "kind": c.KIND,
+                                                               "name": meta["name"], "uid": meta["uid"],
+                                                               "controller": True, "blockOwnerDeletion": False}],
+                                          "annotations": {c.ANNOTATION_POD_SET_HASH: pod_set_hash}}})
+
+    def hand_kueue_workload(self, namespace: str, name: str, job_name: str) -> None:
+        """Make the new attempt's Job (which names the Workload) its controller owner: Kueue starts it under the
+        admission the Workload already has."""
+        job = self.jobs.get(name=job_name, namespace=namespace)
+        self._kueue_workloads().patch(name=name, namespace=namespace, content_type="application/merge-patch+json",
+                                      body={"metadata": {"ownerReferences": [{
+                                          "apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                                          "uid": job.metadata.uid, "controller": True, "blockOwnerDeletion": True}]}})
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str
                      ) -> dict[str, Any]:

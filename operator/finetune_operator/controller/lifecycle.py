@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..api import constants as c
 from ..api import exit_codes
 from ..api.errors import InvalidSpec
 from ..api.status import TERMINAL_PHASES
@@ -23,6 +24,7 @@ from .observed import (
     classify_failure,
     format_time,
     has_condition,
+    job_ended_failed,
     job_failed,
     job_succeeded,
     parse_time,
@@ -86,6 +88,10 @@ class Plan:
     delete_workloads: list[str] = field(default_factory=list)
     suspend_workload: tuple[str, bool] | None = None
     kueue_active: tuple[str, bool] | None = None  # (Kueue Workload, active): a suspend of a Kueue-managed attempt
+    # (Kueue Workload, its pod-set hash): held by the FineTuneJob before its failed Job is deleted (queueing.py)
+    hold_kueue: tuple[str, str | None] | None = None
+    offer_kueue: str | None = None  # the held Workload the created attempt names, if its pod set is unchanged
+    hand_kueue: tuple[str, str] | None = None  # (held Workload, the attempt's Job that names it): make it the owner
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     # Posted only when this pass really creates the attempt (a pass before the new Job reaches the cache plans the
@@ -145,6 +151,7 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         _ttl(p, job, obs)
     else:
         _advance(p, job, obs, settings)
+    _keep_admission(p, obs)
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     _set_conditions(p, obs)
@@ -159,6 +166,29 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         p.events.append(Event("Warning" if warn else "Normal", reason or p.status["phase"],
                               p.status.get("message") or f"phase {p.status['phase']}"))
     return p
+
+
+def _keep_admission(p: Plan, obs: Observed) -> None:
+    """A gang restart keeps the Kueue admission of the failed attempt (queueing.py): its Workload is held before
+    its Job is deleted and handed to the Job of the next attempt; a job that ends releases it."""
+    held = queueing.held(obs.kueue_workloads, obs.name)
+    if p.status.get("phase") in TERMINAL_PHASES:
+        if held is not None:
+            p.kueue_active = (held["name"], False)
+        return
+    if held is None:
+        for job in obs.workloads:
+            kueue = queueing.kueue_workload(obs.kueue_workloads, job)
+            if job["metadata"]["name"] in p.delete_workloads and kueue is not None and queueing.admitted(kueue):
+                p.hold_kueue = (kueue["name"], (job["metadata"].get("annotations") or {}).get(
+                    c.ANNOTATION_POD_SET_HASH))
+                return
+        return
+    current = next((w for w in obs.workloads if attempt_of(w) == p.status.get("attempt")), None)
+    if current is not None and (current["metadata"].get("labels") or {}).get(c.LABEL_KUEUE_PREBUILT) == held["name"]:
+        p.hand_kueue = (held["name"], current["metadata"]["name"])
+    elif p.create_attempt is not None:
+        p.offer_kueue = held["name"]
 
 
 # Phases in which no attempt trains: the trainer's last progress is marked as the last attempt's and has no ETA.
@@ -511,12 +541,13 @@ def _ttl(p: Plan, job: ValidatedJob, obs: Observed) -> None:
 
 
 def _last_failed_attempt(workloads: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
-    failed = [w for w in workloads if 0 < (attempt_of(w) or 0) < attempt and job_failed(w)]
+    failed = [w for w in workloads if 0 < (attempt_of(w) or 0) < attempt and job_ended_failed(w)]
     return max(failed, key=lambda w: attempt_of(w) or 0, default=None)
 
 
 def _finished(workload: dict[str, Any]) -> bool:
-    return job_succeeded(workload) or job_failed(workload)
+    """Ended for good (a queued attempt's Job with a failed pod has not: its other pods run until it is deleted)."""
+    return job_succeeded(workload) or job_ended_failed(workload)
 
 
 def _condition_time(status: dict[str, Any], kind: str) -> datetime | None:

@@ -21,9 +21,16 @@ def has_condition(obj: dict[str, Any], kind: str) -> bool:
                for cd in (obj.get("status") or {}).get("conditions") or [])
 
 
-def job_failed(job: dict[str, Any]) -> bool:
+def job_ended_failed(job: dict[str, Any]) -> bool:
     """FailureTarget (Kubernetes >= 1.31) comes as soon as the Job is doomed; Failed only after every pod ended."""
     return has_condition(job, "FailureTarget") or has_condition(job, "Failed")
+
+
+def job_failed(job: dict[str, Any]) -> bool:
+    """The attempt failed: its Job failed, or a pod failed in a Job queued in Kueue (which never fails by itself:
+    render/workload.py), whose other pods still run until the operator deletes it."""
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    return job_ended_failed(job) or (int(spec.get("backoffLimit") or 0) > 0 and int(status.get("failed") or 0) > 0)
 
 
 def job_succeeded(job: dict[str, Any]) -> bool:

@@ -3,7 +3,15 @@
 Kueue manages a Job when it has a Workload for it, when the Job carries a queue name, or when the Job was
 suspended by someone other than the operator (Kueue's manageJobsWithoutQueueName suspends unlabelled Jobs). The
 operator then never writes the Job's spec.suspend: Kueue owns it. A user's suspend deactivates the Workload
-instead (Kueue evicts it and releases the quota), and clearing it activates the Workload again (re-queued)."""
+instead (Kueue evicts it and releases the quota), and clearing it activates the Workload again (re-queued).
+
+A gang restart keeps the quota and the place in the queue: a queued attempt's Job never fails by itself
+(render/workload.py), so its Workload stays admitted when a pod fails. Before the failed Job is deleted its
+Workload is held by the FineTuneJob (its controller owner: Kueue neither finishes it as orphaned nor stops anything
+else), and the next attempt's Job names it (kueue.x-k8s.io/prebuilt-workload-name) and is made its controller
+owner: Kueue starts that Job at once under the admission it already has. Kueue compares a Job's containers and
+pod count with its Workload's, so the hand-over happens only when they are unchanged (pod-set hash); otherwise, and
+when the job ends, the held Workload is deactivated and the quota released."""
 
 from typing import Any
 
@@ -17,6 +25,23 @@ def kueue_workload(kueue_workloads: list[dict[str, Any]], job: dict[str, Any]) -
     """Kueue's Workload of the attempt's Job, if Kueue made one."""
     name = job["metadata"]["name"]
     return next((w for w in kueue_workloads if w.get("job") == name), None)
+
+
+def finished(kueue: dict[str, Any]) -> bool:
+    return (_condition(kueue, "Finished") or {}).get("status") == "True"
+
+
+def admitted(kueue: dict[str, Any]) -> bool:
+    """Holds quota: reserved, not finished, not deactivated."""
+    return ((_condition(kueue, "QuotaReserved") or {}).get("status") == "True" and not finished(kueue)
+            and bool(kueue.get("active", True)))
+
+
+def held(kueue_workloads: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The Workload the FineTuneJob `name` holds between a failed attempt and the next, if any (one released,
+    inactive or finished, holds nothing)."""
+    return next((w for w in kueue_workloads if w.get("holder") == name and not w.get("job")
+                 and w.get("active", True) and not finished(w)), None)
 
 
 def suspended_by_operator(job: dict[str, Any]) -> bool:

@@ -6,6 +6,7 @@ last write, or the trainer's progress, not yet seen) the apiserver answers 409 a
 fresh read, so a restart is never counted twice and no update is lost.
 """
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from ..api import constants as c
 from ..api.errors import InvalidSpec
 from ..api.validation import validate_job
 from ..render import RenderContext, render_all, render_trainer_identity
@@ -22,7 +24,7 @@ from ..render.preflight import PREFLIGHT_ATTEMPT, render_preflight
 from .cache import Snapshot
 from .expectations import Expectations
 from .kube import Kube
-from .lifecycle import OPERATOR_STATUS_FIELDS, Observed, Plan, gang_waiting, only_cosmetic, plan
+from .lifecycle import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, gang_waiting, only_cosmetic, plan
 from .merge_patch import merge_patch
 from .observed import attempt_of, job_failed, pod_ended
 from .settings import Settings
@@ -116,6 +118,26 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
     return job, plan(job, observed, settings)
 
 
+def _children(spec: Any, ctx: RenderContext, result: Plan, view: Snapshot
+              ) -> tuple[list[dict[str, Any]], str | None]:
+    """The attempt's children, naming the held Kueue Workload when Kueue would find its pods unchanged
+    (queueing.py); else the Workload to release (the attempt then queues anew)."""
+    children = render_all(spec, ctx)
+    held = next((w for w in view.kueue_workloads if w["name"] == result.offer_kueue), None)
+    if held is None:
+        return children, None
+    job = next(child for child in children if child["kind"] == "Job")
+    if held.get("podSetHash") != job["metadata"]["annotations"][c.ANNOTATION_POD_SET_HASH]:
+        result.events.append(Event("Normal", "KueueRequeued", (
+            f"attempt {ctx.attempt} asks Kueue for other pods than the attempt before it (its spec or the image "
+            f"changed): workload {held['name']} is released and the attempt queues anew")))
+        return children, held["name"]
+    result.create_events.append(Event("Normal", "KueueAdmissionKept", (
+        f"attempt {ctx.attempt} runs under Kueue workload {held['name']}, admitted for the attempt before it: its "
+        "quota and its place in the queue are kept")))
+    return render_all(spec, dataclasses.replace(ctx, kueue_workload=held["name"])), None
+
+
 def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot, settings: Settings,
          expectations: Expectations) -> None:
     """Each action is skipped while the same write is still on its way back through the watch; what the cache
@@ -139,6 +161,13 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
             raise
         return True
 
+    holding = ("kueue-hold", ns, name)
+    if result.hold_kueue is not None:  # before its Job is deleted (queueing.py)
+        held, pod_set = result.hold_kueue
+        once(holding, lambda: kube.hold_kueue_workload(ns, held, obj, pod_set), ttl=10.0)
+    if result.hand_kueue is not None:
+        held, to = result.hand_kueue
+        once(("kueue-hand", ns, held, to), lambda: kube.hand_kueue_workload(ns, held, to), ttl=10.0)
     for workload in result.delete_workloads:
         once(("delete", ns, workload), functools.partial(kube.delete_workload, ns, workload))
     if result.suspend_workload is not None:
@@ -158,9 +187,18 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
                             job_labels=obj["metadata"].get("labels") or {},
                             job_annotations=obj["metadata"].get("annotations") or {}, resume_from=result.resume_from,
                             uid=obj["metadata"].get("uid"))
-        render = render_preflight if creates == PREFLIGHT_ATTEMPT else render_all
+        release = None
+        if creates == PREFLIGHT_ATTEMPT:
+            children = render_preflight(job.spec, ctx)
+        elif result.offer_kueue is None and expectations.pending(holding):
+            result.requeue(1)  # the held Workload is not in the cache yet: the attempt must name it
+            return
+        else:
+            children, release = _children(job.spec, ctx, result, view)
+        if release is not None:
+            once(("kueue-active", ns, release, False), lambda: kube.set_kueue_active(ns, release, False), ttl=10.0)
         if once(("attempt", ns, name, obj["metadata"]["uid"], creates),
-                lambda: kube.apply_all(render(job.spec, ctx), owner=obj)):
+                lambda: kube.apply_all(children, owner=obj)):
             result.events.extend(result.create_events)
     if result.delete_job:
         once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))

@@ -27,3 +27,6 @@ class RenderContext:
     uid: str | None = None
     # The operator's networkPolicy setting: each gang gets a NetworkPolicy (ingress only from its own pods).
     network_policy: bool = False
+    # The Kueue Workload a gang restart hands over: the attempt's Job names it and Kueue starts the Job at once
+    # under that Workload's admission instead of queueing a new Workload behind the jobs submitted since.
+    kueue_workload: str | None = None

@@ -22,13 +22,14 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
         {"name": c.ENV_PET_NPROC_PER_NODE, "value": str(d.processes_per_node)},
         {"name": c.ENV_PET_NODE_RANK,
          "valueFrom": _field_ref(f"metadata.annotations['{c.ANNOTATION_COMPLETION_INDEX}']")},
+        # Before PET_MASTER_ADDR, which names it: the kubelet expands $(VAR) of variables defined earlier.
+        {"name": c.ENV_ATTEMPT, "valueFrom": _field_ref(f"metadata.labels['{c.LABEL_ATTEMPT}']")},
         {"name": c.ENV_PET_MASTER_ADDR, "value": master_address(ctx)},
         {"name": c.ENV_PET_MASTER_PORT, "value": str(d.rendezvous_port)},
         {"name": c.ENV_CONFIG, "value": posixpath.join(ctx.config_dir, c.CONFIG_FILE)},
         {"name": c.ENV_JOB_NAME, "value": ctx.name},
         {"name": c.ENV_JOB_NAMESPACE, "valueFrom": _field_ref("metadata.namespace")},
         {"name": c.ENV_POD_NAME, "valueFrom": _field_ref("metadata.name")},
-        {"name": c.ENV_ATTEMPT, "value": str(ctx.attempt)},
         # Hub downloads (models, tokenizers, datasets) go to the output volume (or data.cacheDir), where the next
         # attempt of a gang restart finds them instead of downloading again (the root filesystem is read-only).
         {"name": c.ENV_HF_HOME, "value": posixpath.join(cache_dir(spec, ctx), "huggingface")},

@@ -18,8 +18,11 @@ def workload_name(ctx: RenderContext) -> str:
 
 
 def master_address(ctx: RenderContext) -> str:
-    """DNS name of node 0: Indexed Job pods get hostname <job>-<index> under the headless Service's subdomain."""
-    return f"{workload_name(ctx)}-0.{service_name(ctx)}.{ctx.namespace}.svc"
+    """DNS name of node 0: Indexed Job pods get hostname <job>-<index> under the headless Service's subdomain.
+
+    The attempt comes from the pod's own label ($(FINETUNE_ATTEMPT), expanded by the kubelet), so every attempt's
+    containers are the same: Kueue then lets the next attempt take over the last one's admitted Workload."""
+    return f"{ctx.name}-a$({c.ENV_ATTEMPT})-0.{service_name(ctx)}.{ctx.namespace}.svc"
 
 
 def job_labels(ctx: RenderContext, component: str) -> dict[str, str]:

@@ -2,7 +2,9 @@
 
 Indexed Jobs are what Kueue and every cluster already understand; the completion index is the node rank and gives
 each pod a stable hostname under the headless Service. backoffLimit 0: the operator owns gang restarts, so one
-failed node fails the Job and the operator replaces the whole attempt.
+failed node fails the Job and the operator replaces the whole attempt. A Job queued in Kueue never fails by itself
+(a failed Job finishes its Workload and gives the quota up): the operator sees its first failed pod, hands the
+admitted Workload to the next attempt and deletes the Job (controller/queueing.py).
 """
 
 import hashlib
@@ -18,6 +20,9 @@ from .env import trainer_env
 from .names import attempt_labels, config_map_name, service_name, workload_name
 from .rbac import TRAINER_IDENTITY
 
+# A queued attempt's Job: its pod failures are the operator's to act on, never a reason for the Job to fail.
+KUEUE_BACKOFF_LIMIT = 2**31 - 1
+
 
 def trainer_command(ctx: RenderContext) -> list[str]:
     """An argv list, never a shell string: the launcher waits for node 0's DNS name, then execs torchrun."""
@@ -30,18 +35,30 @@ def spec_hash(spec: FineTuneJobSpec) -> str:
     return hashlib.sha256(body).hexdigest()[:16]
 
 
+def pod_set_hash(job: dict[str, Any]) -> str:
+    """What Kueue compares between a Job and the Workload it runs under (the pod count, containers and
+    tolerations): equal, the next attempt can take over the Workload its predecessor was admitted with."""
+    template = job["spec"]["template"]["spec"]
+    body = json.dumps([job["spec"]["parallelism"], template["containers"], template.get("tolerations")],
+                      sort_keys=True).encode()
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
 def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
     d = spec.distributed
     labels = attempt_labels(ctx, "trainer")
     # Every Kueue label and annotation users put on the FineTuneJob (queue name, priority class, ...) reaches the
     # Job, which Kueue manages.
-    kueue_labels = {k: v for k, v in ctx.job_labels.items() if k.startswith(c.KUEUE_PREFIX)}
+    kueue_labels = {k: v for k, v in ctx.job_labels.items()
+                    if k.startswith(c.KUEUE_PREFIX) and k != c.LABEL_KUEUE_PREBUILT}
     kueue_annotations = {k: v for k, v in ctx.job_annotations.items() if k.startswith(c.KUEUE_PREFIX)}
     queue = kueue_labels.get(c.LABEL_KUEUE_QUEUE)
     annotations = {c.ANNOTATION_SPEC_HASH: spec_hash(spec), **kueue_annotations}
     if spec.suspend and not queue:  # our own suspend (controller/queueing.py tells it from Kueue's)
         annotations[c.ANNOTATION_SUSPENDED] = "true"
-    return {
+    if queue and ctx.kueue_workload:
+        kueue_labels[c.LABEL_KUEUE_PREBUILT] = ctx.kueue_workload
+    job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
@@ -54,13 +71,15 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
             "completionMode": "Indexed",
             "completions": d.num_nodes,
             "parallelism": d.num_nodes,
-            "backoffLimit": 0,
+            "backoffLimit": KUEUE_BACKOFF_LIMIT if queue else 0,
             # Kueue admits a queued workload by unsuspending it, so a queued job starts suspended.
             "suspend": spec.suspend or bool(queue),
             "podReplacementPolicy": "Failed",
             "template": _pod_template(spec, ctx, labels),
         },
     }
+    annotations[c.ANNOTATION_POD_SET_HASH] = pod_set_hash(job)
+    return job
 
 
 def _pod_template(spec: FineTuneJobSpec, ctx: RenderContext, labels: dict[str, str]) -> dict[str, Any]:
