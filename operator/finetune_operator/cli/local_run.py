@@ -129,8 +129,10 @@ def stop(nodes: list[Node], out: TextIO) -> None:
 
 def wait(nodes: list[Node], progress: ProgressLine, out: TextIO) -> None:
     interrupted = False
-    while any(n.process.poll() is None for n in nodes):
-        try:
+    while True:
+        try:  # the check too: a Ctrl-C lands wherever the loop is, and must always stop the nodes gracefully
+            if all(n.process.poll() is not None for n in nodes):
+                break
             progress.poll()
             time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
