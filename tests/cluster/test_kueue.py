@@ -155,6 +155,8 @@ def test_a_preempted_job_says_so_and_shows_no_eta(queued, kubectl, operator):
     assert st["progress"]["step"] == 830  # the last attempt's, marked as such
     wait_phase(kubectl, queued, "high", "Running", operator, timeout=60)
     assert any(t == "Warning" and r == "Preempted" for t, r, _ in events(kubectl, queued, "low"))
+    finish(kubectl, queued, "high")  # the quota goes back before the namespace does (the next tests need it)
+    wait_phase(kubectl, queued, "high", "Succeeded", operator, timeout=60)
 
 
 def test_a_gang_restart_keeps_its_admission_and_its_place_in_the_queue(queued, kubectl, operator):
@@ -182,3 +184,5 @@ def test_a_gang_restart_keeps_its_admission_and_its_place_in_the_queue(queued, k
     finish(kubectl, queued, "holder", attempt=2)
     wait_phase(kubectl, queued, "holder", "Succeeded", operator, timeout=60)
     wait_phase(kubectl, queued, "later", "Running", operator, timeout=60, nodes="2/2")
+    finish(kubectl, queued, "later")
+    wait_phase(kubectl, queued, "later", "Succeeded", operator, timeout=60)

@@ -197,8 +197,15 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
             children, release = _children(job.spec, ctx, result, view)
         if release is not None:
             once(("kueue-active", ns, release, False), lambda: kube.set_kueue_active(ns, release, False), ttl=10.0)
-        if once(("attempt", ns, name, obj["metadata"]["uid"], creates),
-                lambda: kube.apply_all(children, owner=obj)):
-            result.events.extend(result.create_events)
+        try:
+            if once(("attempt", ns, name, obj["metadata"]["uid"], creates),
+                    lambda: kube.apply_all(children, owner=obj)):
+                result.events.extend(result.create_events)
+        except ApiException as exc:
+            if result.offer_kueue is not None and exc.status == 403 and "NamespaceTerminating" in str(exc.body):
+                # Nothing can take the held Workload over in a namespace being deleted: its quota goes back now,
+                # not when the namespace's FineTuneJobs are finally deleted.
+                kube.set_kueue_active(ns, result.offer_kueue, False)
+            raise
     if result.delete_job:
         once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))
