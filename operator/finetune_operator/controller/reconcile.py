@@ -118,24 +118,27 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
     return job, plan(job, observed, settings)
 
 
-def _children(spec: Any, ctx: RenderContext, result: Plan, view: Snapshot
-              ) -> tuple[list[dict[str, Any]], str | None]:
-    """The attempt's children, naming the held Kueue Workload when Kueue would find its pods unchanged
-    (queueing.py); else the Workload to release (the attempt then queues anew)."""
-    children = render_all(spec, ctx)
+def _create_attempt(kube: Kube, owner: dict[str, Any], spec: Any, ctx: RenderContext, result: Plan,
+                    view: Snapshot) -> None:
+    """Apply the attempt's children, naming the held Kueue Workload when Kueue would find its pods unchanged
+    (queueing.py); else the held Workload is released and the attempt queues anew."""
     held = next((w for w in view.kueue_workloads if w["name"] == result.offer_kueue), None)
     if held is None:
-        return children, None
+        kube.apply_all(render_all(spec, ctx), owner=owner)
+        return
+    children = render_all(spec, dataclasses.replace(ctx, kueue_workload=held["name"]))
     job = next(child for child in children if child["kind"] == "Job")
-    if held.get("podSetHash") != job["metadata"]["annotations"][c.ANNOTATION_POD_SET_HASH]:
-        result.events.append(Event("Normal", "KueueRequeued", (
+    if held.get("podSetHash") == job["metadata"]["annotations"][c.ANNOTATION_POD_SET_HASH]:
+        result.create_events.append(Event("Normal", "KueueAdmissionKept", (
+            f"attempt {ctx.attempt} runs under Kueue workload {held['name']}, admitted for the attempt before it: "
+            "its quota and its place in the queue are kept")))
+    else:
+        kube.set_kueue_active(ctx.namespace, held["name"], False)
+        children = render_all(spec, ctx)
+        result.create_events.append(Event("Normal", "KueueRequeued", (
             f"attempt {ctx.attempt} asks Kueue for other pods than the attempt before it (its spec or the image "
             f"changed): workload {held['name']} is released and the attempt queues anew")))
-        return children, held["name"]
-    result.create_events.append(Event("Normal", "KueueAdmissionKept", (
-        f"attempt {ctx.attempt} runs under Kueue workload {held['name']}, admitted for the attempt before it: its "
-        "quota and its place in the queue are kept")))
-    return render_all(spec, dataclasses.replace(ctx, kueue_workload=held["name"])), None
+    kube.apply_all(children, owner=owner)
 
 
 def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot, settings: Settings,
@@ -187,19 +190,15 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
                             job_labels=obj["metadata"].get("labels") or {},
                             job_annotations=obj["metadata"].get("annotations") or {}, resume_from=result.resume_from,
                             uid=obj["metadata"].get("uid"))
-        release = None
         if creates == PREFLIGHT_ATTEMPT:
-            children = render_preflight(job.spec, ctx)
+            create = lambda: kube.apply_all(render_preflight(job.spec, ctx), owner=obj)  # noqa: E731
         elif result.offer_kueue is None and expectations.pending(holding):
             result.requeue(1)  # the held Workload is not in the cache yet: the attempt must name it
             return
         else:
-            children, release = _children(job.spec, ctx, result, view)
-        if release is not None:
-            once(("kueue-active", ns, release, False), lambda: kube.set_kueue_active(ns, release, False), ttl=10.0)
+            create = functools.partial(_create_attempt, kube, obj, job.spec, ctx, result, view)
         try:
-            if once(("attempt", ns, name, obj["metadata"]["uid"], creates),
-                    lambda: kube.apply_all(children, owner=obj)):
+            if once(("attempt", ns, name, obj["metadata"]["uid"], creates), create):
                 result.events.extend(result.create_events)
         except ApiException as exc:
             if result.offer_kueue is not None and exc.status == 403 and "NamespaceTerminating" in str(exc.body):
