@@ -11,7 +11,7 @@ import pytest
 
 from finetune_operator.api import constants as c
 from tests.cluster.test_operator import attempt_pods, status, submit, terminate, wait_for, wait_phase
-from tests.support.kueue import Kueue, cluster_queue, local_queue, priority_class
+from tests.support.kueue import Kueue, cluster_queue, local_queue, priority_class, wait_quota_free
 from tests.support.minio import build_components
 
 QUEUE = "gpu-queue"
@@ -28,7 +28,8 @@ def kueue(kubectl, control_plane):
 
 @pytest.fixture
 def queued(kueue, kubectl, namespace):
-    """The test's namespace with a LocalQueue into the 16-GPU ClusterQueue."""
+    """The test's namespace with a LocalQueue into the 16-GPU ClusterQueue, once no earlier test's job holds it."""
+    wait_quota_free(kubectl, "gpus")
     kubectl.run("apply", "-f", "-", input=json.dumps(local_queue(namespace, QUEUE, "gpus")))
     return namespace
 
@@ -136,8 +137,10 @@ def test_suspending_an_admitted_job_deactivates_its_workload_without_a_loop(queu
     finish(kubectl, queued, "meanwhile")
     kubectl.run("patch", "ftj", "paused", "-n", queued, "--type=merge", "-p",
                 json.dumps({"spec": {"suspend": False}}))
-    wait_phase(kubectl, queued, "paused", "Running", operator, timeout=90, nodes="2/2")
+    st = wait_phase(kubectl, queued, "paused", "Running", operator, timeout=90, nodes="2/2")
     assert workload_of(kubectl, queued, "paused")["spec"]["active"] is True
+    finish(kubectl, queued, "paused", attempt=st["attempt"])
+    wait_phase(kubectl, queued, "paused", "Succeeded", operator, timeout=60)
 
 
 def test_a_preempted_job_says_so_and_shows_no_eta(queued, kubectl, operator):
@@ -155,8 +158,13 @@ def test_a_preempted_job_says_so_and_shows_no_eta(queued, kubectl, operator):
     assert st["progress"]["step"] == 830  # the last attempt's, marked as such
     wait_phase(kubectl, queued, "high", "Running", operator, timeout=60)
     assert any(t == "Warning" and r == "Preempted" for t, r, _ in events(kubectl, queued, "low"))
-    finish(kubectl, queued, "high")  # the quota goes back before the namespace does (the next tests need it)
+    finish(kubectl, queued, "high")
     wait_phase(kubectl, queued, "high", "Succeeded", operator, timeout=60)
+    # The preempted job is admitted again once the quota is free, and runs to its end (the next tests need the
+    # quota back before this namespace is gone).
+    st = wait_phase(kubectl, queued, "low", "Running", operator, timeout=60, nodes="2/2")
+    finish(kubectl, queued, "low", attempt=st["attempt"])
+    wait_phase(kubectl, queued, "low", "Succeeded", operator, timeout=60)
 
 
 def test_a_gang_restart_keeps_its_admission_and_its_place_in_the_queue(queued, kubectl, operator):

@@ -9,7 +9,7 @@ import pytest
 from finetune_operator.api import constants as c
 from tests.cluster.test_kueue import finish, gang, job_of, suspend_flips
 from tests.cluster.test_operator import status, wait_for, wait_phase
-from tests.support.kueue import Kueue, cluster_queue, local_queue
+from tests.support.kueue import Kueue, cluster_queue, local_queue, wait_quota_free
 from tests.support.minio import build_components
 
 
@@ -34,6 +34,7 @@ def test_a_job_without_a_queue_name_that_kueue_manages_is_queued_not_fought_over
 
 
 def test_with_a_default_local_queue_it_is_admitted_and_runs(kueue, kubectl, operator, namespace):
+    wait_quota_free(kubectl, "gpus")  # the Kueue tests before this module share the ClusterQueue
     kubectl.run("apply", "-f", "-", input=json.dumps(local_queue(namespace, "default", "gpus")))
     gang(kubectl, namespace, "defaulted", queue=None)
     wait_phase(kubectl, namespace, "defaulted", "Running", operator, timeout=60, nodes="2/2")

@@ -167,3 +167,19 @@ def local_queue(namespace: str, name: str, cluster_queue_name: str) -> dict[str,
 def priority_class(name: str, value: int) -> dict[str, Any]:
     """A WorkloadPriorityClass (Kueue's own; the label kueue.x-k8s.io/priority-class names it)."""
     return {"apiVersion": API, "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value}
+
+
+def wait_quota_free(kubectl: Any, cluster_queue_name: str, timeout: float = 180.0) -> None:
+    """Wait until no Workload holds quota in the ClusterQueue: a test that needs its GPUs must not start while the
+    jobs of a namespace still being deleted (an earlier test's) hold them. Fails naming the holders."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = kubectl.json("get", "clusterqueues.kueue.x-k8s.io", cluster_queue_name).get("status") or {}
+        if not st.get("reservingWorkloads") and not st.get("admittedWorkloads"):
+            return
+        if time.monotonic() > deadline:
+            holders = [f"{w['metadata']['namespace']}/{w['metadata']['name']}"
+                       for w in kubectl.json("get", "workloads.kueue.x-k8s.io", "-A")["items"]
+                       if (w.get("status") or {}).get("admission")]
+            raise AssertionError(f"ClusterQueue {cluster_queue_name} still held after {timeout}s by {holders}")
+        time.sleep(1)
