@@ -13,8 +13,12 @@ from finetune_operator.api import constants as c
 from tests.cluster.test_operator import attempt_pods, status, submit, terminate, wait_for, wait_phase
 from tests.support.kueue import Kueue, cluster_queue, local_queue, priority_class, wait_quota_free
 from tests.support.minio import build_components
+from tests.support.policy import MESSAGE as POLICY_MESSAGE
+from tests.support.policy import refusing_attempt
 
 QUEUE = "gpu-queue"
+HOLD_GRACE = 15  # seconds a gang restart may hold its admission past its backoff while its Job cannot be created
+OPERATOR_ENV = {c.ENV_OPERATOR_KUEUE_HOLD_GRACE: str(HOLD_GRACE)}
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +198,39 @@ def test_a_gang_restart_keeps_its_admission_and_its_place_in_the_queue(queued, k
     wait_phase(kubectl, queued, "later", "Running", operator, timeout=60, nodes="2/2")
     finish(kubectl, queued, "later")
     wait_phase(kubectl, queued, "later", "Succeeded", operator, timeout=60)
+
+
+
+def test_a_held_admission_goes_back_when_the_next_attempt_cannot_be_created(queued, kubectl, operator):
+    """A policy refuses the restarted gang's Job: the quota the failed attempt held goes back after its backoff and
+    the grace (the later job runs), and the attempt queues anew once the policy lets it be created."""
+    with refusing_attempt(kubectl, queued, 2):
+        gang(kubectl, queued, "refused")
+        wait_phase(kubectl, queued, "refused", "Running", operator, timeout=60, nodes="2/2")
+        gang(kubectl, queued, "waiting")
+        wait_for(lambda: (status(kubectl, queued, "waiting") or {}).get("phase") == "Queued", 60, "waiting Queued",
+                 operator)
+        terminate(kubectl, queued, attempt_pods(kubectl, queued, "refused", 1)[0]["metadata"]["name"], 1)
+        held = wait_for(lambda: next((w for w in kubectl.json("get", "workloads.kueue.x-k8s.io", "-n", queued)["items"]
+                                      if any(o["kind"] == c.KIND for o in w["metadata"]["ownerReferences"])), None),
+                        60, "the failed attempt's Workload held by the FineTuneJob", operator)
+        assert c.ANNOTATION_HELD_SINCE in held["metadata"]["annotations"]
+        st = wait_for(lambda: (s := status(kubectl, queued, "refused") or {}).get("reason") == "AttemptRefused" and s,
+                      30, "refused says why", operator)
+        assert st["phase"] == "Restarting" and POLICY_MESSAGE in st["message"], st
+        # While held (backoff and grace) the later job still waits; then the quota goes back and it runs.
+        assert status(kubectl, queued, "waiting")["phase"] == "Queued"
+        wait_phase(kubectl, queued, "waiting", "Running", operator, timeout=HOLD_GRACE + 60, nodes="2/2")
+        said = events(kubectl, queued, "refused")
+        assert any(t == "Warning" and r == "KueueReleased" for t, r, _ in said), said
+        assert any(t == "Warning" and r == "AttemptRefused" and POLICY_MESSAGE in m for t, r, m in said), said
+        kept = kubectl.json("get", "workloads.kueue.x-k8s.io", held["metadata"]["name"], "-n", queued)
+        assert kept["spec"]["active"] is False
+    # Now its Job can be created: attempt 2 queues behind the job that took the quota, and runs after it.
+    wait_for(lambda: (status(kubectl, queued, "refused") or {}).get("phase") == "Queued", 90, "refused Queued anew",
+             operator)
+    finish(kubectl, queued, "waiting")
+    wait_phase(kubectl, queued, "waiting", "Succeeded", operator, timeout=60)
+    wait_phase(kubectl, queued, "refused", "Running", operator, attempt=2, timeout=60, nodes="2/2")
+    finish(kubectl, queued, "refused", attempt=2)
+    wait_phase(kubectl, queued, "refused", "Succeeded", operator, timeout=60)

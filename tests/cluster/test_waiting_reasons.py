@@ -11,6 +11,8 @@ import pytest
 from finetune_operator.api import constants as c
 from tests.builders import make_job
 from tests.support.controlplane import fake_gpu_node
+from tests.support.policy import MESSAGE as POLICY_MESSAGE
+from tests.support.policy import refusing_attempt
 
 POOL = "test.finetunejob.dev/pool"
 
@@ -81,6 +83,23 @@ def test_a_resource_quota_reads_quota_exceeded(kubectl, operator, namespace):
     st = wait_status(kubectl, namespace, "over-quota", lambda s: s.get("reason") == "QuotaExceeded", operator)
     assert "exceeded quota: gpu-quota" in st["message"] and st["nodes"] in ("0/2", "1/2")
     assert reason_column(kubectl, namespace, "over-quota") == "QuotaExceeded"
+
+
+def test_a_job_an_admission_policy_refuses_says_so_and_starts_once_allowed(kubectl, operator, namespace):
+    """Nothing watched shows a Job that was never created: the apiserver's refusal is the job's reason."""
+    with refusing_attempt(kubectl, namespace, 1):
+        submit(kubectl, namespace, "refused", **{"spec.distributed.numNodes": 1})
+        st = wait_status(kubectl, namespace, "refused", lambda s: s.get("reason") == "AttemptRefused", operator)
+        assert st["phase"] == "Pending" and POLICY_MESSAGE in st["message"], st
+        assert reason_column(kubectl, namespace, "refused") == "AttemptRefused"
+        waiting = next(cd for cd in st["conditions"] if cd["type"] == "Waiting")
+        assert waiting["status"] == "True" and waiting["reason"] == "AttemptRefused"
+        time.sleep(12)  # retried meanwhile (every few seconds): still one Warning, not one per retry
+        refusals = [e for e in warning_events(kubectl, namespace, "refused") if e["reason"] == "AttemptRefused"]
+        assert len(refusals) == 1 and refusals[0].get("count", 1) == 1, refusals
+        assert not kubectl.json("get", "jobs", "-n", namespace)["items"]
+    st = wait_status(kubectl, namespace, "refused", lambda s: s.get("nodes") == "1/1", operator)
+    assert st["phase"] == "Running" and st["reason"] == "Running", st
 
 
 @pytest.fixture

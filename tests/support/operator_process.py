@@ -12,9 +12,9 @@ from tests.support.controlplane import ROOT
 
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0, metrics_port: int = 0,
-                 workers: int = 16):
+                 workers: int = 16, env: dict[str, str] | None = None):
         self.kubeconfig, self.log_path, self.restart_backoff = kubeconfig, log_path, restart_backoff
-        self.metrics_port, self.workers = metrics_port, workers
+        self.metrics_port, self.workers, self.env = metrics_port, workers, env or {}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> OperatorProcess:
@@ -22,7 +22,7 @@ class OperatorProcess:
                "FINETUNE_RESTART_BACKOFF_SECONDS": str(self.restart_backoff),
                "FINETUNE_METRICS_PORT": str(self.metrics_port), "FINETUNE_WORKERS": str(self.workers),
                "PYTHONWARNINGS": "ignore:Unverified HTTPS request",  # the loopback apiserver's self-signed cert
-               "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")]), **self.env}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",

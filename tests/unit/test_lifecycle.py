@@ -189,11 +189,12 @@ def test_a_queued_gang_restart_hands_its_admitted_kueue_workload_to_the_next_att
     later = T0 + timedelta(seconds=30)
     gone = plan(job(), with_kueue(observe(failed.status, [first], [], labels, now=later, old_pods=1), kueue),
                 SETTINGS)
-    assert gone.delete_workloads == ["test-job-a1"] and gone.hold_kueue == ("job-test-job-a1-1", "abc")
+    assert gone.delete_workloads == ["test-job-a1"] and gone.hold_kueue == ("job-test-job-a1-1", "abc", ts(later))
     assert gone.create_attempt is None  # its other pods still run
-    held = {**kueue, "job": None, "holder": "test-job", "podSetHash": "abc"}
+    held = {**kueue, "job": None, "holder": "test-job", "podSetHash": "abc", "heldSince": ts(later)}
     start = plan(job(), with_kueue(observe(gone.status, [], [], labels, now=later), held), SETTINGS)
     assert start.create_attempt == 2 and start.offer_kueue == "job-test-job-a1-1" and start.hold_kueue is None
+    assert start.requeue_after is not None and start.kueue_active is None
     second = workload(2, suspend=True, suspended_by="kueue",
                       labels={**labels, c.LABEL_KUEUE_PREBUILT: "job-test-job-a1-1"})
     hand = plan(job(), with_kueue(observe(start.status, [second], [], labels, now=later), held), SETTINGS)
@@ -202,6 +203,34 @@ def test_a_queued_gang_restart_hands_its_admitted_kueue_workload_to_the_next_att
     ended = plan(job(), with_kueue(observe({**start.status, "phase": "Failed", "completionTime": ts(T0)}, [], [],
                                            labels, now=later), held), SETTINGS)
     assert ended.kueue_active == ("job-test-job-a1-1", False)
+    # A next attempt whose Job is never created (a webhook refuses it) does not keep the queue's GPUs forever.
+    limit = lifecycle.backoff(SETTINGS, 1) + SETTINGS.kueue_hold_grace_seconds
+    waiting = plan(job(), with_kueue(observe(start.status, [], [], labels, now=later + timedelta(seconds=limit - 5)),
+                                     held), SETTINGS)
+    assert waiting.kueue_active is None and waiting.offer_kueue == "job-test-job-a1-1"
+    assert waiting.requeue_after is not None and waiting.requeue_after <= 5  # it looks again when the time is up
+    late = plan(job(), with_kueue(observe(start.status, [], [], labels, now=later + timedelta(seconds=limit + 1)),
+                                  held), SETTINGS)
+    assert late.kueue_active == ("job-test-job-a1-1", False) and late.offer_kueue is None
+    assert [(e.type, e.reason) for e in late.events] == [("Warning", "KueueReleased")]
+
+
+def test_a_refused_attempt_says_why_in_its_status_and_clears_once_its_job_exists():
+    answer = "403: admission webhook \"policy.example.com\" denied the request: GPUs need a team label"
+    first = plan(job(), observe())
+    refused = plan(job(), dataclasses.replace(observe(first.status), refused=(1, answer)))
+    assert refused.create_attempt == 1  # retried
+    assert (refused.status["phase"], refused.status["reason"]) == ("Pending", "AttemptRefused")
+    assert answer in refused.status["message"] and conditions(refused)["Waiting"] == "True"
+    assert [(e.type, e.reason) for e in refused.events] == [("Warning", "AttemptRefused")]
+    again = plan(job(), dataclasses.replace(observe(refused.status), refused=(1, answer)))
+    assert again.status == {**refused.status, "conditions": again.status["conditions"]} and not again.events
+    # A refusal of another attempt (an older one) says nothing about this one.
+    assert plan(job(), dataclasses.replace(observe(first.status), refused=(0, answer))).status["reason"] != \
+        "AttemptRefused"
+    # Allowed now: its Job exists, and the status reads from the Job again at once (not at the next look).
+    created = plan(job(), observe(refused.status, [workload(1)]))
+    assert created.status["reason"] == "Pending" and created.create_attempt is None
 
 
 def test_active_deadline_fails_and_frees_the_gpus():

@@ -77,6 +77,9 @@ class ChartValues(_Values):
         description="Namespaces the operator manages, with a Role in each; empty = all namespaces (ClusterRole).")
     restartBackoffSeconds: float = Field(default=10, ge=0.1, le=3600,
                                          description="First gang-restart backoff; doubles per restart (max 300 s).")
+    kueueHoldGraceSeconds: float = Field(default=120, ge=0, le=86400,
+                                         description="How long past its backoff a Kueue-queued gang restart keeps its "
+                                         "admission while the next attempt's Job cannot be created.")
     workers: int = Field(default=16, ge=1, le=256, description="Reconcile passes run at once.")
     nodeShapeCheck: bool = Field(default=True, description="Let the operator list nodes (a ClusterRole with `list "
                                  "nodes` only) so a job asking for more GPUs per node than any node has gets a "

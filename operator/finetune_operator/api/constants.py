@@ -43,6 +43,9 @@ ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
 # What Kueue compares between a Job and its Workload (containers, tolerations, pod count): equal across attempts,
 # the next attempt may take over the Workload the last one was admitted with.
 ANNOTATION_POD_SET_HASH: Final = f"{GROUP}/pod-set-hash"
+# When the FineTuneJob took a failed attempt's admitted Workload over: held longer than the restart's backoff and
+# a grace, it is released (the next attempt could not be created to take it).
+ANNOTATION_HELD_SINCE: Final = f"{GROUP}/held-since"
 
 # Paths inside trainer pods.
 CONFIG_MOUNT_PATH: Final = "/etc/finetune"
@@ -114,6 +117,7 @@ ENV_KUBERNETES_SERVICE_PORT: Final = "KUBERNETES_SERVICE_PORT"
 # The operator's own settings (controller/settings.py), set by the chart's Deployment.
 ENV_OPERATOR_TRAINER_IMAGE: Final = "FINETUNE_TRAINER_IMAGE"
 ENV_OPERATOR_RESTART_BACKOFF: Final = "FINETUNE_RESTART_BACKOFF_SECONDS"
+ENV_OPERATOR_KUEUE_HOLD_GRACE: Final = "FINETUNE_KUEUE_HOLD_GRACE_SECONDS"
 ENV_OPERATOR_METRICS_PORT: Final = "FINETUNE_METRICS_PORT"
 ENV_OPERATOR_WORKERS: Final = "FINETUNE_WORKERS"
 ENV_OPERATOR_NETWORK_POLICY: Final = "FINETUNE_NETWORK_POLICY"

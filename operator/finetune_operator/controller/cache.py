@@ -58,6 +58,7 @@ def slim_workload_kueue(body: Mapping[str, Any]) -> dict[str, Any]:
             "priority": spec.get("priority"), "priorityClassName": (spec.get("priorityClassRef") or {}).get("name")
             or spec.get("priorityClassName"),
             "podSetHash": (meta.get("annotations") or {}).get(c.ANNOTATION_POD_SET_HASH),
+            "heldSince": (meta.get("annotations") or {}).get(c.ANNOTATION_HELD_SINCE),
             "conditions": [_pick(cd, "type", "status", "reason", "message", "lastTransitionTime")
                            for cd in status.get("conditions") or []]}
 

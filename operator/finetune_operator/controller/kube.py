@@ -136,7 +136,7 @@ class Kube:
         return self.dyn.resources.get(api_version=f"{c.KUEUE_GROUP}/{c.KUEUE_VERSION}", kind="Workload")
 
     def hold_kueue_workload(self, namespace: str, name: str, finetunejob: dict[str, Any],
-                            pod_set_hash: str | None) -> None:
+                            pod_set_hash: str | None, since: str) -> None:
         """Make the FineTuneJob the controller owner of its failed attempt's admitted Workload, so that deleting
         that Job neither finishes the Workload (Kueue finishes those whose owner is gone) nor frees its quota; the
         pod-set hash says which next attempt may take it over (controller/queueing.py)."""
@@ -146,7 +146,8 @@ class Kube:
                                           "ownerReferences": [{"apiVersion": c.API_VERSION, "kind": c.KIND,
                                                                "name": meta["name"], "uid": meta["uid"],
                                                                "controller": True, "blockOwnerDeletion": False}],
-                                          "annotations": {c.ANNOTATION_POD_SET_HASH: pod_set_hash}}})
+                                          "annotations": {c.ANNOTATION_POD_SET_HASH: pod_set_hash,
+                                                          c.ANNOTATION_HELD_SINCE: since}}})
 
     def hand_kueue_workload(self, namespace: str, name: str, job_name: str) -> None:
         """Make the new attempt's Job (which names the Workload) its controller owner: Kueue starts it under the

@@ -15,8 +15,10 @@ from ..api import exit_codes
 from ..api.errors import InvalidSpec
 from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
+from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import capacity, goodput, queueing
 from .observed import (
+    ATTEMPT_REFUSED,
     DISRUPTED,
     WAITING_REASONS,
     attempt_nodes,
@@ -71,6 +73,8 @@ class Observed:
     quotas: list[dict[str, Any]] | None = None
     # Kueue's Workloads of this job's Jobs (empty without Kueue)
     kueue_workloads: list[dict[str, Any]] = field(default_factory=list)
+    # (attempt, the apiserver's answer) when creating that attempt's children was refused on an earlier pass
+    refused: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ class Plan:
     suspend_workload: tuple[str, bool] | None = None
     kueue_active: tuple[str, bool] | None = None  # (Kueue Workload, active): a suspend of a Kueue-managed attempt
     # (Kueue Workload, its pod-set hash): held by the FineTuneJob before its failed Job is deleted (queueing.py)
-    hold_kueue: tuple[str, str | None] | None = None
+    hold_kueue: tuple[str, str | None, str] | None = None  # (Kueue Workload, its pod-set hash, since)
     offer_kueue: str | None = None  # the held Workload the created attempt names, if its pod set is unchanged
     hand_kueue: tuple[str, str] | None = None  # (held Workload, the attempt's Job that names it): make it the owner
     delete_job: bool = False
@@ -151,7 +155,7 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         _ttl(p, job, obs)
     else:
         _advance(p, job, obs, settings)
-    _keep_admission(p, obs)
+    _keep_admission(p, obs, settings)
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     _set_conditions(p, obs)
@@ -161,16 +165,20 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
     phase, reason = p.status.get("phase"), p.status.get("reason")
     waits = phase == "Pending" and reason in WAITING_REASONS
     queued = phase == "Queued"
-    if phase != previous_phase or ((waits or queued) and reason != obs.status.get("reason")):
-        warn = phase in ("Failed", "Restarting") or waits or reason in (*queueing.NEVER_ADMITTED, "Preempted")
+    refused = reason == ATTEMPT_REFUSED and reason != obs.status.get("reason")
+    if phase != previous_phase or ((waits or queued) and reason != obs.status.get("reason")) or refused:
+        warn = phase in ("Failed", "Restarting") or waits or reason in (*queueing.NEVER_ADMITTED, "Preempted",
+                                                                            ATTEMPT_REFUSED)
         p.events.append(Event("Warning" if warn else "Normal", reason or p.status["phase"],
                               p.status.get("message") or f"phase {p.status['phase']}"))
     return p
 
 
-def _keep_admission(p: Plan, obs: Observed) -> None:
+def _keep_admission(p: Plan, obs: Observed, settings: Settings) -> None:
     """A gang restart keeps the Kueue admission of the failed attempt (queueing.py): its Workload is held before
-    its Job is deleted and handed to the Job of the next attempt; a job that ends releases it."""
+    its Job is deleted and handed to the Job of the next attempt; a job that ends releases it, and so does a next
+    attempt that is not created in time (settings.kueue_hold_grace_seconds past its backoff: a Job that cannot be
+    created, refused by an admission policy, must not keep the queue's GPUs from everyone else)."""
     held = queueing.held(obs.kueue_workloads, obs.name)
     if p.status.get("phase") in TERMINAL_PHASES:
         if held is not None:
@@ -181,13 +189,25 @@ def _keep_admission(p: Plan, obs: Observed) -> None:
             kueue = queueing.kueue_workload(obs.kueue_workloads, job)
             if job["metadata"]["name"] in p.delete_workloads and kueue is not None and queueing.admitted(kueue):
                 p.hold_kueue = (kueue["name"], (job["metadata"].get("annotations") or {}).get(
-                    c.ANNOTATION_POD_SET_HASH))
+                    c.ANNOTATION_POD_SET_HASH), format_time(obs.now))
                 return
         return
     current = next((w for w in obs.workloads if attempt_of(w) == p.status.get("attempt")), None)
     if current is not None and (current["metadata"].get("labels") or {}).get(c.LABEL_KUEUE_PREBUILT) == held["name"]:
         p.hand_kueue = (held["name"], current["metadata"]["name"])
-    elif p.create_attempt is not None:
+        return
+    since = parse_time(held.get("heldSince"))
+    limit = backoff(settings, int(p.status.get("restarts") or 0)) + settings.kueue_hold_grace_seconds
+    left = limit - (obs.now - since).total_seconds() if since is not None else limit
+    if left <= 0:
+        p.kueue_active = (held["name"], False)
+        p.events.append(Event("Warning", "KueueReleased", (
+            f"Kueue workload {held['name']}, held for attempt {p.status.get('attempt')} since {held['heldSince']}, "
+            f"was not taken over within {limit:.0f}s (the attempt's Job was not created: see the job's events); "
+            "it is released and the attempt queues anew")))
+        return
+    p.requeue(left)
+    if p.create_attempt is not None:
         p.offer_kueue = held["name"]
 
 
@@ -328,6 +348,20 @@ def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) ->
         p.create_preflight = check is None
         st.update(preflight="Running", phase="Pending", reason="Preflight", nodes=f"0/{job.spec.distributed.num_nodes}",
                   message="checking the model, the data and the output volume before requesting GPUs")
+        if p.create_preflight:
+            _refused(p, obs, PREFLIGHT_ATTEMPT)
+
+
+def _refused(p: Plan, obs: Observed, attempt: int) -> None:
+    """The attempt about to be created was refused by the apiserver last time: say why while it is retried (a
+    policy or webhook refusing Jobs or pods' specs; nothing else shows a write that never happened)."""
+    if obs.refused is not None and obs.refused[0] == attempt:
+        what = "the preflight" if attempt == PREFLIGHT_ATTEMPT else f"attempt {attempt}"
+        p.status.update(reason=ATTEMPT_REFUSED, message=(
+            f"the apiserver refused to create {what}'s Job or its children ({obs.refused[1]}); retried until it is "
+            "allowed: change the admission policy or webhook that refuses it, or the job's spec"))
+        if p.status.get("phase") != "Restarting":
+            p.status["phase"] = "Pending"
 
 
 def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
@@ -345,6 +379,7 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
         return
     p.create_attempt = st["attempt"]
     st["gpus"], st["globalBatchSize"] = job.spec.total_gpus, job.spec.global_batch_size
+    _refused(p, obs, st["attempt"])
     checkpoint = obs.status.get("checkpoint") or {}
     p.resume_from = checkpoint.get("path") if job.spec.checkpoints.resume == "auto" else None
     if p.resume_from:  # the trainer checks it was made by the same model and method (else exit 78, explained)
@@ -439,7 +474,8 @@ def _waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any]
     if why is not None:
         st.update(phase="Pending", reason=why[0], message=f"attempt {st['attempt']}: {running}/{nodes} node(s) "
                   f"running; {why[1]}")
-    elif not obs.looked and st.get("phase") == "Pending" and st.get("reason") in WAITING_REASONS:
+    elif (not obs.looked and st.get("phase") == "Pending" and st.get("reason") in WAITING_REASONS
+          and st.get("reason") != ATTEMPT_REFUSED):  # a refusal is over once the Job exists
         return  # not looked at this pass: the reason found last time stands until the next look
     elif st.get("phase") != "Restarting" or running:  # a restarted gang reads Restarting until its pods run
         keep = st.get("reason") if st.get("phase") == "Pending" and st.get("reason") not in WAITING_REASONS else None

@@ -126,8 +126,10 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
 # Why a gang waits, from its pods and its Job's events, most specific first.
 IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CREATE_CONTAINER_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+# The apiserver refused to create the attempt's children (an admission policy or webhook): nothing runs yet.
+ATTEMPT_REFUSED = "AttemptRefused"
 WAITING_REASONS = ("ImagePullFailed", "CreateContainerError", "Unschedulable", "QuotaExceeded", "PodFailedToStart",
-                   "InsufficientCapacity")
+                   "InsufficientCapacity", ATTEMPT_REFUSED)
 
 
 def waiting_reason(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ fresh read, so a restart is never counted twice and no update is lost.
 
 import dataclasses
 import functools
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ CONFLICT_RETRIES = 3
 IDENTITY_TTL_SECONDS = 300.0
 # A node count changing alone is written at most this often per job (phase changes are written at once).
 COSMETIC_DELAY_SECONDS = 3.0
+# The apiserver's answers to a child it will not create (admission policy or webhook, ResourceQuota, invalid):
+# said in the status, and retried.
+REFUSALS = (400, 403, 422)
 
 
 @dataclass
@@ -54,7 +58,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, post_event: EventS
     for _ in range(CONFLICT_RETRIES):
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return Pass(None)
-        job, result = _plan(kube, obj, view, settings)
+        job, result = _plan(kube, obj, view, settings, expectations.refused.get((view.namespace, view.name)))
         status = obj.get("status") or {}
         current = {k: status.get(k) for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}
         if result.status == current:
@@ -75,14 +79,17 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, post_event: EventS
             obj = kube.get_finetunejob(view.namespace, view.name)
     else:
         raise ApiException(status=409, reason=f"status of {view.namespace}/{view.name} kept changing")
-    _act(kube, obj, job, result, view, settings, expectations)
-    for event in result.events:
-        post_event(obj, event.type, event.reason, event.message)
+    try:
+        _act(kube, obj, job, result, view, settings, expectations)
+    finally:  # the status is written: its Events go out even when an action failed (and is retried)
+        for event in result.events:
+            post_event(obj, event.type, event.reason, event.message)
     before = (obj.get("status") or {}).get("goodput") if written is not None else None
     return Pass(result, written, replaced, before)
 
 
-def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -> tuple[Any, Plan]:
+def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
+          refused: tuple[int, str] | None = None) -> tuple[Any, Plan]:
     try:
         job: Any = validate_job(obj)
     except InvalidSpec as exc:
@@ -114,6 +121,7 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings) -
         pods=[p for p in pods if attempt_of(p) in looked_at], now=now,
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
         events=events, looked=waiting, nodes=nodes, quotas=quotas, kueue_workloads=view.kueue_workloads,
+        refused=refused,
     )
     return job, plan(job, observed, settings)
 
@@ -166,8 +174,8 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
 
     holding = ("kueue-hold", ns, name)
     if result.hold_kueue is not None:  # before its Job is deleted (queueing.py)
-        held, pod_set = result.hold_kueue
-        once(holding, lambda: kube.hold_kueue_workload(ns, held, obj, pod_set), ttl=10.0)
+        held, pod_set, since = result.hold_kueue
+        once(holding, lambda: kube.hold_kueue_workload(ns, held, obj, pod_set, since), ttl=10.0)
     if result.hand_kueue is not None:
         held, to = result.hand_kueue
         once(("kueue-hand", ns, held, to), lambda: kube.hand_kueue_workload(ns, held, to), ttl=10.0)
@@ -200,11 +208,25 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         try:
             if once(("attempt", ns, name, obj["metadata"]["uid"], creates), create):
                 result.events.extend(result.create_events)
+                expectations.refused.pop((ns, name), None)
         except ApiException as exc:
-            if result.offer_kueue is not None and exc.status == 403 and "NamespaceTerminating" in str(exc.body):
+            terminating = exc.status == 403 and "NamespaceTerminating" in str(exc.body)
+            if result.offer_kueue is not None and terminating:
                 # Nothing can take the held Workload over in a namespace being deleted: its quota goes back now,
                 # not when the namespace's FineTuneJobs are finally deleted.
                 kube.set_kueue_active(ns, result.offer_kueue, False)
+            elif exc.status in REFUSALS and not terminating:
+                # An admission policy, a webhook or a quota refused a child: the next pass says so in the status
+                # (and a Warning Event) and tries again.
+                expectations.refused[(ns, name)] = (creates, f"{exc.status}: {_api_message(exc)}")
             raise
     if result.delete_job:
         once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))
+
+
+def _api_message(exc: ApiException) -> str:
+    """The apiserver's own sentence from an error response (its JSON body), else the HTTP reason."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason)

@@ -133,6 +133,7 @@ class Controller:
         """The job is gone: drop what we keep for it; the last job of a namespace takes the identity's memory
         along (its namespace may be going away, and the next job there applies the identity again)."""
         self.written.pop(key, None)
+        self.expectations.refused.pop(key, None)
         if key in self.timers:
             self.timers.pop(key).cancel()
         self.phases.set(key, None)

@@ -15,6 +15,9 @@ class Settings(BaseModel):
     restart_backoff_seconds: float = Field(default=10.0, ge=0, description="First gang-restart backoff; doubled "
                                            "per restart.")
     restart_backoff_max_seconds: float = Field(default=300.0, gt=0, description="Longest gang-restart backoff.")
+    kueue_hold_grace_seconds: float = Field(default=120.0, ge=0, description="How long past its restart backoff a "
+                                            "gang restart may hold its Kueue admission while the next attempt's Job "
+                                            "cannot be created; then the quota goes back.")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="Port of /metrics; 0 serves none.")
     workers: int = Field(default=16, ge=1, le=256, description="Reconcile passes run at once (and API connections).")
     network_policy: bool = Field(default=False, description="Give each gang a NetworkPolicy: ingress only from the "
@@ -24,6 +27,7 @@ class Settings(BaseModel):
 ENVIRONMENT: dict[str, str] = {
     "trainer_image": c.ENV_OPERATOR_TRAINER_IMAGE,
     "restart_backoff_seconds": c.ENV_OPERATOR_RESTART_BACKOFF,
+    "kueue_hold_grace_seconds": c.ENV_OPERATOR_KUEUE_HOLD_GRACE,
     "metrics_port": c.ENV_OPERATOR_METRICS_PORT,
     "workers": c.ENV_OPERATOR_WORKERS,
     "network_policy": c.ENV_OPERATOR_NETWORK_POLICY,
