@@ -16,4 +16,4 @@ wait "$go_builds" || { tail -n 40 "$go_log" >&2; echo "the Go builds failed (log
 # Our images (cold: ~12 min, podman installed and torch's GBs in a layer; cached: ~1.5 min), named for the tests.
 FINETUNE_IMAGES="$(bash hack/build-images.sh | tr '\n' ' ')"
 export FINETUNE_IMAGES
-exec "$venv/bin/python" -m pytest -m "not gpu" "$@"
+exec "$venv/bin/python" -m pytest -m "not gpu" --durations=30 "$@"  # the slowest tests: where the budget goes
