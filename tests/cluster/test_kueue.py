@@ -124,6 +124,20 @@ def test_a_gang_larger_than_its_queue_and_a_misspelled_queue_are_warnings_at_onc
         assert any(t == "Warning" and r == reason for t, r, _ in events(kubectl, queued, name)), name
 
 
+def test_a_misspelled_queue_fixed_on_the_finetunejob_is_admitted_and_runs(queued, kubectl, operator):
+    """What the LocalQueueMissing message tells users to do (fix the label) works: the queued Job follows."""
+    gang(kubectl, queued, "relabelled", nodes=1, queue="gpu-queu")
+    wait_for(lambda: (status(kubectl, queued, "relabelled") or {}).get("reason") == "LocalQueueMissing", 60,
+             "LocalQueueMissing", operator)
+    kubectl.run("label", "ftj", "relabelled", "-n", queued, f"{c.LABEL_KUEUE_QUEUE}={QUEUE}", "--overwrite")
+    wait_phase(kubectl, queued, "relabelled", "Running", operator, timeout=60, nodes="1/1")
+    assert job_of(kubectl, queued, "relabelled")["metadata"]["labels"][c.LABEL_KUEUE_QUEUE] == QUEUE
+    assert workload_of(kubectl, queued, "relabelled")["spec"]["queueName"] == QUEUE
+    assert any(r == "QueueChanged" for _, r, _ in events(kubectl, queued, "relabelled"))
+    finish(kubectl, queued, "relabelled")
+    wait_phase(kubectl, queued, "relabelled", "Succeeded", operator, timeout=60)
+
+
 def test_suspending_an_admitted_job_deactivates_its_workload_without_a_loop(queued, kubectl, operator):
     gang(kubectl, queued, "paused")
     wait_phase(kubectl, queued, "paused", "Running", operator, timeout=60)

@@ -233,6 +233,19 @@ def test_a_refused_attempt_says_why_in_its_status_and_clears_once_its_job_exists
     assert created.status["reason"] == "Pending" and created.create_attempt is None
 
 
+def test_a_queued_attempt_follows_the_queue_label_of_its_finetunejob_and_a_running_one_keeps_its_queue():
+    fixed = {c.LABEL_KUEUE_QUEUE: "gpu-queue"}
+    queued = workload(1, suspend=True, suspended_by="kueue", labels={c.LABEL_KUEUE_QUEUE: "gpu-queu"})
+    p = plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [queued], [], fixed))
+    assert p.status["phase"] == "Queued" and p.queue_name == ("test-job-a1", "gpu-queue", "gpu-queu")
+    same = workload(1, suspend=True, suspended_by="kueue", labels=fixed)
+    assert plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [same], [], fixed)).queue_name is None
+    admitted = workload(1, labels={c.LABEL_KUEUE_QUEUE: "gpu-queu"})  # running: Kueue keeps a running Job's queue
+    assert plan(job(), observe(running_status(), [admitted], [pod(0), pod(1)], fixed)).queue_name is None
+    # A label removed is not followed: Kueue still holds the suspended Job.
+    assert plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [queued], [], {})).queue_name is None
+
+
 def test_active_deadline_fails_and_frees_the_gpus():
     status = running_status(since=T0 - timedelta(hours=2))
     p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 3600}), observe(status, [workload(1)], [pod(0), pod(1)]))

@@ -126,6 +126,12 @@ class Kube:
                                                               "spec": {"suspend": suspend}},
                         content_type="application/merge-patch+json")
 
+    def set_queue_name(self, namespace: str, name: str, queue: str) -> None:
+        """Move a queued (suspended, not admitted) attempt's Job to another Kueue LocalQueue: Kueue moves its
+        Workload along (the label may change while the Job is suspended)."""
+        self.jobs.patch(name=name, namespace=namespace, body={"metadata": {"labels": {c.LABEL_KUEUE_QUEUE: queue}}},
+                        content_type="application/merge-patch+json")
+
     def set_kueue_active(self, namespace: str, name: str, active: bool) -> None:
         """Deactivate (or activate again) a Kueue Workload: Kueue evicts it, suspending its Job and releasing the
         quota, the way Kueue's own users stop a workload (kubectl patch workload --type=merge spec.active)."""
