@@ -17,6 +17,7 @@ from tests.support.policy import MESSAGE as POLICY_MESSAGE
 from tests.support.policy import refusing_attempt
 
 QUEUE = "gpu-queue"
+PRIORITY = "kueue.x-k8s.io/priority-class"
 HOLD_GRACE = 15  # seconds a gang restart may hold its admission past its backoff while its Job cannot be created
 OPERATOR_ENV = {c.ENV_OPERATOR_KUEUE_HOLD_GRACE: str(HOLD_GRACE)}
 
@@ -126,14 +127,18 @@ def test_a_gang_larger_than_its_queue_and_a_misspelled_queue_are_warnings_at_onc
 
 def test_a_misspelled_queue_fixed_on_the_finetunejob_is_admitted_and_runs(queued, kubectl, operator):
     """What the LocalQueueMissing message tells users to do (fix the label) works: the queued Job follows."""
-    gang(kubectl, queued, "relabelled", nodes=1, queue="gpu-queu")
+    gang(kubectl, queued, "relabelled", nodes=1, queue="gpu-queu", labels={PRIORITY: "low"})
     wait_for(lambda: (status(kubectl, queued, "relabelled") or {}).get("reason") == "LocalQueueMissing", 60,
              "LocalQueueMissing", operator)
-    kubectl.run("label", "ftj", "relabelled", "-n", queued, f"{c.LABEL_KUEUE_QUEUE}={QUEUE}", "--overwrite")
+    # The queue fixed and the priority raised while it waits.
+    kubectl.run("label", "ftj", "relabelled", "-n", queued, f"{c.LABEL_KUEUE_QUEUE}={QUEUE}", f"{PRIORITY}=high",
+                "--overwrite")
     wait_phase(kubectl, queued, "relabelled", "Running", operator, timeout=60, nodes="1/1")
-    assert job_of(kubectl, queued, "relabelled")["metadata"]["labels"][c.LABEL_KUEUE_QUEUE] == QUEUE
-    assert workload_of(kubectl, queued, "relabelled")["spec"]["queueName"] == QUEUE
-    assert any(r == "QueueChanged" for _, r, _ in events(kubectl, queued, "relabelled"))
+    labels = job_of(kubectl, queued, "relabelled")["metadata"]["labels"]
+    assert (labels[c.LABEL_KUEUE_QUEUE], labels[PRIORITY]) == (QUEUE, "high")
+    workload = workload_of(kubectl, queued, "relabelled")
+    assert workload["spec"]["queueName"] == QUEUE and workload["spec"]["priority"] == 1000, workload["spec"]
+    assert any(r == "KueueLabelsChanged" for _, r, _ in events(kubectl, queued, "relabelled"))
     finish(kubectl, queued, "relabelled")
     wait_phase(kubectl, queued, "relabelled", "Succeeded", operator, timeout=60)
 

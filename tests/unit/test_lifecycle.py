@@ -237,13 +237,18 @@ def test_a_queued_attempt_follows_the_queue_label_of_its_finetunejob_and_a_runni
     fixed = {c.LABEL_KUEUE_QUEUE: "gpu-queue"}
     queued = workload(1, suspend=True, suspended_by="kueue", labels={c.LABEL_KUEUE_QUEUE: "gpu-queu"})
     p = plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [queued], [], fixed))
-    assert p.status["phase"] == "Queued" and p.queue_name == ("test-job-a1", "gpu-queue", "gpu-queu")
+    assert p.status["phase"] == "Queued"
+    assert p.kueue_labels == ("test-job-a1", {c.LABEL_KUEUE_QUEUE: "gpu-queue"}, {c.LABEL_KUEUE_QUEUE: "gpu-queu"})
+    bumped = plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [queued], [],
+                                 {**fixed, "kueue.x-k8s.io/priority-class": "high", "team": "nlp"}))
+    assert bumped.kueue_labels[1] == {c.LABEL_KUEUE_QUEUE: "gpu-queue", "kueue.x-k8s.io/priority-class": "high"}
     same = workload(1, suspend=True, suspended_by="kueue", labels=fixed)
-    assert plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [same], [], fixed)).queue_name is None
+    waiting = {"phase": "Queued", "attempt": 1, "restarts": 0}
+    assert plan(job(), observe(waiting, [same], [], fixed)).kueue_labels is None
     admitted = workload(1, labels={c.LABEL_KUEUE_QUEUE: "gpu-queu"})  # running: Kueue keeps a running Job's queue
-    assert plan(job(), observe(running_status(), [admitted], [pod(0), pod(1)], fixed)).queue_name is None
+    assert plan(job(), observe(running_status(), [admitted], [pod(0), pod(1)], fixed)).kueue_labels is None
     # A label removed is not followed: Kueue still holds the suspended Job.
-    assert plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [queued], [], {})).queue_name is None
+    assert plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [queued], [], {})).kueue_labels is None
 
 
 def test_active_deadline_fails_and_frees_the_gpus():

@@ -126,10 +126,10 @@ class Kube:
                                                               "spec": {"suspend": suspend}},
                         content_type="application/merge-patch+json")
 
-    def set_queue_name(self, namespace: str, name: str, queue: str) -> None:
-        """Move a queued (suspended, not admitted) attempt's Job to another Kueue LocalQueue: Kueue moves its
-        Workload along (the label may change while the Job is suspended)."""
-        self.jobs.patch(name=name, namespace=namespace, body={"metadata": {"labels": {c.LABEL_KUEUE_QUEUE: queue}}},
+    def set_labels(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        """Labels of a queued (suspended, not admitted) attempt's Job, e.g. its Kueue queue name or priority class:
+        Kueue updates the Job's Workload (both may change while the Job waits)."""
+        self.jobs.patch(name=name, namespace=namespace, body={"metadata": {"labels": labels}},
                         content_type="application/merge-patch+json")
 
     def set_kueue_active(self, namespace: str, name: str, active: bool) -> None:

@@ -96,8 +96,8 @@ class Plan:
     hold_kueue: tuple[str, str | None, str] | None = None  # (Kueue Workload, its pod-set hash, since)
     offer_kueue: str | None = None  # the held Workload the created attempt names, if its pod set is unchanged
     hand_kueue: tuple[str, str] | None = None  # (held Workload, the attempt's Job that names it): make it the owner
-    # (the attempt's queued Job, the LocalQueue the FineTuneJob names now, the one the Job names)
-    queue_name: tuple[str, str, str | None] | None = None
+    # (the attempt's queued Job, the Kueue labels the FineTuneJob has now that the Job lacks, the Job's values)
+    kueue_labels: tuple[str, dict[str, str], dict[str, str | None]] | None = None
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     # Posted only when this pass really creates the attempt (a pass before the new Job reaches the cache plans the
@@ -446,7 +446,7 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
     elif is_suspended and queued:
         reason, message = queueing.waiting(queueing.kueue_workload(obs.kueue_workloads, workload))
         st.update(phase="Queued", reason=reason, message=message)
-        _follow_queue_label(p, obs, workload)
+        _follow_kueue_labels(p, obs, workload)
     elif is_suspended:  # our own unsuspend (spec.suspend cleared) is on its way
         st.update(phase="Pending", reason="Resuming", message=f"attempt {st['attempt']}: resuming from the newest "
                   "checkpoint")
@@ -459,14 +459,16 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
         _waiting(p, job, obs, workload, min(running, nodes), nodes)
 
 
-def _follow_queue_label(p: Plan, obs: Observed, workload: dict[str, Any]) -> None:
-    """A queued attempt follows the FineTuneJob's queue-name label (a misspelled queue fixed with `kubectl label
-    ftj`, a job moved to another queue): Kueue lets a suspended Job's queue change and moves its Workload along.
-    An admitted (running) attempt keeps its queue; a label removed is not followed (Kueue still holds the Job)."""
-    want = obs.labels.get(c.LABEL_KUEUE_QUEUE)
-    have = ((workload.get("metadata") or {}).get("labels") or {}).get(c.LABEL_KUEUE_QUEUE)
-    if want and want != have:
-        p.queue_name = (workload["metadata"]["name"], want, have)
+def _follow_kueue_labels(p: Plan, obs: Observed, workload: dict[str, Any]) -> None:
+    """A queued attempt follows the FineTuneJob's Kueue labels (a misspelled queue fixed with `kubectl label ftj`,
+    a job moved to another queue or given a higher priority class): Kueue lets a waiting Job's queue and priority
+    class change and updates its Workload. An admitted (running) attempt keeps its own; a label removed is not
+    followed (Kueue still holds the Job)."""
+    have = (workload.get("metadata") or {}).get("labels") or {}
+    changed = {k: v for k, v in obs.labels.items()
+               if k.startswith(c.KUEUE_PREFIX) and k != c.LABEL_KUEUE_PREBUILT and v and have.get(k) != v}
+    if changed:
+        p.kueue_labels = (workload["metadata"]["name"], changed, {k: have.get(k) for k in changed})
 
 
 def _waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int, nodes: int) -> None:

@@ -184,12 +184,13 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
     if result.suspend_workload is not None:
         target, suspend = result.suspend_workload
         once(("suspend", ns, target, suspend), lambda: kube.set_suspend(ns, target, suspend))
-    if result.queue_name is not None:
-        queued_job, queue, was = result.queue_name
-        if once(("queue", ns, queued_job, queue), lambda: kube.set_queue_name(ns, queued_job, queue), ttl=10.0):
-            result.events.append(Event("Normal", "QueueChanged", (
-                f"queued Job {queued_job} moves from Kueue LocalQueue {was or '(none)'} to {queue}, as the "
-                "FineTuneJob's label now says")))
+    if result.kueue_labels is not None:
+        queued_job, labels, was = result.kueue_labels
+        key = ("kueue-labels", ns, queued_job, tuple(sorted(labels.items())))
+        if once(key, lambda: kube.set_labels(ns, queued_job, labels), ttl=10.0):
+            changes = ", ".join(f"{k}={v} (was {was[k] or 'unset'})" for k, v in sorted(labels.items()))
+            result.events.append(Event("Normal", "KueueLabelsChanged", (
+                f"queued Job {queued_job} takes the FineTuneJob's Kueue labels: {changes}")))
     if result.kueue_active is not None:
         queued, active = result.kueue_active
         once(("kueue-active", ns, queued, active), lambda: kube.set_kueue_active(ns, queued, active), ttl=10.0)
