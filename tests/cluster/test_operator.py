@@ -150,6 +150,30 @@ def test_suspend_stops_pods_and_resume_continues_the_same_attempt(kubectl, opera
     assert st["restarts"] == 0
 
 
+def test_an_edit_is_announced_and_applied_by_a_suspend_and_resume_in_a_new_attempt(kubectl, operator, namespace):
+    """Day two: the learning rate changed under a running attempt. It keeps its spec (an Event says how to apply
+    the edit); a suspend and resume starts attempt 2 with it, from the newest checkpoint, and nothing counts as a
+    restart."""
+    submit(kubectl, namespace, "tuned")
+    running(kubectl, namespace, "tuned", operator)
+    kubectl.run("patch", "ftj", "tuned", "-n", namespace, "--type=merge", "-p",
+                json.dumps({"spec": {"training": {"learningRate": 5e-5}}}))
+    said = wait_for(lambda: [e for e in kubectl.json("get", "events", "-n", namespace, "--field-selector",
+                                                     "reason=SpecEdited")["items"]], what="SpecEdited", op=operator)
+    assert "suspend and resume" in said[0]["message"], said
+    assert status(kubectl, namespace, "tuned")["attempt"] == 1
+    for suspend in (True, False):
+        kubectl.run("patch", "ftj", "tuned", "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"suspend": suspend}}))
+        if suspend:
+            wait_phase(kubectl, namespace, "tuned", "Suspended", operator)
+    st = wait_phase(kubectl, namespace, "tuned", "Running", operator, attempt=2)
+    assert st["restarts"] == 0, st
+    config = json.loads(kubectl.json("get", "configmap", "tuned-config", "-n", namespace)["data"]["trainer.json"])
+    assert config["trainingArguments"]["learning_rate"] == 5e-5, config["trainingArguments"]
+    assert any(e["reason"] == "SpecChanged" for e in kubectl.json("get", "events", "-n", namespace)["items"])
+
+
 def test_kueue_labelled_job_waits_for_admission(kubectl, operator, namespace):
     submit(kubectl, namespace, "queued", **{"metadata.labels": {c.LABEL_KUEUE_QUEUE: "gpu-queue"}})
     wait_phase(kubectl, namespace, "queued", "Queued", operator)

@@ -251,6 +251,40 @@ def test_a_queued_attempt_follows_the_queue_label_of_its_finetunejob_and_a_runni
     assert plan(job(), observe({"phase": "Queued", "attempt": 1, "restarts": 0}, [queued], [], {})).kueue_labels is None
 
 
+def test_an_edited_spec_is_announced_while_the_attempt_runs_and_a_resume_applies_it_in_a_new_attempt():
+    from finetune_operator.render.workload import attempt_spec_hash
+
+    before, after = job(), job(**{"spec.training.learningRate": 5e-5})
+
+    def rendered_from(spec_job, w):
+        w["metadata"]["annotations"] = {**w["metadata"].get("annotations", {}),
+                                        c.ANNOTATION_ATTEMPT_SPEC_HASH: attempt_spec_hash(spec_job.spec)}
+        return w
+
+    checkpoint = {"path": "/output/checkpoint-40", "step": 40}
+    running = rendered_from(before, workload(1))
+    edited = dataclasses.replace(observe(running_status(checkpoint=checkpoint, observedGeneration=2), [running],
+                                         [pod(0), pod(1)]), generation=3)
+    p = plan(after, edited)
+    assert p.status["phase"] == "Running" and p.create_attempt is None and not p.delete_workloads
+    assert [e.reason for e in p.events] == ["SpecEdited"] and "suspend and resume" in p.events[0].message
+    assert not plan(after, dataclasses.replace(edited, status={**edited.status, "observedGeneration": 3})).events
+    assert not plan(before, edited).events  # nothing edited
+    assert not plan(job(**{"spec.runPolicy.backoffLimit": 7}), edited).events  # applies at once
+    # Suspended by the operator, then resumed with the edit: the next attempt takes it, from the checkpoint.
+    suspended = rendered_from(before, workload(1, suspend=True))
+    status = {**running_status(checkpoint=checkpoint), "phase": "Suspended", "reason": "Suspended"}
+    resumed = plan(after, observe(status, [suspended]))
+    assert resumed.status["attempt"] == 2 and resumed.status["reason"] == "SpecChanged"
+    assert resumed.delete_workloads == ["test-job-a1"] and resumed.suspend_workload is None
+    assert resumed.status["restarts"] == 0  # nothing failed
+    started = plan(after, observe({**resumed.status, "checkpoint": checkpoint}))  # the trainer's field stays
+    assert started.create_attempt == 2 and started.resume_from == "/output/checkpoint-40"
+    # Resumed without an edit: the same attempt goes on.
+    same = plan(before, observe(status, [suspended]))
+    assert same.suspend_workload == ("test-job-a1", False) and same.status["attempt"] == 1
+
+
 def test_active_deadline_fails_and_frees_the_gpus():
     status = running_status(since=T0 - timedelta(hours=2))
     p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 3600}), observe(status, [workload(1)], [pod(0), pod(1)]))

@@ -40,6 +40,9 @@ ANNOTATION_SUSPENDED: Final = f"{GROUP}/suspended-by-operator"
 # The Indexed Job controller writes each pod's completion index into this annotation; node rank comes from it.
 ANNOTATION_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
 ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
+# The digest of what an attempt was rendered from (the spec less runPolicy and suspend, which apply at once): an
+# edit of anything else applies from the next attempt, and resuming a suspended job with such an edit starts one.
+ANNOTATION_ATTEMPT_SPEC_HASH: Final = f"{GROUP}/attempt-spec-hash"
 # What Kueue compares between a Job and its Workload (containers, tolerations, pod count): equal across attempts,
 # the next attempt may take over the Workload the last one was admitted with.
 ANNOTATION_POD_SET_HASH: Final = f"{GROUP}/pod-set-hash"

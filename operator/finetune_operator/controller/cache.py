@@ -40,7 +40,7 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
             "status": _pick(status, "conditions", "ready", "succeeded", "failed")}
     # Who suspended it (controller/queueing.py), and what Kueue compares when the next attempt takes its Workload.
     kept = {k: v for k, v in (meta.get("annotations") or {}).items()
-            if k in (c.ANNOTATION_SUSPENDED, c.ANNOTATION_POD_SET_HASH)}
+            if k in (c.ANNOTATION_SUSPENDED, c.ANNOTATION_POD_SET_HASH, c.ANNOTATION_ATTEMPT_SPEC_HASH)}
     if kept:
         slim["metadata"]["annotations"] = kept
     return slim

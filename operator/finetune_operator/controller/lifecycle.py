@@ -16,6 +16,7 @@ from ..api.errors import InvalidSpec
 from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
 from ..render.preflight import PREFLIGHT_ATTEMPT
+from ..render.workload import attempt_spec_hash
 from . import capacity, goodput, queueing
 from .observed import (
     ATTEMPT_REFUSED,
@@ -419,11 +420,52 @@ def _suspension(p: Plan, obs: Observed, workload: dict, want_suspend: bool, is_s
     return True
 
 
+def _edited(spec: Any, workload: dict[str, Any]) -> bool:
+    """The attempt's Job was rendered from another spec than the current one (runPolicy and suspend aside); an
+    attempt from an operator that wrote no such digest is taken as unedited."""
+    rendered = ((workload.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_ATTEMPT_SPEC_HASH)
+    return rendered is not None and rendered != attempt_spec_hash(spec)
+
+
+def _resuming(obs: Observed, workload: dict[str, Any], want_suspend: bool, is_suspended: bool) -> bool:
+    """The user cleared spec.suspend of an attempt that is suspended because of it (by the operator, or through its
+    deactivated Kueue Workload), not a Job merely waiting in Kueue's queue."""
+    if want_suspend or _finished(workload):
+        return False
+    if obs.status.get("kueueDeactivated"):
+        return True
+    return is_suspended and queueing.suspended_by_operator(workload)
+
+
+def _resume_edited(p: Plan, workload: dict[str, Any]) -> None:
+    """Resumed after the spec was edited: the suspended attempt goes and the next one, rendered from the edited
+    spec, resumes from the newest checkpoint (not a restart: nothing failed)."""
+    st = p.status
+    before = st["attempt"]
+    st["attempt"] = before + 1
+    st.pop("kueueDeactivated", None)
+    st.update(phase="Pending", reason="SpecChanged", message=(
+        f"resumed with an edited spec: attempt {before + 1} starts from the newest checkpoint with it (attempt "
+        f"{before} ran the spec from before the edit)"))
+    p.delete_workloads.append(workload["metadata"]["name"])
+
+
 def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) -> None:
     spec, st = job.spec, p.status
     nodes = attempt_nodes(workload, spec.distributed.num_nodes)  # the running attempt's topology, not an edit's
     want_suspend = spec.suspend
     is_suspended = bool((workload.get("spec") or {}).get("suspend"))
+    edited = _edited(spec, workload)
+    if edited and _resuming(obs, workload, want_suspend, is_suspended):
+        _resume_edited(p, workload)
+        return
+    if edited and obs.generation != obs.status.get("observedGeneration") and not _finished(workload):
+        how = ("it applies when the job resumes (a new attempt, from the newest checkpoint)" if want_suspend else
+               "suspend and resume the job to apply it now (it saves a checkpoint and a new attempt resumes from "
+               "it), or it applies at the next gang restart")
+        p.events.append(Event("Normal", "SpecEdited", (
+            f"the spec was edited (generation {obs.generation}); attempt {st['attempt']} keeps the spec it was "
+            f"created with (only runPolicy and suspend apply at once): {how}")))
     queued = _suspension(p, obs, workload, want_suspend, is_suspended)
     if nodes != spec.distributed.num_nodes and not _finished(workload):
         p.topology_change = (f"spec.distributed.numNodes is {spec.distributed.num_nodes}, attempt {st['attempt']} "

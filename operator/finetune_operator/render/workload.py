@@ -35,6 +35,16 @@ def spec_hash(spec: FineTuneJobSpec) -> str:
     return hashlib.sha256(body).hexdigest()[:16]
 
 
+# What applies to the running attempt at once, without a new attempt (controller/lifecycle.py).
+APPLIED_AT_ONCE = {"run_policy", "suspend"}
+
+
+def attempt_spec_hash(spec: FineTuneJobSpec) -> str:
+    """Digest of what an attempt is rendered from: an edit that changes it applies from the next attempt."""
+    body = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE), sort_keys=True).encode()
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
 def pod_set_hash(job: dict[str, Any]) -> str:
     """What Kueue compares between a Job and the Workload it runs under (the pod count, containers and
     tolerations): equal, the next attempt can take over the Workload its predecessor was admitted with."""
@@ -53,7 +63,8 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
                     if k.startswith(c.KUEUE_PREFIX) and k != c.LABEL_KUEUE_PREBUILT}
     kueue_annotations = {k: v for k, v in ctx.job_annotations.items() if k.startswith(c.KUEUE_PREFIX)}
     queue = kueue_labels.get(c.LABEL_KUEUE_QUEUE)
-    annotations = {c.ANNOTATION_SPEC_HASH: spec_hash(spec), **kueue_annotations}
+    annotations = {c.ANNOTATION_SPEC_HASH: spec_hash(spec), c.ANNOTATION_ATTEMPT_SPEC_HASH: attempt_spec_hash(spec),
+                   **kueue_annotations}
     if spec.suspend and not queue:  # our own suspend (controller/queueing.py tells it from Kueue's)
         annotations[c.ANNOTATION_SUSPENDED] = "true"
     if queue and ctx.kueue_workload:
