@@ -55,7 +55,8 @@ class FineTuneJobSpec(ApiModel):
     suspend: bool = Field(
         default=False, description="Stop the running attempt: its pods get SIGTERM and save a checkpoint, their GPUs "
         "are freed (under Kueue the workload is deactivated and its quota released); false again resumes from the "
-        "newest checkpoint (in a new attempt when the spec was edited meanwhile: the edit applies). `kubectl patch ftj NAME --type=merge -p '{\"spec\":{\"suspend\":true}}'`, as for batch "
+        "newest checkpoint (in a new attempt when the spec was edited meanwhile: the edit applies). "
+        "`kubectl patch ftj NAME --type=merge -p '{\"spec\":{\"suspend\":true}}'`, as for batch "
         "Jobs, JobSet and TrainJob.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and stalls.")
     s3: S3Spec = Field(default_factory=S3Spec, description="The S3-compatible object storage that s3:// URIs use "
