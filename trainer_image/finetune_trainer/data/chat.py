@@ -91,14 +91,13 @@ def _parse(text: str, segments: tuple[str, ...], contents: list[str]) -> list[tu
         return None
     spans = []
     cursor = len(segments[0])
-    startswith = text.startswith
     for content, after in zip(contents, segments[1:], strict=True):
-        end = cursor + len(content)
-        if not (startswith(content, cursor) and startswith(after, end)):  # verbatim (the usual case), else trimmed
-            trimmed = content.strip()
-            end = cursor + len(trimmed)
-            if trimmed == content or not (startswith(trimmed, cursor) and startswith(after, end)):
-                return None
+        for candidate in _renderings(content):
+            end = cursor + len(candidate)
+            if text.startswith(candidate, cursor) and text.startswith(after, end):
+                break
+        else:
+            return None
         spans.append((cursor, end))
         cursor = end + len(after)
     return spans if cursor == len(text) else None
@@ -217,7 +216,7 @@ class ChatEncoder:
     def learned_spans(self, text: str, messages: list[Message]) -> list[tuple[int, int]]:
         """Character spans of `text` (the render of `messages`) that the model generates: from the end of each
         reply's generation prompt through its end-of-turn token."""
-        layout = self.layout(tuple([m["role"] for m in messages]))
+        layout = self.layout(tuple(m["role"] for m in messages))
         spans = layout.spans(text, messages) if layout is not None else None
         return spans if spans is not None else self._spans_by_prefix(text, messages)
 
