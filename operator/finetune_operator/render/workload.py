@@ -29,10 +29,14 @@ def trainer_command(ctx: RenderContext) -> list[str]:
     return ["python", "-m", "finetune_trainer.launch", "--config", f"{ctx.config_dir}/{c.CONFIG_FILE}"]
 
 
+def _digest(spec: FineTuneJobSpec, exclude: set[str] | None = None) -> str:
+    body = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude=exclude), sort_keys=True).encode()
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
 def spec_hash(spec: FineTuneJobSpec) -> str:
     """Stable digest of the spec, so the operator can tell which spec an attempt was rendered from."""
-    body = json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True).encode()
-    return hashlib.sha256(body).hexdigest()[:16]
+    return _digest(spec)
 
 
 # What applies to the running attempt at once, without a new attempt (controller/lifecycle.py).
@@ -41,8 +45,7 @@ APPLIED_AT_ONCE = {"run_policy", "suspend"}
 
 def attempt_spec_hash(spec: FineTuneJobSpec) -> str:
     """Digest of what an attempt is rendered from: an edit that changes it applies from the next attempt."""
-    body = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE), sort_keys=True).encode()
-    return hashlib.sha256(body).hexdigest()[:16]
+    return _digest(spec, APPLIED_AT_ONCE)
 
 
 def pod_set_hash(job: dict[str, Any]) -> str:
