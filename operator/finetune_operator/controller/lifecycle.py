@@ -168,10 +168,10 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
     phase, reason = p.status.get("phase"), p.status.get("reason")
     waits = phase == "Pending" and reason in WAITING_REASONS
     queued = phase == "Queued"
-    refused = reason == ATTEMPT_REFUSED and reason != obs.status.get("reason")
-    if phase != previous_phase or ((waits or queued) and reason != obs.status.get("reason")) or refused:
-        warn = phase in ("Failed", "Restarting") or waits or reason in (*queueing.NEVER_ADMITTED, "Preempted",
-                                                                            ATTEMPT_REFUSED)
+    # A refusal is announced in any phase (Restarting too): its reason changes, not its phase.
+    told = waits or queued or reason == ATTEMPT_REFUSED
+    if phase != previous_phase or (told and reason != obs.status.get("reason")):
+        warn = phase in ("Failed", "Restarting") or waits or reason in (*queueing.NEVER_ADMITTED, "Preempted")
         p.events.append(Event("Warning" if warn else "Normal", reason or p.status["phase"],
                               p.status.get("message") or f"phase {p.status['phase']}"))
     return p
@@ -455,11 +455,12 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
     nodes = attempt_nodes(workload, spec.distributed.num_nodes)  # the running attempt's topology, not an edit's
     want_suspend = spec.suspend
     is_suspended = bool((workload.get("spec") or {}).get("suspend"))
-    edited = _edited(spec, workload)
-    if edited and _resuming(obs, workload, want_suspend, is_suspended):
+    # The digest is computed only when it can matter (a resume, a new generation), not on every pass.
+    if _resuming(obs, workload, want_suspend, is_suspended) and _edited(spec, workload):
         _resume_edited(p, workload)
         return
-    if edited and obs.generation != obs.status.get("observedGeneration") and not _finished(workload):
+    if (obs.generation != obs.status.get("observedGeneration") and not _finished(workload)
+            and _edited(spec, workload)):
         how = ("it applies when the job resumes (a new attempt, from the newest checkpoint)" if want_suspend else
                "suspend and resume the job to apply it now (it saves a checkpoint and a new attempt resumes from "
                "it), or it applies at the next gang restart")
