@@ -1,5 +1,6 @@
 """The CRD is generated from the models, structural, documented, and the committed copy never drifts."""
 
+import pytest
 import yaml
 
 from finetune_operator.api.crd import crd, crd_yaml
@@ -119,3 +120,37 @@ def test_grafana_dashboard_queries_only_metrics_the_operator_exports():
                for name in re.findall(r"finetunejob_[a-z_]+", t["expr"])}
     base = {re.sub(r"_(bucket|total|count|sum)$", "", q) for q in queried}
     assert queried and base <= exported, base - exported
+
+
+YAML11_BOOLEAN_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false"}
+
+
+def test_no_enum_has_a_word_that_yaml_reads_as_a_boolean_without_taking_the_boolean():
+    """kubectl's YAML parser reads an unquoted off/no/on/yes as a boolean before the apiserver sees it: an enum with
+    such a word must take the boolean (x-kubernetes-validations on an untyped field), or the docs' spelling fails."""
+    trapped, taken = [], []
+    for path, node in walk(spec_schema()["properties"]["spec"], "$.spec"):  # the status is written as JSON
+        if {str(w).lower() for w in node.get("enum") or []} & YAML11_BOOLEAN_WORDS:
+            trapped.append(path)
+        if any("type(self) == bool" in v["rule"] for v in node.get("x-kubernetes-validations") or []):
+            assert "type" not in node and node.get("x-kubernetes-preserve-unknown-fields") is True, path
+            taken.append(path)
+    assert trapped == []
+    assert sorted(taken) == ["$.spec.checkpoints.saveStrategy", "$.spec.runPolicy.divergence.action",
+                             "$.spec.training.evalStrategy"]
+
+
+@pytest.mark.parametrize(("text", "path", "word"), [
+    ("runPolicy: {divergence: {action: off}}", ("run_policy", "divergence", "action"), "off"),
+    ("checkpoints: {saveStrategy: no}", ("checkpoints", "save_strategy"), "no"),
+    ("training: {evalStrategy: no}", ("training", "eval_strategy"), "no"),
+])
+def test_the_unquoted_words_are_read_as_written(text, path, word):
+    from finetune_operator.api.spec import FineTuneJobSpec
+
+    doc = {"model": {"name": "/models/x"}, "data": {"format": "text", "train": [{"path": "/d.txt"}]},
+           **yaml.safe_load(text)}
+    value = FineTuneJobSpec.model_validate(doc)
+    for part in path:
+        value = getattr(value, part)
+    assert value == word

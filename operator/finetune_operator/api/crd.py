@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from .base import YAML_FALSE_KEY
 from .constants import GROUP, KIND, MAX_JOB_NAME_LENGTH, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from .spec import FineTuneJobSpec
 from .status import FineTuneJobStatus
@@ -106,6 +107,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if node.get("default", 0) is None:
             node.pop("default")
         return _convert({**kept, **node}, defs)
+    if YAML_FALSE_KEY in node:
+        return _yaml_false_enum(node)
     out: dict[str, Any] = {}
     if "const" in node:
         out["enum"] = [node["const"]]
@@ -140,6 +143,22 @@ def _type_free_form(node: dict[str, Any], out: dict[str, Any], defs: dict[str, A
         out["x-kubernetes-preserve-unknown-fields"] = True
     if "type" not in out and "properties" not in out and "enum" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True
+
+
+def _yaml_false_enum(node: dict[str, Any]) -> dict[str, Any]:
+    """An enum with `off` or `no` among its words: kubectl's YAML parser turns the unquoted word into false before
+    the apiserver sees it, so a `type: string` schema would refuse what the docs show. The field takes any value
+    (no type) and a CEL rule admits exactly the words and false; the operator reads false as the word."""
+    words = node["enum"]
+    listed = ", ".join(f"'{w}'" for w in words)
+    out = {k: v for k, v in node.items() if k in ("description", "default")}
+    out["x-kubernetes-preserve-unknown-fields"] = True
+    out["x-kubernetes-validations"] = [{
+        "rule": f"type(self) == bool ? !self : type(self) == string && self in [{listed}]",
+        "message": f"must be one of {', '.join(words)} (an unquoted {node[YAML_FALSE_KEY]} in YAML, read as false, "
+        f"means {node[YAML_FALSE_KEY]})",
+    }]
+    return out
 
 
 def _without_null(options: list[dict[str, Any]], defs: dict[str, Any]) -> dict[str, Any]:

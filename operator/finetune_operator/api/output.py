@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from .base import ApiModel
+from .base import ApiModel, FalseIsNo
 from .constants import OUTPUT_MOUNT_PATH
 from .k8s_names import DNS_SUBDOMAIN_PATTERN
 from .storage import S3_URI_PATTERN
@@ -81,7 +81,7 @@ class OutputSpec(ApiModel):
 
 
 class CheckpointSpec(ApiModel):
-    save_strategy: Literal["steps", "epoch", "no"] = Field(
+    save_strategy: FalseIsNo[Literal["steps", "epoch", "no"]] = Field(
         default="steps", description="When checkpoints are written; no disables resuming."
     )
     save_steps: int = Field(default=500, ge=1, description="Optimizer steps between checkpoints (saveStrategy steps).")

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from .base import ApiModel
+from .base import ApiModel, FalseIsNo
 from .errors import FieldError, SpecRuleErrors
 from .transformers_names import OPTIMIZER_NAMES, TRANSFORMERS_VERSION
 
@@ -22,7 +22,7 @@ Scheduler = Literal[
     "warmup_stable_decay",
 ]
 Precision = Literal["bf16", "fp16", "fp32"]
-Strategy = Literal["no", "steps", "epoch"]
+Strategy = FalseIsNo[Literal["no", "steps", "epoch"]]  # unquoted YAML `no` reads as false: taken as "no"
 
 # TrainingArguments that a spec field already sets; the same name in extraArgs would silently fight it.
 MANAGED_TRAINING_ARGUMENTS: dict[str, str] = {
