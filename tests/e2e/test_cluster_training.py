@@ -244,7 +244,8 @@ def test_a_diverging_job_fails_at_once_with_its_reason_and_is_not_retried(runtim
                          chart_operator, runner)
     assert (st["phase"], st["reason"], st["attempt"], st["restarts"]) == ("Failed", "LossDiverged", 1, 0), st
     assert "the loss diverged" in st["message"] and "exit 79: not retried" in st["message"]
-    assert re.search(r"the last checkpoint before it is \S+/checkpoint-\d+ \(verified, kept\)", st["message"])
+    assert re.search(r"the last checkpoint before the loss began to rise is \S+/checkpoint-\d+ \(verified, kept\)",
+                     st["message"])
     assert st["message"].endswith("tune spec.runPolicy.divergence (exit 79: not retried)")  # the remedy, whole
     failed = next(cd for cd in st["conditions"] if cd["type"] == "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "LossDiverged")

@@ -139,10 +139,11 @@ def test_a_run_that_diverges_stops_with_its_own_exit_class_and_names_the_good_ch
     assert proc.returncode == exit_codes.DIVERGED, out
     summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
     assert summary["reason"] == "LossDiverged"
-    assert "the loss diverged: 3 logged losses in a row above" in summary["message"]
-    assert "the last checkpoint before it is" in summary["message"] and "lower spec.training.learningRate" in \
-        summary["message"]
-    good = summary["message"].split("the last checkpoint before it is ")[1].split(" (verified")[0]
+    assert "the loss diverged: every loss logged from step 2 to 21 (20 optimizer steps, 20 logs) is above 18.4" \
+        in summary["message"]
+    assert "the last checkpoint before the loss began to rise is" in summary["message"]
+    assert "lower spec.training.learningRate" in summary["message"]
+    good = summary["message"].split("the last checkpoint before the loss began to rise is ")[1].split(" (verified")[0]
     assert (Path(good) / "FINETUNE_COMPLETE").exists()
     steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "output").glob("checkpoint-*"))
     assert steps and max(steps) == int(Path(good).name.split("-")[1])  # nothing saved once the loss rose

@@ -140,7 +140,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     )
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
                                 cfg.spec.resources.peak_tflops_per_gpu)
-    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings)
+    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, _vocab_size(model))
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
@@ -186,6 +186,12 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
     return trainer, progress, watchdog, stop, samples
+
+
+def _vocab_size(model) -> int | None:
+    """The output vocabulary, whose uniform guess (ln V) bounds the divergence guard's early loss."""
+    size = getattr(_base_model(model).config, "vocab_size", None)
+    return size if isinstance(size, int) else None
 
 
 def perplexity(loss: float) -> float:

@@ -4,32 +4,43 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import ApiModel
+from .base import ApiModel, FalseIsOff
 
 
 class DivergencePolicy(ApiModel):
-    """A loss that stays far above where the run started is divergence: retrying from a checkpoint diverges again."""
+    """A loss that stays far above the run's own early level is divergence: retrying from a checkpoint diverges
+    again. The early level is the mean of the losses logged in the first `warmupSteps` optimizer steps, never above
+    the loss of guessing uniformly over the vocabulary (ln vocab size): one easy first batch (rows the model already
+    knows) cannot make a healthy run look diverged, and a run that blows up at once is still caught."""
 
-    action: Literal["stop", "warn", "off"] = Field(
+    action: FalseIsOff[Literal["stop", "warn", "off"]] = Field(
         default="stop",
-        description="stop: the run stops (exit 79, reason LossDiverged, not retried) once `patience` logged "
-        "training losses in a row are above the threshold; warn: a Warning Event only; off: no check. A NaN or "
-        "infinite loss or gradient norm always stops the run at once.",
+        description="stop: the run stops (exit 79, reason LossDiverged, not retried) once the training loss has "
+        "stayed above the threshold for `patience` optimizer steps (a spike starts when the losses of the last 10 "
+        "steps average above it, and lasts while each logged loss is); warn: a Warning Event only; off: no check "
+        "(YAML's unquoted off, read as false, means off too). A NaN or infinite loss or gradient norm always stops "
+        "the run at once.",
     )
     factor: float = Field(
         default=3.0, ge=1.5, le=1000,
-        description="Threshold: factor x the loss of the first step (before any update changed the model), and "
-        "at least minIncrease above it.",
+        description="Threshold: factor x the run's early loss (the mean of the losses logged in the first "
+        "warmupSteps steps, at most ln(vocabulary size)), and at least minIncrease above it.",
     )
     min_increase: float = Field(
         default=3.0, ge=0, le=1000,
-        description="The threshold is at least this far above the first step's loss (nats): a model that starts "
-        "near 0 may double its loss on a noisy batch without diverging.",
+        description="The threshold is at least this far above the early loss (nats): a model that starts near 0 "
+        "may double its loss on a noisy batch without diverging.",
+    )
+    warmup_steps: int = Field(
+        default=20, ge=1, le=100000,
+        description="Optimizer steps whose logged losses make the early loss (at least the first 3 logged). Before "
+        "it is known the threshold is taken from ln(vocabulary size), the loss of a uniform guess.",
     )
     patience: int = Field(
-        default=3, ge=1, le=1000,
-        description="Logged training losses in a row above the threshold that make the run diverged; a shorter "
-        "spike gives a Warning Event (and no checkpoint is saved while the loss is above the threshold).",
+        default=20, ge=1, le=100000,
+        description="Optimizer steps (not logged lines: the same whatever loggingSteps is) the loss must stay above "
+        "the threshold, over at least two logged losses, to make the run diverged; a spike that comes back sooner "
+        "is a Warning Event (LossSpike), and no checkpoint is saved while the loss is above the threshold.",
     )
 
 
@@ -60,8 +71,9 @@ class RunPolicy(ApiModel):
     )
     divergence: DivergencePolicy = Field(
         default_factory=DivergencePolicy,
-        description="Stop a run whose loss stays far above its first step's (e.g. a learning rate 1000x too high): "
-        "by default 3 logged losses in a row above max(3 x first, first + 3).",
+        description="Stop a run whose loss stays far above its early level (e.g. a learning rate 1000x too high): "
+        "by default a loss above max(3 x early, early + 3) for 20 optimizer steps, where early is the mean of the "
+        "losses of the first 20 steps.",
     )
     schedule_retry_limit: int = Field(
         default=5, ge=0, le=1000,

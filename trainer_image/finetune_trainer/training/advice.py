@@ -17,12 +17,14 @@ def diverged(output_dir: Path, watch: Any) -> str:
     good = checkpoints.newest_complete(output_dir, at_most=watch.last_good_step)
     newest = checkpoints.newest_complete(output_dir)
     if good is None:
-        kept = "no checkpoint was saved before it"
+        kept = ("no checkpoint was saved" if newest is None else
+                f"no checkpoint was saved before the loss began to rise at step {watch.last_good_step}: the ones "
+                f"saved since (the newest: {newest}) hold the diverged weights")
     else:
-        kept = f"the last checkpoint before it is {good} (verified, kept)"
+        kept = f"the last checkpoint before the loss began to rise is {good} (verified, kept)"
         if newest is not None and newest != good:
-            kept += (f"; {newest} was saved after the loss began to rise: to continue from the good one set "
-                     f"checkpoints.resume: {good}")
+            kept += (f"; later ones (the newest: {newest}) hold the diverged weights: to continue from the good "
+                     f"one set checkpoints.resume: {good}")
     return (f"{watch.message}; {kept}. Not retried: the same run diverges again; lower spec.training.learningRate "
             "(or raise warmupSteps), or tune spec.runPolicy.divergence")
 
