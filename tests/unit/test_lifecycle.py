@@ -218,19 +218,35 @@ def test_a_queued_gang_restart_hands_its_admitted_kueue_workload_to_the_next_att
 def test_a_refused_attempt_says_why_in_its_status_and_clears_once_its_job_exists():
     answer = "403: admission webhook \"policy.example.com\" denied the request: GPUs need a team label"
     first = plan(job(), observe())
-    refused = plan(job(), dataclasses.replace(observe(first.status), refused=(1, answer)))
+    refused = plan(job(), dataclasses.replace(observe(first.status), refused=(1, "AttemptRefused", answer)))
     assert refused.create_attempt == 1  # retried
     assert (refused.status["phase"], refused.status["reason"]) == ("Pending", "AttemptRefused")
     assert answer in refused.status["message"] and conditions(refused)["Waiting"] == "True"
     assert [(e.type, e.reason) for e in refused.events] == [("Warning", "AttemptRefused")]
-    again = plan(job(), dataclasses.replace(observe(refused.status), refused=(1, answer)))
+    again = plan(job(), dataclasses.replace(observe(refused.status), refused=(1, "AttemptRefused", answer)))
     assert again.status == {**refused.status, "conditions": again.status["conditions"]} and not again.events
     # A refusal of another attempt (an older one) says nothing about this one.
-    assert plan(job(), dataclasses.replace(observe(first.status), refused=(0, answer))).status["reason"] != \
-        "AttemptRefused"
+    older = dataclasses.replace(observe(first.status), refused=(0, "AttemptRefused", answer))
+    assert plan(job(), older).status["reason"] != "AttemptRefused"
     # Allowed now: its Job exists, and the status reads from the Job again at once (not at the next look).
     created = plan(job(), observe(refused.status, [workload(1)]))
     assert created.status["reason"] == "Pending" and created.create_attempt is None
+
+
+def test_a_name_taken_by_an_object_not_ours_is_a_waiting_reason_said_once():
+    why = "ConfigMap web-config exists and is not this job's (not owned by any object, written by kubectl-create)"
+    first = plan(job(), observe())
+    clash = plan(job(), dataclasses.replace(observe(first.status), refused=(1, "NameConflict", why)))
+    assert clash.create_attempt == 1  # looked at again (the owner may rename or delete it)
+    assert (clash.status["phase"], clash.status["reason"]) == ("Pending", "NameConflict")
+    assert why in clash.status["message"] and "never adopts or changes an object it did not create" in \
+        clash.status["message"] and "rename or delete that object" in clash.status["message"]
+    assert conditions(clash)["Waiting"] == "True"
+    assert [(e.type, e.reason) for e in clash.events] == [("Warning", "NameConflict")]
+    again = plan(job(), dataclasses.replace(observe(clash.status), refused=(1, "NameConflict", why)))
+    assert not again.events  # one Event, not one per look
+    created = plan(job(), observe(clash.status, [workload(1)]))
+    assert created.status["reason"] == "Pending"
 
 
 def test_a_queued_attempt_follows_the_queue_label_of_its_finetunejob_and_a_running_one_keeps_its_queue():

@@ -19,9 +19,10 @@ class Expectations:
     def __init__(self, ttl_seconds: float = DEFAULT_TTL_SECONDS, clock: Callable[[], float] = time.monotonic):
         self.ttl, self.clock = ttl_seconds, clock
         self._done: dict[Hashable, float] = {}
-        # The apiserver's last refusal of an attempt's children, by job: (attempt, its message). Nothing watched
-        # shows a write that never happened, so the next pass learns it here and says it in the job's status.
-        self.refused: dict[Hashable, tuple[int, str]] = {}
+        # The last refusal of an attempt's children, by job: (attempt, reason, message): the apiserver's answer
+        # (AttemptRefused) or a child's name taken by an object not ours (NameConflict). Nothing watched shows a
+        # write that never happened, so the next pass learns it here and says it in the job's status.
+        self.refused: dict[Hashable, tuple[int, str, str]] = {}
 
     def pending(self, key: Hashable) -> bool:
         """True while a write for `key` was made recently enough that the cache may not show it yet."""

@@ -19,6 +19,42 @@ NODE_SHAPE_TTL_SECONDS = 60.0
 NODE_SHAPE_FORBIDDEN_RETRY_SECONDS = 600.0
 
 
+class NameConflict(Exception):
+    """Objects the job would create exist already and are not its own: nothing was written."""
+
+    def __init__(self, conflicts: list[str]):
+        super().__init__("; ".join(conflicts))
+        self.conflicts = conflicts
+
+
+def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: dict[str, Any] | None
+                   ) -> str | None:
+    """Why `existing` (the object now under `obj`'s name) must not be applied over, or None when it is absent or
+    ours: a job's child must have that job (its UID) as controller owner; namespace infrastructure (the trainer
+    identity) must carry our managed-by label. A name alone proves nothing: a FineTuneJob `web` must never rewrite,
+    adopt, and so later delete, a ConfigMap `web-config` somebody else made."""
+    if existing is None:
+        return None
+    meta = existing.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    if owner is not None:
+        if any(r.get("controller") and r.get("uid") == owner["metadata"]["uid"] for r in refs):
+            return None
+    elif (meta.get("labels") or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY:
+        return None
+    controller = next((r for r in refs if r.get("controller")), None)
+    if controller is not None:
+        whose = f"owned by {controller.get('kind')} {controller.get('name')}"
+        if controller.get("kind") == c.KIND and controller.get("name") == (owner or {}).get("metadata", {}).get(
+                "name"):
+            whose += " (an earlier FineTuneJob of this name, still being deleted)"
+    else:
+        managers = sorted({m.get("manager") for m in meta.get("managedFields") or [] if m.get("manager")})
+        written = f", written by {', '.join(managers)}" if managers else ""
+        whose = f"not owned by any object{written}"
+    return f"{obj['kind']} {meta.get('name')} exists and is not this job's ({whose})"
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient):
         self.dyn = DynamicClient(api_client)
@@ -98,22 +134,43 @@ class Kube:
             return None
         return items
 
-    def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None) -> None:
-        """Server-side apply, with the owner reference set for a job's children (not for namespace
-        infrastructure): idempotent, so a retried or repeated pass converges."""
+    def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None, exists: bool = True) -> None:
+        """Server-side apply of an object known to be ours (owner_check), with the owner reference set for a job's
+        children (not for namespace infrastructure): idempotent, so a retried or repeated pass converges. An object
+        not there yet is created (POST), so one that someone else creates meanwhile is refused, never merged into."""
         if owner is not None:
             meta = owner["metadata"]
             obj = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [{
                 "apiVersion": c.API_VERSION, "kind": c.KIND, "name": meta["name"], "uid": meta["uid"],
                 "controller": True, "blockOwnerDeletion": True}]}}
         resource = self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        resource.server_side_apply(body=obj, name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"],
-                                   field_manager=FIELD_MANAGER, force_conflicts=True)
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        if not exists:
+            try:
+                resource.create(body=obj, namespace=namespace, field_manager=FIELD_MANAGER)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                found = self._get(resource, namespace, name)  # created since it was read: whose is it?
+                conflict = owner_conflict(obj, found, owner)
+                if conflict is not None:
+                    raise NameConflict([conflict]) from None
+        resource.server_side_apply(body=obj, name=name, namespace=namespace, field_manager=FIELD_MANAGER,
+                                   force_conflicts=True)
 
     def apply_all(self, objects: list[dict[str, Any]], owner: dict[str, Any] | None = None) -> None:
-        """In order: a job's config and Service exist before the pods that use them."""
-        for obj in objects:
-            self.apply(obj, owner)
+        """In order: a job's config and Service exist before the pods that use them. Every object is read first:
+        one that exists and is not ours (owner_conflict) stops the whole set before anything is written, so a name
+        clash neither changes someone else's object nor leaves half a set of children."""
+        found = [self._get(self.dyn.resources.get(api_version=o["apiVersion"], kind=o["kind"]),
+                           o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects]
+        conflicts = [why for obj, there in zip(objects, found, strict=True)
+                     if (why := owner_conflict(obj, there, owner)) is not None]
+        if conflicts:
+            raise NameConflict(conflicts)
+        for obj, there in zip(objects, found, strict=True):
+            self.apply(obj, owner, exists=there is not None)
 
     def delete_workload(self, namespace: str, name: str) -> None:
         """Background propagation: the garbage collector removes the attempt's pods."""

@@ -21,6 +21,7 @@ from . import capacity, goodput, queueing
 from .observed import (
     ATTEMPT_REFUSED,
     DISRUPTED,
+    NAME_CONFLICT,
     WAITING_REASONS,
     attempt_nodes,
     attempt_of,
@@ -75,7 +76,7 @@ class Observed:
     # Kueue's Workloads of this job's Jobs (empty without Kueue)
     kueue_workloads: list[dict[str, Any]] = field(default_factory=list)
     # (attempt, the apiserver's answer) when creating that attempt's children was refused on an earlier pass
-    refused: tuple[int, str] | None = None
+    refused: tuple[int, str, str] | None = None  # (attempt, reason, why): see Expectations.refused
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
     waits = phase == "Pending" and reason in WAITING_REASONS
     queued = phase == "Queued"
     # A refusal is announced in any phase (Restarting too): its reason changes, not its phase.
-    told = waits or queued or reason == ATTEMPT_REFUSED
+    told = waits or queued or reason in CREATE_REFUSALS
     if phase != previous_phase or (told and reason != obs.status.get("reason")):
         warn = phase in ("Failed", "Restarting") or waits or reason in (*queueing.NEVER_ADMITTED, "Preempted")
         p.events.append(Event("Warning" if warn else "Normal", reason or p.status["phase"],
@@ -355,16 +356,27 @@ def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) ->
             _refused(p, obs, PREFLIGHT_ATTEMPT)
 
 
+CREATE_REFUSALS = (ATTEMPT_REFUSED, NAME_CONFLICT)
+
+
 def _refused(p: Plan, obs: Observed, attempt: int) -> None:
-    """The attempt about to be created was refused by the apiserver last time: say why while it is retried (a
-    policy or webhook refusing Jobs or pods' specs; nothing else shows a write that never happened)."""
-    if obs.refused is not None and obs.refused[0] == attempt:
-        what = "the preflight" if attempt == PREFLIGHT_ATTEMPT else f"attempt {attempt}"
-        p.status.update(reason=ATTEMPT_REFUSED, message=(
-            f"the apiserver refused to create {what}'s Job or its children ({obs.refused[1]}); retried until it is "
-            "allowed: change the admission policy or webhook that refuses it, or the job's spec"))
-        if p.status.get("phase") != "Restarting":
-            p.status["phase"] = "Pending"
+    """The attempt about to be created was refused last time: say why while it is retried (a policy or webhook
+    refusing Jobs or pods' specs, or a child's name taken by an object that is not ours; nothing else shows a write
+    that never happened)."""
+    if obs.refused is None or obs.refused[0] != attempt:
+        return
+    _, reason, why = obs.refused
+    what = "the preflight" if attempt == PREFLIGHT_ATTEMPT else f"attempt {attempt}"
+    if reason == NAME_CONFLICT:
+        message = (f"{what} was not created: {why}. The operator never adopts or changes an object it did not "
+                   "create: rename or delete that object, or create the FineTuneJob under another name (looked at "
+                   "again every 15 s)")
+    else:
+        message = (f"the apiserver refused to create {what}'s Job or its children ({why}); retried until it is "
+                   "allowed: change the admission policy or webhook that refuses it, or the job's spec")
+    p.status.update(reason=reason, message=message)
+    if p.status.get("phase") != "Restarting":
+        p.status["phase"] = "Pending"
 
 
 def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
@@ -533,7 +545,7 @@ def _waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any]
         st.update(phase="Pending", reason=why[0], message=f"attempt {st['attempt']}: {running}/{nodes} node(s) "
                   f"running; {why[1]}")
     elif (not obs.looked and st.get("phase") == "Pending" and st.get("reason") in WAITING_REASONS
-          and st.get("reason") != ATTEMPT_REFUSED):  # a refusal is over once the Job exists
+          and st.get("reason") not in CREATE_REFUSALS):  # a refusal is over once the Job exists
         return  # not looked at this pass: the reason found last time stands until the next look
     elif st.get("phase") != "Restarting" or running:  # a restarted gang reads Restarting until its pods run
         keep = st.get("reason") if st.get("phase") == "Pending" and st.get("reason") not in WAITING_REASONS else None

@@ -128,8 +128,10 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "E
 CREATE_CONTAINER_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 # The apiserver refused to create the attempt's children (an admission policy or webhook): nothing runs yet.
 ATTEMPT_REFUSED = "AttemptRefused"
+# A child's name is taken by an object this job did not create: the operator never adopts or changes it.
+NAME_CONFLICT = "NameConflict"
 WAITING_REASONS = ("ImagePullFailed", "CreateContainerError", "Unschedulable", "QuotaExceeded", "PodFailedToStart",
-                   "InsufficientCapacity", ATTEMPT_REFUSED)
+                   "InsufficientCapacity", ATTEMPT_REFUSED, NAME_CONFLICT)
 
 
 def waiting_reason(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[str, str] | None:

@@ -18,16 +18,17 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from ..api import constants as c
+from ..api import exit_codes
 from ..api.errors import InvalidSpec
 from ..api.validation import validate_job
 from ..render import RenderContext, render_all, render_trainer_identity
 from ..render.preflight import PREFLIGHT_ATTEMPT, render_preflight
 from .cache import Snapshot
 from .expectations import Expectations
-from .kube import Kube
+from .kube import Kube, NameConflict
 from .lifecycle import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, gang_waiting, only_cosmetic, plan
 from .merge_patch import merge_patch
-from .observed import attempt_of, job_failed, pod_ended
+from .observed import ATTEMPT_REFUSED, NAME_CONFLICT, attempt_of, job_failed, pod_ended
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ COSMETIC_DELAY_SECONDS = 3.0
 # The apiserver's answers to a child it will not create (admission policy or webhook, ResourceQuota, invalid):
 # said in the status, and retried.
 REFUSALS = (400, 403, 422)
+# A name clash is someone's object under a child's name: looked at again this often (it goes away when its owner
+# renames or deletes it), never forced.
+NAME_CONFLICT_RETRY_SECONDS = 15.0
+# The apiserver's answer in a status message: a refused Job can come back as a 10,000-character struct dump.
+REFUSAL_MESSAGE_LIMIT = 600
 
 
 @dataclass
@@ -89,7 +95,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, post_event: EventS
 
 
 def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
-          refused: tuple[int, str] | None = None) -> tuple[Any, Plan]:
+          refused: tuple[int, str, str] | None = None) -> tuple[Any, Plan]:
     try:
         job: Any = validate_job(obj)
     except InvalidSpec as exc:
@@ -198,8 +204,6 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         PREFLIGHT_ATTEMPT if result.create_preflight else None)
     if creates is not None and not isinstance(job, InvalidSpec):
         account = job.spec.pod.service_account_name
-        once(("identity", ns, account), lambda: kube.apply_all(render_trainer_identity(ns, account)),
-             ttl=IDENTITY_TTL_SECONDS)
         ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=settings.trainer_image,
                             network_policy=settings.network_policy,
                             job_labels=obj["metadata"].get("labels") or {},
@@ -213,9 +217,15 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         else:
             create = functools.partial(_create_attempt, kube, obj, job.spec, ctx, result, view)
         try:
+            once(("identity", ns, account), lambda: kube.apply_all(render_trainer_identity(ns, account)),
+                 ttl=IDENTITY_TTL_SECONDS)
             if once(("attempt", ns, name, obj["metadata"]["uid"], creates), create):
                 result.events.extend(result.create_events)
                 expectations.refused.pop((ns, name), None)
+        except NameConflict as exc:
+            # Nothing was written; the next pass says so (reason NameConflict, one Event) and looks again later.
+            expectations.refused[(ns, name)] = (creates, NAME_CONFLICT, str(exc))
+            result.requeue(NAME_CONFLICT_RETRY_SECONDS)
         except ApiException as exc:
             terminating = exc.status == 403 and "NamespaceTerminating" in str(exc.body)
             if result.offer_kueue is not None and terminating:
@@ -225,7 +235,7 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
             elif exc.status in REFUSALS and not terminating:
                 # An admission policy, a webhook or a quota refused a child: the next pass says so in the status
                 # (and a Warning Event) and tries again.
-                expectations.refused[(ns, name)] = (creates, f"{exc.status}: {_api_message(exc)}")
+                expectations.refused[(ns, name)] = (creates, ATTEMPT_REFUSED, f"{exc.status}: {_api_message(exc)}")
             raise
     if result.delete_job:
         once(("delete-job", ns, name), lambda: kube.delete_finetunejob(ns, name))
@@ -234,6 +244,7 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
 def _api_message(exc: ApiException) -> str:
     """The apiserver's own sentence from an error response (its JSON body), else the HTTP reason."""
     try:
-        return str(json.loads(exc.body)["message"])
+        message = str(json.loads(exc.body)["message"])
     except (TypeError, ValueError, KeyError):
-        return str(exc.reason)
+        message = str(exc.reason)
+    return exit_codes.short(message, REFUSAL_MESSAGE_LIMIT)
