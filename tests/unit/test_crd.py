@@ -127,17 +127,29 @@ YAML11_BOOLEAN_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false"}
 
 def test_no_enum_has_a_word_that_yaml_reads_as_a_boolean_without_taking_the_boolean():
     """kubectl's YAML parser reads an unquoted off/no/on/yes as a boolean before the apiserver sees it: an enum with
-    such a word must take the boolean (x-kubernetes-validations on an untyped field), or the docs' spelling fails."""
+    such a word must take the boolean (an untyped field whose words the operator checks), or the docs' spelling
+    fails at `kubectl apply`."""
     trapped, taken = [], []
     for path, node in walk(spec_schema()["properties"]["spec"], "$.spec"):  # the status is written as JSON
         if {str(w).lower() for w in node.get("enum") or []} & YAML11_BOOLEAN_WORDS:
             trapped.append(path)
-        if any("type(self) == bool" in v["rule"] for v in node.get("x-kubernetes-validations") or []):
+        if "means off)" in node.get("description", "") or "means no)" in node.get("description", ""):
             assert "type" not in node and node.get("x-kubernetes-preserve-unknown-fields") is True, path
             taken.append(path)
     assert trapped == []
     assert sorted(taken) == ["$.spec.checkpoints.saveStrategy", "$.spec.runPolicy.divergence.action",
                              "$.spec.training.evalStrategy"]
+
+
+def test_a_word_the_schema_cannot_check_is_refused_by_validation_with_its_path():
+    from finetune_operator.api.errors import InvalidSpec
+    from finetune_operator.api.validation import validate_job
+    from tests.builders import make_job
+
+    with pytest.raises(InvalidSpec, match=r"spec\.runPolicy\.divergence\.action.*'stop', 'warn' or 'off'"):
+        validate_job(make_job({"spec.runPolicy": {"divergence": {"action": "stp"}}}))
+    with pytest.raises(InvalidSpec, match=r"spec\.checkpoints\.saveStrategy"):
+        validate_job(make_job({"spec.checkpoints": {"saveStrategy": True}}))
 
 
 @pytest.mark.parametrize(("text", "path", "word"), [

@@ -147,17 +147,15 @@ def _type_free_form(node: dict[str, Any], out: dict[str, Any], defs: dict[str, A
 
 def _yaml_false_enum(node: dict[str, Any]) -> dict[str, Any]:
     """An enum with `off` or `no` among its words: kubectl's YAML parser turns the unquoted word into false before
-    the apiserver sees it, so a `type: string` schema would refuse what the docs show. The field takes any value
-    (no type) and a CEL rule admits exactly the words and false; the operator reads false as the word."""
-    words = node["enum"]
-    listed = ", ".join(f"'{w}'" for w in words)
+    the apiserver sees it, so a `type: string` schema would refuse what the docs show. The field is left untyped:
+    the apiserver cannot check its words (a CEL rule cannot see an untyped field, not even from its parent, as
+    tried on the real apiserver), so the operator's validation does (the job fails InvalidSpec naming the field
+    and the words, as `finetune validate` does offline) and reads false as the word."""
+    words = ", ".join(node["enum"])
     out = {k: v for k, v in node.items() if k in ("description", "default")}
+    out["description"] = (f"{out.get('description', '')} One of: {words} (an unquoted {node[YAML_FALSE_KEY]}, "
+                          f"which YAML reads as false, means {node[YAML_FALSE_KEY]}).").strip()
     out["x-kubernetes-preserve-unknown-fields"] = True
-    out["x-kubernetes-validations"] = [{
-        "rule": f"type(self) == bool ? !self : type(self) == string && self in [{listed}]",
-        "message": f"must be one of {', '.join(words)} (an unquoted {node[YAML_FALSE_KEY]} in YAML, read as false, "
-        f"means {node[YAML_FALSE_KEY]})",
-    }]
     return out
 
 
