@@ -85,9 +85,12 @@ class ControlPlane:
             self._write_kubeconfig(self.audited_kubeconfig, AUDITED_TOKEN)
             self._start("kube-controller-manager", [
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0",
-                # resourcequota-controller: a ResourceQuota is enforced only once it has computed its usage.
+                # resourcequota-controller: a ResourceQuota is enforced only once it has computed its usage;
+                # clusterrole-aggregation-controller: the built-in admin/edit/view roles gather the chart's user
+                # roles as in a real cluster (the tenancy tests act as users bound to them).
                 "--controllers=garbage-collector-controller,job-controller,namespace-controller,"
-                "serviceaccount-controller,persistentvolume-binder-controller,resourcequota-controller",
+                "serviceaccount-controller,persistentvolume-binder-controller,resourcequota-controller,"
+                "clusterrole-aggregation-controller",
                 "--concurrent-job-syncs=20", *CLIENT_QPS,
             ])
             self._start("kube-scheduler", [

@@ -63,6 +63,14 @@ class NetworkPolicy(_Values):
                           "NetworkPolicy per job). Egress is left to your own policies.")
 
 
+class UserRoles(_Values):
+    aggregate: bool = Field(default=True, description="ClusterRoles that Kubernetes' built-in admin, edit and view "
+                            "roles aggregate: a user bound to admin or edit in a namespace may create, change and "
+                            "delete FineTuneJobs there and read their status; view may read them. The status is "
+                            "never writable through these roles (only the operator and a job's own trainer write "
+                            "it).")
+
+
 class ChartValues(_Values):
     nameOverride: str = Field(default="", max_length=40, description="Replaces 'operator' in resource names "
                               "(<release>-<nameOverride>).")
@@ -84,6 +92,8 @@ class ChartValues(_Values):
     nodeShapeCheck: bool = Field(default=True, description="Let the operator list nodes (a ClusterRole with `list "
                                  "nodes` only) so a job asking for more GPUs per node than any node has gets a "
                                  "Warning at once; off: it waits and reads the scheduler's Unschedulable.")
+    userRoles: UserRoles = Field(default_factory=UserRoles,
+                                 description="What users get through the built-in admin, edit and view roles.")
     extraEnv: list[EnvVar] = Field(default_factory=list, description="Extra environment of the operator container.")
     networkPolicy: NetworkPolicy = Field(default_factory=lambda: NetworkPolicy(),
                                          description="NetworkPolicies (off by default).")

@@ -1,0 +1,161 @@
+"""Many teams on one cluster, tested as the tenants themselves (`kubectl --as`), on the real apiserver with the
+clusterrole-aggregation controller running: the chart's user roles reach the built-in admin, edit and view roles,
+and a FineTuneJob never adopts, rewrites or deletes an object it did not create (a name clash is a waiting reason
+and one Event, nothing is written)."""
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from finetune_operator.api import constants as c
+from tests.builders import make_job
+from tests.conftest import ROOT
+
+CHART = ROOT / "charts" / "finetunejob"
+FTJ = f"{c.PLURAL}.{c.GROUP}"
+
+
+@pytest.fixture(scope="module")
+def user_roles(control_plane, kubectl):
+    """The chart's user ClusterRoles, exactly as `helm install` renders them."""
+    rendered = subprocess.run([str(control_plane.bin_dir / "helm"), "template", "ftj", str(CHART),
+                               "--kube-version", "1.36.0", "--show-only", "templates/user-roles.yaml"],
+                              capture_output=True, text=True, check=True, timeout=120).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    yield [d["metadata"]["name"] for d in docs]
+    for doc in docs:
+        kubectl.run("delete", "clusterrole", doc["metadata"]["name"], "--ignore-not-found", check=False)
+
+
+def bind(kubectl, namespace: str, user: str, role: str) -> None:
+    kubectl.run("create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}", f"--user={user}",
+                "-n", namespace)
+
+
+def can(kubectl, user: str, namespace: str, *args: str) -> bool:
+    return kubectl.run("auth", "can-i", *args, f"--as={user}", "-n", namespace, check=False).stdout.strip() == "yes"
+
+
+def wait_can(kubectl, user: str, namespace: str, *args: str, timeout: float = 30) -> None:
+    """The aggregation controller adds our rules to admin/edit/view shortly after the ClusterRoles appear."""
+    deadline = time.monotonic() + timeout
+    while not can(kubectl, user, namespace, *args):
+        assert time.monotonic() < deadline, f"{user} never got {args} in {namespace}"
+        time.sleep(0.5)
+
+
+def as_tenant(kubectl, user: str, *args: str, input: str | None = None, check: bool = True):
+    return kubectl.run(*args, f"--as={user}", input=input, check=check)
+
+
+def wait_status(kubectl, ns, name, predicate, op, timeout=60.0):
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = kubectl.json("get", "ftj", name, "-n", ns).get("status") or {}
+        if predicate(last):
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"not reached in {timeout}s: {last}\n{op.log_tail(30)}")
+
+
+def events(kubectl, ns, name, reason):
+    items = kubectl.json("get", "events", "-n", ns, "--field-selector",
+                         f"involvedObject.kind=FineTuneJob,involvedObject.name={name},reason={reason}")["items"]
+    return items
+
+
+def test_admin_edit_and_view_users_get_finetunejobs_and_never_write_their_status(kubectl, user_roles, namespace):
+    bind(kubectl, namespace, "ann", "admin")
+    bind(kubectl, namespace, "eddie", "edit")
+    bind(kubectl, namespace, "vera", "view")
+    wait_can(kubectl, "eddie", namespace, "create", FTJ)
+    wait_can(kubectl, "vera", namespace, "list", FTJ)
+    for user in ("ann", "eddie"):
+        for verb in ("create", "get", "list", "watch", "patch", "update", "delete", "deletecollection"):
+            assert can(kubectl, user, namespace, verb, FTJ), (user, verb)
+        assert can(kubectl, user, namespace, "get", FTJ, "--subresource=status")
+        assert not can(kubectl, user, namespace, "patch", FTJ, "--subresource=status"), user
+        assert not can(kubectl, user, namespace, "update", FTJ, "--subresource=status"), user
+    for verb in ("get", "list", "watch"):
+        assert can(kubectl, "vera", namespace, verb, FTJ)
+    for verb in ("create", "patch", "delete"):
+        assert not can(kubectl, "vera", namespace, verb, FTJ), verb
+    assert not can(kubectl, "eddie", "default", "list", FTJ)  # only where they were given edit
+
+    # As the users themselves: eddie creates one, vera reads it and is refused a change.
+    job = make_job({"metadata.name": "mine", "metadata.namespace": namespace})
+    as_tenant(kubectl, "eddie", "apply", "-f", "-", input=json.dumps(job))
+    assert "mine" in as_tenant(kubectl, "vera", "get", "ftj", "-n", namespace).stdout
+    refused = as_tenant(kubectl, "vera", "delete", "ftj", "mine", "-n", namespace, check=False)
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
+    forged = as_tenant(kubectl, "eddie", "patch", "ftj", "mine", "-n", namespace, "--subresource=status",
+                       "--type=merge", "-p", '{"status": {"phase": "Succeeded"}}', check=False)
+    assert forged.returncode != 0 and "forbidden" in forged.stderr.lower()
+
+
+def test_a_name_clash_leaves_the_tenants_objects_untouched_and_says_so_once(kubectl, operator, user_roles,
+                                                                           namespace):
+    """A FineTuneJob `db` where the team already has a Service `db`, `web` where a ConfigMap `web-config` exists,
+    `clash` where a Job `clash-a1` exists: none is adopted, changed or (with the job) deleted; nothing of the job
+    is created; each job reads NameConflict naming the object, with one Warning Event."""
+    bind(kubectl, namespace, "tenant", "edit")
+    wait_can(kubectl, "tenant", namespace, "create", FTJ)
+    mine = [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": namespace},
+         "spec": {"selector": {"app": "db"}, "ports": [{"name": "pg", "port": 5432}]}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-config", "namespace": namespace},
+         "data": {"settings.ini": "[web]\nport = 80\n"}},
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "clash-a1", "namespace": namespace},
+         "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [
+             {"name": "main", "image": "busybox", "command": ["true"]}]}}}},
+    ]
+    for obj in mine:
+        as_tenant(kubectl, "tenant", "create", "-f", "-", input=json.dumps(obj))
+    before = {o["metadata"]["name"]: _essence(kubectl.json("get", o["kind"], o["metadata"]["name"], "-n",
+                                                           namespace)) for o in mine}
+    clashes = {"db": "Service db", "web": "ConfigMap web-config", "clash": "Job clash-a1"}
+    for name in clashes:
+        job = make_job({"metadata.name": name, "metadata.namespace": namespace})
+        as_tenant(kubectl, "tenant", "apply", "-f", "-", input=json.dumps(job))
+    for name, what in clashes.items():
+        st = wait_status(kubectl, namespace, name, lambda s: s.get("reason") == "NameConflict", operator)
+        assert st["phase"] == "Pending" and f"{what} exists and is not this job's" in st["message"], st
+        assert "never adopts or changes an object it did not create" in st["message"]
+        assert len(st["message"]) < 1000, st["message"]  # readable, not an apiserver struct dump
+        waiting = next(cd for cd in st["conditions"] if cd["type"] == "Waiting")
+        assert (waiting["status"], waiting["reason"]) == ("True", "NameConflict")
+    time.sleep(20)  # looked at again meanwhile: still one Event per job, and nothing of theirs written
+    for name in clashes:
+        said = events(kubectl, namespace, name, "NameConflict")
+        assert len(said) == 1 and said[0]["type"] == "Warning" and said[0].get("count", 1) == 1, said
+    after = {o["metadata"]["name"]: _essence(kubectl.json("get", o["kind"], o["metadata"]["name"], "-n",
+                                                          namespace)) for o in mine}
+    assert after == before
+    # Nothing half-created: the jobs' other children (web's Service, db's ConfigMap, any attempt) do not exist.
+    assert kubectl.run("get", "service", "web", "-n", namespace, check=False).returncode != 0
+    assert kubectl.run("get", "configmap", "db-config", "-n", namespace, check=False).returncode != 0
+    assert [j["metadata"]["name"] for j in kubectl.json("get", "jobs", "-n", namespace)["items"]] == ["clash-a1"]
+
+    # Deleting the job leaves the tenant's object in place (it was never the job's to garbage-collect).
+    as_tenant(kubectl, "tenant", "delete", "ftj", "web", "-n", namespace, "--wait=true")
+    time.sleep(3)  # the garbage collector would have acted by now
+    assert kubectl.json("get", "configmap", "web-config", "-n", namespace)["data"] == {
+        "settings.ini": "[web]\nport = 80\n"}
+    # Resolved by the tenant (the clashing Service renamed away): the job starts on its next look.
+    as_tenant(kubectl, "tenant", "delete", "service", "db", "-n", namespace)
+    st = wait_status(kubectl, namespace, "db", lambda s: s.get("reason") != "NameConflict", operator, timeout=45)
+    service = kubectl.json("get", "service", "db", "-n", namespace)
+    assert service["metadata"]["ownerReferences"][0]["kind"] == c.KIND, st
+
+
+def _essence(obj: dict) -> dict:
+    """What a clash could have changed: spec/data, labels, annotations and owners."""
+    meta = obj["metadata"]
+    return {"spec": obj.get("spec"), "data": obj.get("data"), "labels": meta.get("labels"),
+            "annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
+                            if k != "kubectl.kubernetes.io/last-applied-configuration"},
+            "owners": meta.get("ownerReferences"), "uid": meta["uid"]}
