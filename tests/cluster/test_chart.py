@@ -44,17 +44,23 @@ def test_lint_and_template(helm):
     docs = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0").stdout)
             if d]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
-                     "Service", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+                     "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"]
+    # Two of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
+    users = [d for d in docs if d["kind"] == "ClusterRole" and any(
+        k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in d["metadata"]["labels"])]
+    assert sorted(r["metadata"]["name"] for r in users) == ["ftj-operator-user-edit", "ftj-operator-user-view"]
     per_ns = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0",
                   "--set", "watchNamespaces={team-a,team-b}").stdout
     roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     # The only cluster-wide right left with watchNamespaces: listing nodes (nodeShapeCheck), and that can go too.
-    cluster_roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "ClusterRole"]
+    cluster_roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "ClusterRole"
+                     and not d["metadata"]["name"].endswith(("-user-edit", "-user-view"))]
     assert [r["rules"] for r in cluster_roles] == [[{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]]
     strict = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "watchNamespaces={team-a}",
-                  "--set", "nodeShapeCheck=false").stdout
+                  "--set", "nodeShapeCheck=false", "--set", "userRoles.aggregate=false").stdout
     assert not [d for d in yaml.safe_load_all(strict) if d and d["kind"].startswith("Cluster")]
 
 
@@ -200,13 +206,28 @@ def test_trainer_identity_patches_only_its_own_status(installed, kubectl, contro
     kubectl.run("apply", "-f", "-", input=json.dumps(pod))
     uid = kubectl.json("get", "pod", "mine-a1-0-x7k2p", "-n", namespace)["metadata"]["uid"]
 
-    def patch_as(token, job):
+    def patch_as(token, job, status='{"progress": {"step": 1}}'):
         return kubectl.run("patch", "ftj", job, "-n", namespace, f"--token={token}", "--subresource=status",
-                           "--type=merge", "-p", '{"status": {"progress": {"step": 1}}}', check=False)
+                           "--type=merge", "-p", f'{{"status": {status}}}', check=False)
 
     bound = kubectl.run("create", "token", "finetunejob-trainer", "-n", namespace, "--bound-object-kind=Pod",
                         "--bound-object-name=mine-a1-0-x7k2p", f"--bound-object-uid={uid}").stdout.strip()
+    refused = patch_as(bound, "mine")
+    assert refused.returncode != 0 and "may write only the status fields it owns" in refused.stderr  # no status yet
+    from tests.support.controlplane import ADMIN_TOKEN
+
+    for job in ("mine", "other"):  # what the operator writes before it creates any pod
+        kubectl.run("patch", "ftj", job, "-n", namespace, "--subresource=status", "--type=merge",
+                    f"--token={ADMIN_TOKEN}", "-p", '{"status": {"phase": "Running", "attempt": 1}}')
     assert patch_as(bound, "mine").returncode == 0
+    # Only the fields a trainer owns: its own job's phase, reason or attempt are the operator's.
+    for forged in ('{"phase": "Succeeded"}', '{"reason": "Completed", "progress": {"step": 2}}', '{"attempt": 7}',
+                   '{"conditions": []}'):
+        refused = patch_as(bound, "mine", forged)
+        assert refused.returncode != 0 and "may write only the status fields it owns" in refused.stderr, forged
+    owned = patch_as(bound, "mine", '{"checkpoint": {"step": 1, "path": "/output/checkpoint-1"}, "notice": '
+                                    '{"time": "2026-01-01T00:00:00Z", "reason": "LossSpike", "message": "m"}}')
+    assert owned.returncode == 0, owned.stderr
     refused = patch_as(bound, "other")
     assert refused.returncode != 0 and "its own FineTuneJob only: other is not the job of pod mine-a1-0-x7k2p" \
         in refused.stderr
@@ -221,7 +242,6 @@ def test_trainer_identity_patches_only_its_own_status(installed, kubectl, contro
     # The trainer's own reports name the job (UID) and attempt it was started for: deleted and created again under
     # its name, the job refuses the old pod's last report (it used to show step 2140 and a loss it never trained).
     from finetune_trainer.outputs.status_report import StatusReporter
-    from tests.support.controlplane import ADMIN_TOKEN
 
     old_uid = kubectl.json("get", "ftj", "mine", "-n", namespace)["metadata"]["uid"]
     context = ssl._create_unverified_context()  # the test apiserver's self-signed certificate
@@ -236,6 +256,8 @@ def test_trainer_identity_patches_only_its_own_status(installed, kubectl, contro
     kubectl.run("delete", "ftj", "mine", "-n", namespace, "--wait=true")
     kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": "mine",
                                                                 "metadata.namespace": namespace})))
+    kubectl.run("patch", "ftj", "mine", "-n", namespace, "--subresource=status", "--type=merge",
+                f"--token={ADMIN_TOKEN}", "-p", '{"status": {"phase": "Running", "attempt": 2}}')
     assert reporter.report({"progress": {"step": 2140, "maxSteps": 3000, "loss": 0.42}}) is False
     assert "progress" not in (kubectl.json("get", "ftj", "mine", "-n", namespace).get("status") or {})
 

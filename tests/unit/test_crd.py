@@ -166,3 +166,16 @@ def test_the_unquoted_words_are_read_as_written(text, path, word):
     for part in path:
         value = getattr(value, part)
     assert value == word
+
+
+def test_the_admission_policy_keeps_every_field_the_operator_writes_from_trainers():
+    """charts/.../admission-policy.yaml lists the status fields a trainer may not change: the operator's own."""
+    import re
+
+    from finetune_operator.controller.lifecycle import OPERATOR_STATUS_FIELDS
+    from tests.conftest import ROOT
+
+    template = (ROOT / "charts" / "finetunejob" / "templates" / "admission-policy.yaml").read_text()
+    listed = re.search(r"\$operatorFields := list (.*?) }}", template)
+    assert listed is not None
+    assert tuple(re.findall(r'"(\w+)"', listed.group(1))) == OPERATOR_STATUS_FIELDS
