@@ -46,6 +46,7 @@ def test_lint_and_template(helm):
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
                      "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                      "ValidatingAdmissionPolicyBinding"]
     # Two of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
     users = [d for d in docs if d["kind"] == "ClusterRole" and any(

@@ -18,17 +18,35 @@ CHART = ROOT / "charts" / "finetunejob"
 FTJ = f"{c.PLURAL}.{c.GROUP}"
 
 
-@pytest.fixture(scope="module")
-def user_roles(control_plane, kubectl):
-    """The chart's user ClusterRoles, exactly as `helm install` renders them."""
+def chart_objects(control_plane, kubectl, template: str):
+    """Applies one template of the chart, exactly as `helm install` renders it; returns its objects."""
     rendered = subprocess.run([str(control_plane.bin_dir / "helm"), "template", "ftj", str(CHART),
-                               "--kube-version", "1.36.0", "--show-only", "templates/user-roles.yaml"],
+                               "--kube-version", "1.36.0", "--show-only", f"templates/{template}"],
                               capture_output=True, text=True, check=True, timeout=120).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
-    yield [d["metadata"]["name"] for d in docs]
+    return docs
+
+
+def delete_all(kubectl, docs):
     for doc in docs:
-        kubectl.run("delete", "clusterrole", doc["metadata"]["name"], "--ignore-not-found", check=False)
+        kubectl.run("delete", doc["kind"], doc["metadata"]["name"], "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="module")
+def user_roles(control_plane, kubectl):
+    """The chart's user ClusterRoles."""
+    docs = chart_objects(control_plane, kubectl, "user-roles.yaml")
+    yield [d["metadata"]["name"] for d in docs]
+    delete_all(kubectl, docs)
+
+
+@pytest.fixture(scope="module")
+def identity_policy(control_plane, kubectl):
+    """The chart's admission policy on the identity a FineTuneJob runs as."""
+    docs = chart_objects(control_plane, kubectl, "admission-policy-identity.yaml")
+    yield docs
+    delete_all(kubectl, docs)
 
 
 def bind(kubectl, namespace: str, user: str, role: str) -> None:
@@ -159,3 +177,38 @@ def _essence(obj: dict) -> dict:
             "annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
                             if k != "kubectl.kubernetes.io/last-applied-configuration"},
             "owners": meta.get("ownerReferences"), "uid": meta["uid"]}
+
+
+def test_a_user_who_may_not_create_pods_cannot_run_a_job_as_another_service_account(kubectl, user_roles,
+                                                                                    identity_policy, namespace):
+    """A user allowed FineTuneJobs but not pods names a ServiceAccount bound to `edit`: refused at apply, with the
+    field and the way out; the same job without it is admitted (it runs as the trainer identity); a user with
+    `edit` (who may create pods, so could run as that ServiceAccount directly) may name it."""
+    kubectl.run("create", "serviceaccount", "deployer", "-n", namespace)
+    kubectl.run("create", "rolebinding", "deployer-edit", "--clusterrole=edit",
+                f"--serviceaccount={namespace}:deployer", "-n", namespace)
+    kubectl.run("create", "role", "ftj-only", "--verb=create,get,list,update,patch", f"--resource={FTJ}",
+                "-n", namespace)
+    kubectl.run("create", "rolebinding", "ftj-only", "--role=ftj-only", "--user=fiona", "-n", namespace)
+    bind(kubectl, namespace, "eddie", "edit")
+    wait_can(kubectl, "eddie", namespace, "create", FTJ)
+    assert not can(kubectl, "fiona", namespace, "create", "pods")
+    sneaky = make_job({"metadata.name": "sneaky", "metadata.namespace": namespace,
+                       "spec.pod": {"serviceAccountName": "deployer", "image": "busybox"}})
+    deadline = time.monotonic() + 30  # the policy is enforced once the apiserver has loaded it
+    while (refused := as_tenant(kubectl, "fiona", "apply", "-f", "-", input=json.dumps(sneaky),
+                                check=False)).returncode == 0:
+        kubectl.run("delete", "ftj", "sneaky", "-n", namespace)
+        assert time.monotonic() < deadline, "the identity policy was never enforced"
+        time.sleep(1)
+    assert "spec.pod.serviceAccountName: deployer" in refused.stderr
+    assert "needs the right to create pods in " + namespace in refused.stderr
+    plain = make_job({"metadata.name": "plain", "metadata.namespace": namespace, "spec.pod": {"image": "busybox"}})
+    as_tenant(kubectl, "fiona", "apply", "-f", "-", input=json.dumps(plain))
+    # Nor by an edit afterwards.
+    edited = as_tenant(kubectl, "fiona", "patch", "ftj", "plain", "-n", namespace, "--type=merge", "-p",
+                       '{"spec": {"pod": {"serviceAccountName": "deployer"}}}', check=False)
+    assert edited.returncode != 0 and "needs the right to create pods" in edited.stderr
+    # Someone who may create pods may name it.
+    sneaky["metadata"]["name"] = "allowed"
+    as_tenant(kubectl, "eddie", "apply", "-f", "-", input=json.dumps(sneaky))
