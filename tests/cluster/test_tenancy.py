@@ -212,3 +212,24 @@ def test_a_user_who_may_not_create_pods_cannot_run_a_job_as_another_service_acco
     # Someone who may create pods may name it.
     sneaky["metadata"]["name"] = "allowed"
     as_tenant(kubectl, "eddie", "apply", "-f", "-", input=json.dumps(sneaky))
+
+
+@pytest.mark.parametrize("field", [
+    {"spec.pod.imagePullSecrets": ["team-b/registry"]},
+    {"spec.pod.volumes": [{"name": "data", "mountPath": "/data", "claimName": "team-b/datasets"}]},
+    {"spec.pod.volumes": [{"name": "cfg", "mountPath": "/cfg", "configMap": "../team-b"}]},
+    {"spec.pod.volumes": [{"name": "key", "mountPath": "/key", "secret": "team-b/token"}]},
+], ids=["pull-secret", "claim", "config-map", "secret"])
+def test_another_namespaces_object_is_refused_at_apply_as_the_operator_would(kubectl, user_roles, namespace, field):
+    """The same rule at `kubectl apply` as in the operator: a reference into another namespace never gets as far as
+    a job that sits in the cluster failing validation."""
+    from finetune_operator.api.errors import InvalidSpec
+    from finetune_operator.api.validation import validate_job
+
+    bind(kubectl, namespace, "tenant", "edit")
+    wait_can(kubectl, "tenant", namespace, "create", FTJ)
+    job = make_job({"metadata.name": "reach", "metadata.namespace": namespace, **field})
+    with pytest.raises(InvalidSpec):
+        validate_job(job)
+    refused = as_tenant(kubectl, "tenant", "apply", "-f", "-", input=json.dumps(job), check=False)
+    assert refused.returncode != 0 and "should match" in refused.stderr, refused.stderr

@@ -1,14 +1,15 @@
 """Kubernetes' own syntax for label keys and values, annotation keys and object names, as pydantic types.
 
 The apiserver checks these on the children we create; checking them here makes a bad label an error on the
-FineTuneJob, with its path and a fix, instead of a Job that fails to be created. Validators, not schema patterns:
-the CRD's structural schema cannot express rules for map keys.
+FineTuneJob, with its path and a fix, instead of a Job that fails to be created. Validators, for the message; an
+object name carries its pattern into the CRD too, so `kubectl apply` refuses `team-b/x` exactly where the operator
+would (the structural schema cannot express rules for map keys: label keys are checked by the operator only).
 """
 
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, WithJsonSchema
 
 _NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -49,6 +50,7 @@ def annotations_size(annotations: dict[str, str]) -> dict[str, str]:
 
 QualifiedName = Annotated[str, AfterValidator(qualified_name)]
 LabelValue = Annotated[str, AfterValidator(label_value)]
-DnsSubdomain = Annotated[str, AfterValidator(dns_subdomain)]
+DnsSubdomain = Annotated[str, AfterValidator(dns_subdomain),
+                         WithJsonSchema({"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN_PATTERN})]
 Labels = dict[QualifiedName, LabelValue]
 Annotations = Annotated[dict[QualifiedName, str], AfterValidator(annotations_size)]
