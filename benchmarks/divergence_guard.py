@@ -8,10 +8,12 @@ the previous rule (3 logged losses in a row above max(3 x first, first + 3)) as 
 
 Healthy runs (each must never be stopped): a fresh model, tiny batches of 1, warm-up schedules, and a model that
 already knows part of the data (memorised rows) continued on a mix of known and new rows, including the case where
-the first batch holds only known rows. Diverging runs: learning rates >= 1 (full fine-tune). A run counts as truly
-diverged when its last 10 steps average >= 10x its first step's loss; the table says at which step each rule stopped
-it. The memorised model's "new" rows are made of words it has never seen (their loss starts above ln V).
+the first batch holds only known rows. The memorised model's "new" rows are made of words it has never seen (their
+loss starts above ln V). Diverging runs: learning rates >= 1 (full fine-tune); a run counts as truly diverged when
+its loss, averaged over 10 steps, reaches 10x its first step's; the table says at which step each rule stopped it. A
+learning rate of 0.5 is unstable: counted with the diverged runs when it diverges, as "recovered" when it does not.
 Usage: .venv/bin/python benchmarks/divergence_guard.py [--steps 120] [--seeds 5] [--json out.json]
+       .venv/bin/python benchmarks/divergence_guard.py --replay out.json   # judge saved trajectories again
 """
 
 import argparse
@@ -62,6 +64,7 @@ CASES = [
     Case("known 80% + new, full, batch 1, lr 1e-3", True, "memorised", "full", 1e-3, batch=1, known=0.8),
     Case("easy first batch (known), then new, full, lr 2e-4", True, "memorised", "full", 2e-4, known=0.3,
          easy_first=True),
+    Case("lr 0.5, full (unstable: may recover)", False, "fresh", "full", 0.5),
     Case("lr 1, full", False, "fresh", "full", 1.0),
     Case("lr 2, full", False, "fresh", "full", 2.0),
     Case("lr 5, full", False, "fresh", "full", 5.0),
@@ -177,12 +180,30 @@ def old_rule_stop(points: list[tuple[int, float]]) -> int | None:
     return None
 
 
+def judge(run: dict) -> dict:
+    """Each rule's verdict on one run's trajectory, and whether it truly diverged: its loss, averaged over 10
+    steps, reached 10x the first step's (or became non-finite)."""
+    per_step = run["losses"]
+    for every in (1, 5):
+        points = logged(per_step, every)
+        stop, warnings = guard_stop(points, run["vocab"])
+        run[f"every{every}"] = {"guard": stop, "warnings": warnings, "old": old_rule_stop(points)}
+    peak = max(statistics.fmean(per_step[i:i + 10]) for i in range(max(1, len(per_step) - 9)))
+    run["diverged"] = peak >= 10 * per_step[0] or not all(map(math.isfinite, per_step))
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--seeds", type=int, default=5, help="seeds per healthy case (diverging cases: 2)")
     parser.add_argument("--json", type=Path, help="write every trajectory and verdict here")
+    parser.add_argument("--replay", type=Path, help="judge the trajectories of an earlier --json again, no training "
+                        "(e.g. after changing the guard)")
     opts = parser.parse_args()
+    if opts.replay:
+        report([judge(run) for run in json.loads(opts.replay.read_text())])
+        return
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -226,14 +247,9 @@ def main() -> None:
                 rows = known_rows[:case.batch] + rows
             per_step = train(memo if case.start == "memorised" else fresh, rows, case, opts.steps, seed,
                              work / f"run-{len(results)}", shuffle=not case.easy_first)
-            verdict = {"case": case.name, "healthy": case.healthy, "seed": seed, "losses": per_step}
-            for every in (1, 5):
-                points = logged(per_step, every)
-                stop, warnings = guard_stop(points, vocab)
-                verdict[f"every{every}"] = {"guard": stop, "warnings": warnings, "old": old_rule_stop(points)}
-            verdict["diverged"] = statistics.fmean(per_step[-10:]) >= 10 * per_step[0] or not all(
-                map(math.isfinite, per_step))
-            results.append(verdict)
+            results.append(judge({"case": case.name, "healthy": case.healthy, "seed": seed, "losses": per_step,
+                                  "vocab": vocab}))
+            verdict = results[-1]
             print(f"{case.name} seed {seed}: first {per_step[0]:.3f} min {min(per_step):.3f} "
                   f"last {per_step[-1]:.3f} max {max(per_step):.1f}; guard {verdict['every1']['guard']} "
                   f"(every 5: {verdict['every5']['guard']}), old rule {verdict['every1']['old']} "
@@ -261,6 +277,7 @@ def report(results: list[dict]) -> None:
                   f"{warned}/{len(runs)} |")
     healthy = [r for r in results if r["healthy"]]
     diverging = [r for r in results if not r["healthy"] and r["diverged"]]
+    recovered = [r for r in results if not r["healthy"] and not r["diverged"]]
     for every in (1, 5):
         key = f"every{every}"
         fp_new = sum(r[key]["guard"] is not None for r in healthy)
@@ -268,8 +285,10 @@ def report(results: list[dict]) -> None:
         tp_new = sum(r[key]["guard"] is not None for r in diverging)
         tp_old = sum(r[key]["old"] is not None for r in diverging)
         print(f"\nloggingSteps {every}: false positives (healthy runs stopped): guard {fp_new}/{len(healthy)}, "
-              f"old rule {fp_old}/{len(healthy)}; true positives (runs that diverged, loss >= 10x the first): "
-              f"guard {tp_new}/{len(diverging)}, old rule {tp_old}/{len(diverging)}")
+              f"old rule {fp_old}/{len(healthy)}; true positives (runs whose loss reached 10x the first): "
+              f"guard {tp_new}/{len(diverging)}, old rule {tp_old}/{len(diverging)}; high learning rates that never "
+              f"reached 10x: guard stopped {sum(r[key]['guard'] is not None for r in recovered)}/"
+              f"{len(recovered)}, old rule {sum(r[key]['old'] is not None for r in recovered)}/{len(recovered)}")
 
 
 if __name__ == "__main__":
