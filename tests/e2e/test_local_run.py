@@ -54,6 +54,9 @@ def test_runs_the_tiny_example_to_a_saved_model(tiny_model_dir, tmp_path):
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out
     assert "Succeeded: 30 steps" in out and "resumed:    from" in out and "tokens/s:" not in out
+    # The trainer's note and warning reach the console, once each (not only the node log).
+    assert out.count("resuming from checkpoint-30 (step 30: ") == 1, out
+    assert out.count("warning: ResumedAtFinalStep: ") == 1, out
     summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
     assert summary["attemptSteps"] == 0 and summary["trainLoss"] is None and summary["tokensPerSecond"] is None
     # ... and says so: a warning in the summary (an Event in a cluster), not a silent Succeeded.

@@ -216,3 +216,32 @@ def test_a_local_run_of_a_gpu_job_on_a_machine_without_enough_gpus_says_which_fi
             "NVIDIA GPU(s) are visible; fix: --set spec.distributed.gpusPerNode=0") in out
     assert not started and not (tmp_path / "run").exists()
     assert "claimName" not in out  # a local run has no pods to lose an emptyDir with
+
+
+def test_the_trainers_warnings_and_notes_are_printed_once_each_as_they_come(tmp_path):
+    """progress.jsonl carries the trainer's notices (LossSpike, GlobalBatchChanged, ...) between its step records:
+    `finetune run` prints each on a line of its own, never as a progress line, and the plot ignores them."""
+    import io
+    import json
+
+    from finetune_operator.cli.progress import ProgressLine
+    from finetune_trainer.outputs.plot import read_progress
+    from finetune_trainer.outputs.status_report import Warnings
+
+    journal = tmp_path / "progress.jsonl"
+    out = io.StringIO()
+    line = ProgressLine(journal, out)
+    warn = Warnings(journal=journal)
+    warn.note("resuming from checkpoint-20 (step 20: /out/checkpoint-20)")
+    with journal.open("a") as f:
+        f.write(json.dumps({"step": 21, "maxSteps": 30, "loss": 2.5, "learningRate": 1e-3,
+                            "tokensPerSecond": 10.0}) + "\n")
+    warn("LossSpike", "the loss spiked to 40 at step 21")
+    line.poll()
+    line.poll()  # nothing new: nothing printed twice
+    printed = out.getvalue().splitlines()
+    assert printed == ["resuming from checkpoint-20 (step 20: /out/checkpoint-20)",
+                       printed[1], "warning: LossSpike: the loss spiked to 40 at step 21"]
+    assert printed[1].startswith("[") and "21/30" in printed[1]
+    assert [r["step"] for r in read_progress(journal)] == [21]
+    assert [w["reason"] for w in warn.said] == ["LossSpike"]

@@ -276,7 +276,7 @@ def run(config_path: str) -> dict[str, Any]:
         remote.check()
     tokenizer = load_tokenizer(cfg.spec)
     data = prepare_data(cfg, args, tokenizer, reporter)
-    warnings = Warnings(reporter)
+    warnings = Warnings(reporter, journal=cfg.output_dir / c.PROGRESS_FILE if args.process_index == 0 else None)
     advice.folded_system(cfg.spec, data.stats, warnings)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
@@ -288,6 +288,7 @@ def run(config_path: str) -> dict[str, Any]:
         trainer.add_callback(remote.callback(progress))
     resume = resume_checkpoint(cfg)
     if resume is not None:
+        warnings.note(f"resuming from {Path(resume).name} (step {checkpoints.step_of(Path(resume)) or 0}: {resume})")
         advice.batch_changed(Path(resume), args, warnings)
     runs = tracking.configure(cfg, resuming=resume is not None, rank=args.process_index)
     trainer.add_callback(tracking.TrackerRunRecorder(cfg.output_dir, runs))

@@ -6,7 +6,8 @@ from typing import Any, TextIO
 
 
 class ProgressLine:
-    """Follows progress.jsonl and draws one line (a bar on a terminal, a line per record otherwise)."""
+    """Follows progress.jsonl and draws one line (a bar on a terminal, a line per record otherwise); the trainer's
+    warnings and notes in it are printed on lines of their own."""
 
     def __init__(self, path: Path, out: TextIO):
         self.path, self.out = path, out
@@ -26,6 +27,9 @@ class ProgressLine:
             if not line.endswith("\n"):
                 continue
             record = json.loads(line)
+            if "notice" in record or "note" in record:  # the trainer's warnings and notes, each once, as they come
+                self._say(record)
+                continue
             same_step = (self.last is not None and record.get("step") is not None
                          and record.get("step") == self.last.get("step"))
             if record.get("evalLoss") is not None:
@@ -42,6 +46,11 @@ class ProgressLine:
                 print(render_progress(self.last), file=self.out, flush=True)
         if self.tty and self.last is not None:
             print("\r" + render_progress(self.last), end="", file=self.out, flush=True)
+
+    def _say(self, record: dict[str, Any]) -> None:
+        notice = record.get("notice")
+        text = f"warning: {notice['reason']}: {notice['message']}" if notice else str(record["note"])
+        print(("\r\033[K" if self.tty else "") + text, file=self.out, flush=True)  # over the bar, which is redrawn
 
     def close(self) -> None:
         if self.tty and self.last is not None:

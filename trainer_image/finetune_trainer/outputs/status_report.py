@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
@@ -91,14 +92,32 @@ def _body(exc: urllib.error.HTTPError) -> str:
 @dataclass
 class Warnings:
     """What a run warns about (a loss spike, a changed global batch, folded system prompts): logged on every rank,
-    kept for the summary, and on rank 0 reported as status.notice, which the operator posts as a Warning Event."""
+    kept for the summary, and on rank 0 reported as status.notice, which the operator posts as a Warning Event, and
+    written to the journal (progress.jsonl) as a notice record, which `finetune run` prints as it comes."""
 
     reporter: StatusReporter | None = None
     said: list[dict[str, str]] = field(default_factory=list)
+    journal: Path | None = None  # rank 0's progress.jsonl
 
     def __call__(self, reason: str, message: str) -> None:
         log.warning("%s: %s", reason, message)
-        notice = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason, "message": message}
+        notice = {"time": _utc_now(), "reason": reason, "message": message}
         self.said.append(notice)
+        self._write({"time": notice["time"], "notice": notice})
         if self.reporter is not None:
             self.reporter.report({"notice": notice}, force=True)
+
+    def note(self, text: str) -> None:
+        """Something a user should read that is no warning (e.g. which checkpoint the run resumes from)."""
+        log.info("%s", text)
+        self._write({"time": _utc_now(), "note": text})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.journal is not None:
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            with self.journal.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
