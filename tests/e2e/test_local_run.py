@@ -76,6 +76,7 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir,
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == exit_codes.INTERRUPTED, out
     assert "run the same command again to resume" in out
+    assert "stopped by Ctrl-C in finetune run (or a SIGTERM sent to it) at step" in out  # not "signal 15"
     (checkpoint,) = (tmp_path / "output").glob("checkpoint-*")
     stopped_at = int(checkpoint.name.split("-")[1])
     assert stopped_at >= 20 and (checkpoint / "FINETUNE_COMPLETE").exists()

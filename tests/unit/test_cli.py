@@ -157,7 +157,7 @@ def test_progress_line_says_what_preparation_does_and_prints_an_evaluation_once(
     out = io.StringIO()
     ProgressLine(tmp_path / "none.jsonl", out).poll()
     line = ProgressLine(path, out)
-    line.offset = 0
+    line.progress.offset = 0
     line.poll()
     lines = out.getvalue().splitlines()
     assert lines[:2] == ["preparing: tokenizing the training data (0s)",
@@ -219,29 +219,34 @@ def test_a_local_run_of_a_gpu_job_on_a_machine_without_enough_gpus_says_which_fi
 
 
 def test_the_trainers_warnings_and_notes_are_printed_once_each_as_they_come(tmp_path):
-    """progress.jsonl carries the trainer's notices (LossSpike, GlobalBatchChanged, ...) between its step records:
-    `finetune run` prints each on a line of its own, never as a progress line, and the plot ignores them."""
+    """notices.jsonl carries the trainer's warnings (LossSpike, GlobalBatchChanged, ...) and notes: `finetune run`
+    prints each once, on a line of its own, between the progress lines; progress.jsonl keeps only step records."""
     import io
     import json
 
     from finetune_operator.cli.progress import ProgressLine
-    from finetune_trainer.outputs.plot import read_progress
     from finetune_trainer.outputs.status_report import Warnings
 
-    journal = tmp_path / "progress.jsonl"
+    progress, notices = tmp_path / "progress.jsonl", tmp_path / "notices.jsonl"
     out = io.StringIO()
-    line = ProgressLine(journal, out)
-    warn = Warnings(journal=journal)
+    line = ProgressLine(progress, out, notices)
+    warn = Warnings(journal=notices)
     warn.note("resuming from checkpoint-20 (step 20: /out/checkpoint-20)")
-    with journal.open("a") as f:
+    line.poll()
+    with progress.open("a") as f:
         f.write(json.dumps({"step": 21, "maxSteps": 30, "loss": 2.5, "learningRate": 1e-3,
                             "tokensPerSecond": 10.0}) + "\n")
     warn("LossSpike", "the loss spiked to 40 at step 21")
+    with notices.open("a") as f:
+        f.write('{"time": "2026-01-01T00:00:00Z", "note": "half a li')  # still being written: read next time
     line.poll()
     line.poll()  # nothing new: nothing printed twice
     printed = out.getvalue().splitlines()
     assert printed == ["resuming from checkpoint-20 (step 20: /out/checkpoint-20)",
-                       printed[1], "warning: LossSpike: the loss spiked to 40 at step 21"]
-    assert printed[1].startswith("[") and "21/30" in printed[1]
-    assert [r["step"] for r in read_progress(journal)] == [21]
-    assert [w["reason"] for w in warn.said] == ["LossSpike"]
+                       "warning: LossSpike: the loss spiked to 40 at step 21", printed[2]]
+    assert printed[2].startswith("[") and "21/30" in printed[2]
+    assert not progress.read_text().count("notice") and [w["reason"] for w in warn.said] == ["LossSpike"]
+    with notices.open("a") as f:
+        f.write('ne"}\n')
+    line.poll()
+    assert out.getvalue().splitlines()[-1] == "half a line"

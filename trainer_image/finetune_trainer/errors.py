@@ -1,9 +1,20 @@
 """Errors that map to the permanent exit codes of the contract (finetune_operator.api.exit_codes)."""
 
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
+from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
+
+
+def stop_cause(signum: int) -> str:
+    """What the user did to send a stop signal, in their words (not "signal 15")."""
+    if signum == signal.SIGINT:
+        return "Ctrl-C"
+    return os.environ.get(c.ENV_STOP_CAUSE) or ("a stop request (SIGTERM: the pod was deleted, preempted or "
+                                                "evicted, or its node drained)")
 
 
 class TrainerError(Exception):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
+from finetune_trainer.errors import stop_cause
 
 MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
 STDERR_TAIL_LINES = 60
@@ -192,9 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     code, summary = aggregate(results, torchrun_code, list(tail))
     if STOPS and code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED) and not exit_codes.is_permanent(code):
         # Stopped before a worker could report (still importing, loading): a requested stop, not a crash.
+        message = f"stopped by {stop_cause(STOPS[0])} before training started; nothing to save yet"
         code, summary = exit_codes.INTERRUPTED, {"reason": exit_codes.reason(exit_codes.INTERRUPTED),
-                                                 "message": f"stopped by signal {STOPS[0]} before training started; "
-                                                            "nothing to save yet"}
+                                                 "message": message}
     write_termination_message({**summary, "exitCode": code})
     return code
 

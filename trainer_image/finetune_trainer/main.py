@@ -26,6 +26,7 @@ from finetune_trainer.errors import (
     StopRequested,
     TrainerError,
     outcome,
+    stop_cause,
 )
 from finetune_trainer.outputs import checkpoints
 from finetune_trainer.training import advice
@@ -276,7 +277,7 @@ def run(config_path: str) -> dict[str, Any]:
         remote.check()
     tokenizer = load_tokenizer(cfg.spec)
     data = prepare_data(cfg, args, tokenizer, reporter)
-    warnings = Warnings(reporter, journal=cfg.output_dir / c.PROGRESS_FILE if args.process_index == 0 else None)
+    warnings = Warnings(reporter, journal=cfg.output_dir / c.NOTICES_FILE if args.process_index == 0 else None)
     advice.folded_system(cfg.spec, data.stats, warnings)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
@@ -308,7 +309,7 @@ def run(config_path: str) -> dict[str, Any]:
     if stop.requested is not None:
         if remote is not None:
             remote.drain()  # the checkpoint of the stop reaches the bucket within the pod's grace period
-        raise Interrupted(f"stopped by signal {stop.requested} at step {trainer.state.global_step}; a checkpoint "
+        raise Interrupted(f"stopped by {stop_cause(stop.requested)} at step {trainer.state.global_step}; a checkpoint "
                           "was saved and the next run resumes from it")
     paths = save_final(cfg, trainer, tokenizer)
     if trainer.args.should_save:
@@ -412,7 +413,7 @@ def _stop_before_training(signum: int, _frame: Any) -> None:
     traceback; a cached tokenization is written atomically, so a half one is never reused. The signal is also
     recorded: should the exception still be lost, GracefulStop stops the gang at its first step end."""
     EARLY_STOPS.append(signum)
-    raise StopRequested(f"stopped by signal {signum} before training started; nothing to save yet")
+    raise StopRequested(f"stopped by {stop_cause(signum)} before training started; nothing to save yet")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -70,6 +70,9 @@ TRAINER_VOLUMES: Final = (CONFIG_VOLUME, OUTPUT_VOLUME, CACHE_VOLUME, TMP_VOLUME
 
 # The trainer's progress records (JSON Lines) in the output directory: what `finetune run` draws and tests read.
 PROGRESS_FILE: Final = "progress.jsonl"
+# The trainer's warnings and notes, one JSON record each, beside progress.jsonl (whose records are all steps):
+# what `finetune run` prints between its progress lines.
+NOTICES_FILE: Final = "notices.jsonl"
 
 CONTAINER_NAME: Final = "trainer"
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
@@ -99,6 +102,9 @@ ENV_POD_NAME: Final = "FINETUNE_POD_NAME"
 # container's termination message file); local runs point both elsewhere.
 ENV_RESULT_DIR: Final = "FINETUNE_RESULT_DIR"
 ENV_TERMINATION_LOG: Final = "FINETUNE_TERMINATION_LOG"
+# What a SIGTERM means where the trainer runs, in the user's words (`finetune run` sets it: its Ctrl-C); in a pod
+# it is unset, and a SIGTERM is the pod's deletion, preemption, eviction or its node's drain.
+ENV_STOP_CAUSE: Final = "FINETUNE_STOP_CAUSE"
 # The ServiceAccount token's directory, when not the standard in-cluster path (local runs, tests).
 ENV_SERVICEACCOUNT_DIR: Final = "FINETUNE_SERVICEACCOUNT_DIR"
 SERVICEACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -90,6 +90,7 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
         c.ENV_PET_NODE_RANK: str(rank), c.ENV_PET_MASTER_ADDR: "127.0.0.1", c.ENV_PET_MASTER_PORT: str(port),
         c.ENV_JOB_NAMESPACE: "local", c.ENV_POD_NAME: f"{job.name}-local-{rank}", c.ENV_ATTEMPT: str(ctx.attempt),
         c.ENV_TERMINATION_LOG: str(workdir / "logs" / f"node-{rank}.result.json"),
+        c.ENV_STOP_CAUSE: "Ctrl-C in finetune run (or a SIGTERM sent to it)",  # how stop() reaches the nodes
         # The rendered values point at pod volumes; locally the user's caches serve (a model is downloaded once).
         c.ENV_HF_HOME: os.environ.get(c.ENV_HF_HOME, str(Path.home() / ".cache" / "huggingface")),
         c.ENV_TORCH_EXTENSIONS_DIR: str(Path.home() / ".cache" / "finetunejob" / "torch_extensions"),
@@ -213,7 +214,8 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
     d = job.spec.distributed
     print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "
           f"output in {workdir / 'output'}", file=out, flush=True)
-    wait(nodes, ProgressLine(workdir / "output" / c.PROGRESS_FILE, out), out)
+    output = workdir / "output"
+    wait(nodes, ProgressLine(output / c.PROGRESS_FILE, out, output / c.NOTICES_FILE), out)
     code, summary = results(nodes)
     print(describe_result(code, summary, workdir), file=out, flush=True)
     return code

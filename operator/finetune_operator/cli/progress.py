@@ -7,29 +7,19 @@ from typing import Any, TextIO
 
 class ProgressLine:
     """Follows progress.jsonl and draws one line (a bar on a terminal, a line per record otherwise); the trainer's
-    warnings and notes in it are printed on lines of their own."""
+    warnings and notes (notices.jsonl) are printed on lines of their own, each once, as they come."""
 
-    def __init__(self, path: Path, out: TextIO):
-        self.path, self.out = path, out
-        self.offset = path.stat().st_size if path.exists() else 0  # only this run's records
+    def __init__(self, path: Path, out: TextIO, notices: Path | None = None):
+        self.progress, self.notices = _Follow(path), _Follow(notices) if notices is not None else None
+        self.out = out
         self.last: dict[str, Any] | None = None
         self.eval_loss: float | None = None  # the newest evaluation, shown on every later line
         self.tty = out.isatty()
 
     def poll(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open(encoding="utf-8") as f:
-            f.seek(self.offset)
-            lines = f.readlines()
-            self.offset = f.tell()
-        for line in lines:
-            if not line.endswith("\n"):
-                continue
-            record = json.loads(line)
-            if "notice" in record or "note" in record:  # the trainer's warnings and notes, each once, as they come
-                self._say(record)
-                continue
+        for record in self.notices.new_records() if self.notices is not None else []:
+            self._say(record)
+        for record in self.progress.new_records():
             same_step = (self.last is not None and record.get("step") is not None
                          and record.get("step") == self.last.get("step"))
             if record.get("evalLoss") is not None:
@@ -55,6 +45,24 @@ class ProgressLine:
     def close(self) -> None:
         if self.tty and self.last is not None:
             print(file=self.out)
+
+
+class _Follow:
+    """The whole JSON lines a file gained since the last look (only this run's: it starts at the file's end)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def new_records(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open(encoding="utf-8") as f:
+            f.seek(self.offset)
+            text = f.read()
+        complete = text[: text.rfind("\n") + 1]  # a line still being written is read next time
+        self.offset += len(complete.encode("utf-8"))
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def render_progress(r: dict[str, Any], width: int = 24) -> str:

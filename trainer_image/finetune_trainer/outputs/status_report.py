@@ -93,11 +93,11 @@ def _body(exc: urllib.error.HTTPError) -> str:
 class Warnings:
     """What a run warns about (a loss spike, a changed global batch, folded system prompts): logged on every rank,
     kept for the summary, and on rank 0 reported as status.notice, which the operator posts as a Warning Event, and
-    written to the journal (progress.jsonl) as a notice record, which `finetune run` prints as it comes."""
+    written to the journal (notices.jsonl), which `finetune run` prints as it comes."""
 
     reporter: StatusReporter | None = None
     said: list[dict[str, str]] = field(default_factory=list)
-    journal: Path | None = None  # rank 0's progress.jsonl
+    journal: Path | None = None  # rank 0's notices.jsonl
 
     def __call__(self, reason: str, message: str) -> None:
         log.warning("%s: %s", reason, message)
