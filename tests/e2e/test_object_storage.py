@@ -115,7 +115,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket
     assert "model.safetensors" in names and "config.json" in names
 
 
-@pytest.mark.parametrize("case", ["bad-credentials", "missing-bucket", "no-data", "missing-model"])
+@pytest.mark.parametrize("case", ["bad-credentials", "missing-bucket", "no-data", "missing-model", "tls-to-http"])
 def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tmp_path, case):
     doc = job_doc(minio, uploaded)
     env = dict(minio.env)
@@ -125,11 +125,14 @@ def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tm
         doc["spec"]["output"]["uri"] = "s3://no-such-bucket/runs/x"
     elif case == "no-data":
         doc["spec"]["data"]["train"] = [{"path": f"{uploaded}/data/*.parquet"}]
-    else:
+    elif case == "missing-model":
         doc["spec"]["model"]["name"] = f"{uploaded}/models/nothing-here"
+    else:  # MinIO speaks plain http
+        doc["spec"]["s3"]["endpointURL"] = minio.url.replace("http://", "https://")
     proc = finetune_run(doc, tmp_path, env)
     out, _ = proc.communicate(timeout=300)
     expected = {"bad-credentials": (77, "StorageRefused", "refused the credentials"),
+                "tls-to-http": (77, "StorageRefused", "whose server speaks plain http (write http://"),
                 "missing-bucket": (77, "StorageRefused", "the bucket no-such-bucket does not exist"),
                 "no-data": (65, "DataError", f"no data file at {uploaded}/data/*.parquet"),
                 "missing-model": (78, "InvalidConfig", "holds no model")}[case]
@@ -137,6 +140,10 @@ def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tm
     summary = json.loads((tmp_path / "run/logs/node-0.result.json").read_text())
     assert summary["reason"] == expected[1] and expected[2] in summary["message"], summary
     assert "not-the-secret" not in out and "finetune-test-secret-key" not in out  # never a key in a message
+    if case == "bad-credentials":  # locally the credentials are the shell's, not a Secret's
+        assert "the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY of the shell" in summary["message"]
+        assert "ServiceAccount" not in summary["message"]
+    assert "may write" not in summary["message"] or case != "tls-to-http"
     assert not list((tmp_path / "run/output").glob("checkpoint-*"))  # refused before training
 
 

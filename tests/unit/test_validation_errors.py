@@ -20,6 +20,12 @@ BAD_INPUTS = [
     ("spec-missing", {"spec": DELETE}, "spec", "spec is required"),
     ("model-missing", {"spec.model": DELETE}, "spec.model", "required field is missing"),
     ("model-name-empty", {"spec.model.name": ""}, "spec.model.name", "at least 1 character"),
+    ("model-other-scheme", {"spec.model.name": "s4://models/x"}, "spec.model.name",
+     "s4:// is not a location the trainer reads"),
+    ("data-other-scheme", {"spec.data.train": [{"path": "gs://bucket/train.jsonl"}]}, "spec.data.train[0].path",
+     "gs:// is not a location the trainer reads"),
+    ("lowercase-credential", {"spec.pod.env": [{"name": "aws_secret_access_key", "value": "x"}]},
+     "spec.pod.env[0].name", "holds a credential"),
     ("model-unknown-field", {"spec.model.dtpe": "bfloat16"}, "spec.model.dtpe", "unknown field"),
     ("dtype-invalid", {"spec.model.dtype": "bf16"}, "spec.model.dtype", "Input should be 'auto'"),
     ("quantization-invalid", {"spec.model.quantization": "2bit"}, "spec.model.quantization", "'none', '8bit'"),
@@ -428,3 +434,10 @@ def test_an_invalid_spec_with_suspend_set_still_lists_its_errors():
     with pytest.raises(InvalidSpec) as raised:
         validate_job(make_job({"spec.suspend": True, "spec.method.type": "qlora"}))
     assert "spec.method.type" in raised.value.summary()
+
+
+def test_a_password_in_a_url_is_never_repeated_in_an_error():
+    with pytest.raises(InvalidSpec) as caught:
+        validate_job(make_job({"spec.s3": {"endpointURL": "https://admin:hunter2@minio.example:9000"}}))
+    text = str(caught.value)
+    assert "spec.s3.endpointURL" in text and "hunter2" not in text and "https://***@minio.example:9000" in text

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune_operator.api import constants as c
 from finetune_operator.api.storage import S3Spec, is_s3, split_s3
 from finetune_trainer.errors import ConfigError, DataError, StorageRefused, StorageUnavailable
 
@@ -89,7 +90,20 @@ def _code(exc: BaseException) -> str:
 
 
 def refused(exc: BaseException) -> bool:
-    return isinstance(exc, PermissionError) or _code(exc) in REFUSED_CODES
+    return isinstance(exc, PermissionError) or _code(exc) in REFUSED_CODES or tls_failed(exc)
+
+
+def tls_failed(exc: BaseException) -> bool:
+    """TLS could not be set up: an https:// endpoint on a plain-http server, or an untrusted certificate. A setting
+    to fix, not an outage (botocore's SSLError, aiohttp's ClientConnectorSSLError / CertificateError)."""
+    chain = [e for e in (exc, exc.__cause__, exc.__context__) if e is not None]
+    return any("SSL" in type(e).__name__ or "Certificate" in type(e).__name__ for e in chain) or any(
+        marker in str(e) for e in chain for marker in ("WRONG_VERSION_NUMBER", "CERTIFICATE_VERIFY_FAILED"))
+
+
+def _local_run() -> bool:
+    """`finetune run`: no Secrets and no ServiceAccount, the shell's AWS_* variables are the credentials."""
+    return os.environ.get(c.ENV_JOB_NAMESPACE) == c.LOCAL_NAMESPACE
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -101,13 +115,19 @@ def unreachable(exc: BaseException) -> bool:
 
 def explain(exc: BaseException, uri: str) -> str:
     code = _code(exc)
+    endpoint = _SETTINGS[0].endpoint_url or "AWS"
+    if tls_failed(exc):
+        return (f"{uri}: TLS with {endpoint} failed ({type(exc).__name__}: {exc}); an https:// endpoint whose "
+                "server speaks plain http (write http:// in spec.s3.endpointURL), or a certificate the trainer "
+                "does not trust")
     if refused(exc):
-        return (f"{uri}: the store refused the credentials ({code or type(exc).__name__}: {exc}); check "
-                "spec.s3.credentialsSecret (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or the role of the pod's "
-                "ServiceAccount, and that it may read and write this bucket")
+        where = ("the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY of the shell that runs `finetune run` (a local run "
+                 "has no Secrets)" if _local_run() else "spec.s3.credentialsSecret (AWS_ACCESS_KEY_ID / "
+                 "AWS_SECRET_ACCESS_KEY) or the role of the pod's ServiceAccount")
+        return (f"{uri}: the store refused the credentials ({code or type(exc).__name__}: {exc}); check {where}, "
+                "and that they may read and write this bucket")
     if code == "NoSuchBucket" or "bucket does not exist" in str(exc).lower():
         return f"{uri}: the bucket {split_s3(uri)[0]} does not exist; create it or fix the URI"
-    endpoint = _SETTINGS[0].endpoint_url or "AWS"
     if unreachable(exc):
         return f"{uri}: the store at {endpoint} did not answer ({type(exc).__name__}: {exc})"
     return f"{uri}: {type(exc).__name__}: {exc}"
@@ -133,7 +153,9 @@ def check_bucket(uri: str) -> None:
     except Exception as exc:  # s3fs and botocore raise many types
         if unreachable(exc):
             raise StorageUnavailable(explain(exc, uri)) from exc
-        raise StorageRefused(explain(exc, uri) + "; spec.output.uri must name a bucket the job may write") from exc
+        why = explain(exc, uri)
+        raise StorageRefused(why if tls_failed(exc) else why + "; spec.output.uri must name a bucket the job may "
+                             "write") from exc
 
 
 # --- files -------------------------------------------------------------------------------------------------------

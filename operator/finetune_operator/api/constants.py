@@ -95,6 +95,7 @@ ENV_PET_MASTER_PORT: Final = "PET_MASTER_PORT"
 ENV_CONFIG: Final = "FINETUNE_CONFIG"
 ENV_JOB_NAME: Final = "FINETUNE_JOB_NAME"
 ENV_JOB_NAMESPACE: Final = "FINETUNE_JOB_NAMESPACE"
+LOCAL_NAMESPACE: Final = "local"  # what `finetune run` gives as the namespace: no cluster, no Secrets
 ENV_ATTEMPT: Final = "FINETUNE_ATTEMPT"
 ENV_POD_NAME: Final = "FINETUNE_POD_NAME"
 

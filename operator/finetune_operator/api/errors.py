@@ -1,5 +1,6 @@
 """FieldError: one problem in a FineTuneJob, with the path, the offending value, the rule and the fix."""
 
+import re
 import reprlib
 from dataclasses import dataclass
 from typing import Any
@@ -7,6 +8,8 @@ from typing import Any
 MAX_VALUE_CHARS = 80
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, MAX_VALUE_CHARS, MAX_VALUE_CHARS
+# user:password@ in a URL: an error message (a status, an Event, a terminal) must not repeat a password.
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,7 @@ class FieldError:
         """The value as shown to a person: a 10,000-item list or a value nested 5,000 deep is shortened."""
         if self.value is None:
             return "unset"
-        value = _SHORT.repr(self.value)
+        value = _URL_USERINFO.sub(r"\1***@", _SHORT.repr(self.value))
         if len(value) > MAX_VALUE_CHARS:
             value = f"{value[:MAX_VALUE_CHARS]}..."
         return value

@@ -87,7 +87,7 @@ class EnvVar(ApiModel):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, name: str) -> str:
-        if name in SECRET_ENV_NAMES:
+        if name.upper() in SECRET_ENV_NAMES:  # aws_secret_access_key is the same credential to a reader
             raise ValueError(f"{name} holds a credential; a plain value would be readable in the job and every pod "
                              f"spec: give it in pod.secretEnv (a Secret's key) instead")
         return reject_reserved_env_name(name)

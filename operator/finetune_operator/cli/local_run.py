@@ -70,7 +70,7 @@ def free_port() -> int:
 
 def prepare(job: ValidatedJob, workdir: Path) -> tuple[Path, RenderContext]:
     """Writes the ConfigMap's files under workdir/config, exactly as a pod would see them mounted."""
-    ctx = RenderContext(name=job.name, namespace="local", config_dir=str(workdir / "config"),
+    ctx = RenderContext(name=job.name, namespace=c.LOCAL_NAMESPACE, config_dir=str(workdir / "config"),
                         output_dir=str(workdir / "output"), cache_dir=str(workdir / "output" / ".cache"),
                         job_labels=job.labels)
     (workdir / "config").mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,8 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
     env.update({e["name"]: e["value"] for e in trainer_env(job.spec, ctx) if "value" in e})
     env.update({
         c.ENV_PET_NODE_RANK: str(rank), c.ENV_PET_MASTER_ADDR: "127.0.0.1", c.ENV_PET_MASTER_PORT: str(port),
-        c.ENV_JOB_NAMESPACE: "local", c.ENV_POD_NAME: f"{job.name}-local-{rank}", c.ENV_ATTEMPT: str(ctx.attempt),
+        c.ENV_JOB_NAMESPACE: c.LOCAL_NAMESPACE, c.ENV_POD_NAME: f"{job.name}-local-{rank}",
+        c.ENV_ATTEMPT: str(ctx.attempt),
         c.ENV_TERMINATION_LOG: str(workdir / "logs" / f"node-{rank}.result.json"),
         c.ENV_STOP_CAUSE: "Ctrl-C in finetune run (or a SIGTERM sent to it)",  # how stop() reaches the nodes
         # The rendered values point at pod volumes; locally the user's caches serve (a model is downloaded once).
@@ -201,7 +202,7 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
     # both must still stop the nodes gracefully.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
-    missing = [e["name"] for e in trainer_env(job.spec, RenderContext(name=job.name, namespace="local"))
+    missing = [e["name"] for e in trainer_env(job.spec, RenderContext(name=job.name, namespace=c.LOCAL_NAMESPACE))
                if "secretKeyRef" in e.get("valueFrom", {}) and not e["valueFrom"]["secretKeyRef"].get("optional")
                and e["name"] not in os.environ]
     for name in missing:  # no Secrets here: the shell's variable of the same name stands in for each
