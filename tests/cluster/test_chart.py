@@ -45,7 +45,8 @@ def test_lint_and_template(helm):
             if d]
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
+                     "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Service", "ServiceAccount",
+                     "ValidatingAdmissionPolicy",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                      "ValidatingAdmissionPolicyBinding"]
     # Two of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
@@ -66,11 +67,10 @@ def test_lint_and_template(helm):
 
 
 def test_security_options_a_review_asks_for(helm):
-    """Off by default: NetworkPolicies (the operator's ingress only on its metrics port; each gang's pods only from
+    """On by default: NetworkPolicies (the operator's ingress only on its metrics port; each gang's pods only from
     their own gang, rendered by the operator); images by digest; a readiness probe always."""
     digest = "sha256:" + "a" * 64
-    docs = template(helm, "networkPolicy.enabled=true", f"image.digest={digest}",
-                    "trainerImage=registry.local/trainer@" + digest)
+    docs = template(helm, f"image.digest={digest}", "trainerImage=registry.local/trainer@" + digest)
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
     assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == [
         {"ports": [{"port": 8080, "protocol": "TCP"}]}]
@@ -87,9 +87,9 @@ def test_security_options_a_review_asks_for(helm):
     kueue = [r for r in rules if "kueue.x-k8s.io" in r["apiGroups"]]
     assert kueue == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
                       "verbs": ["get", "list", "watch", "patch"]}]
-    default = template(helm)
-    assert not [d for d in default if d["kind"] == "NetworkPolicy"]
-    assert not [r for d in default if d["kind"] == "ClusterRole" for r in d["rules"] if "networkpolicies" in
+    off = template(helm, "networkPolicy.enabled=false")
+    assert not [d for d in off if d["kind"] == "NetworkPolicy"]
+    assert not [r for d in off if d["kind"] == "ClusterRole" for r in d["rules"] if "networkpolicies" in
                 r["resources"]]
 
 
@@ -134,11 +134,12 @@ def can(kubectl, who, *args, namespace="default"):
     (("watch", "nodes"), False),
     (("patch", "finetunejobs.finetunejob.dev", "--subresource=status"), True),
     (("create", "jobs.batch"), True),
-    (("watch", "pods"), True),
+    (("list", "pods"), True),
+    (("watch", "pods"), False),
     (("list", "resourcequotas"), True),
     (("create", "resourcequotas"), False),
 ], ids=["get-secrets", "list-secrets", "exec", "create-pods", "delete-nodes", "list-nodes", "watch-nodes",
-        "patch-status", "create-jobs", "watch-pods", "list-quotas", "create-quotas"])
+        "patch-status", "create-jobs", "list-pods", "watch-pods", "list-quotas", "create-quotas"])
 def test_operator_permissions_through_the_apiserver(installed, kubectl, args, allowed):
     assert can(kubectl, OPERATOR_SA, *args) is allowed
 

@@ -40,9 +40,10 @@ app.kubernetes.io/component: operator
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Pods are listed to explain a failed or waiting attempt; never watched (the Job's status counts them).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list"]
 - apiGroups: [""]
   resources: ["configmaps", "services", "serviceaccounts"]
   verbs: ["get", "create", "patch"]

@@ -58,9 +58,10 @@ class EnvVar(_Values):
 
 
 class NetworkPolicy(_Values):
-    enabled: bool = Field(default=False, description="The operator pod takes ingress only on its metrics port, and "
+    enabled: bool = Field(default=True, description="The operator pod takes ingress only on its metrics port, and "
                           "each gang's pods only from the pods of their own FineTuneJob (the operator creates one "
-                          "NetworkPolicy per job). Egress is left to your own policies.")
+                          "NetworkPolicy per job: the rendezvous port is not open to other namespaces). Egress is "
+                          "left to your own policies. Enforced only where the cluster's network plugin does so.")
 
 
 class UserRoles(_Values):
@@ -96,7 +97,7 @@ class ChartValues(_Values):
                                  description="What users get through the built-in admin, edit and view roles.")
     extraEnv: list[EnvVar] = Field(default_factory=list, description="Extra environment of the operator container.")
     networkPolicy: NetworkPolicy = Field(default_factory=lambda: NetworkPolicy(),
-                                         description="NetworkPolicies (off by default).")
+                                         description="NetworkPolicies (on by default).")
     metrics: Metrics = Field(default_factory=Metrics, description="Prometheus /metrics endpoint and its Service.")
     grafanaDashboard: GrafanaDashboard = Field(default_factory=GrafanaDashboard,
                                                description="Grafana dashboard of the operator metrics.")
