@@ -7,7 +7,6 @@ import pytest
 from finetune_operator.api import constants as c
 from finetune_operator.api.validation import validate_job
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
-from finetune_operator.render.rbac import trainer_binding_name
 from finetune_operator.render.workload import render_workload
 from tests.builders import make_job
 from tests.support.pod_runner import expand
@@ -204,18 +203,16 @@ def test_trainer_identity_may_only_patch_status():
     assert render_trainer_identity("ml", None) == render_trainer_identity("ml", None)  # shared, so identical
 
 
-def test_user_service_account_gets_the_status_role_instead():
-    objs = {o["kind"]: o for o in render_trainer_identity("ml", "workload-identity")}
-    assert "ServiceAccount" not in objs
-    assert objs["RoleBinding"]["metadata"]["name"] == "finetunejob-trainer-workload-identity"
-    assert objs["RoleBinding"]["subjects"][0]["name"] == "workload-identity"
-    job = render({"spec.pod.serviceAccountName": "workload-identity"})["Job"]
-    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "workload-identity"
-
-
-def test_binding_name_of_a_long_service_account_stays_valid():
-    name = trainer_binding_name("s" * 253)
-    assert len(name) <= 253 and name != trainer_binding_name("s" * 252)
+def test_a_user_service_account_may_patch_its_own_jobs_status_only_through_children_of_the_job():
+    assert render_trainer_identity("ml", "workload-identity") == []  # no namespace-wide binding
+    objs = render({"spec.pod.serviceAccountName": "workload-identity"})
+    assert objs["Role"]["metadata"]["name"] == objs["RoleBinding"]["metadata"]["name"] == "finetunejob-trainer-test-job"
+    assert objs["Role"]["rules"] == [{"apiGroups": ["finetunejob.dev"], "resources": ["finetunejobs/status"],
+                                      "verbs": ["get", "patch"], "resourceNames": ["test-job"]}]
+    assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "workload-identity",
+                                                "namespace": "ml"}]
+    assert objs["Job"]["spec"]["template"]["spec"]["serviceAccountName"] == "workload-identity"
+    assert "Role" not in render({})  # the shared identity is namespace infrastructure, not a child
 
 
 def test_volumes_shm_config_and_output_claim():

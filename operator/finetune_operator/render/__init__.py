@@ -9,7 +9,7 @@ from ..api.spec import FineTuneJobSpec
 from .configmap import render_config_map
 from .context import RenderContext
 from .network_policy import render_network_policy
-from .rbac import render_trainer_identity
+from .rbac import render_job_identity, render_trainer_identity
 from .service import render_service
 from .workload import render_workload
 
@@ -17,8 +17,11 @@ __all__ = ["RenderContext", "render_all", "render_trainer_identity"]
 
 
 def render_all(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
-    """The attempt's children in apply order: config and Service exist before the pods that use them.
+    """The attempt's children in apply order: config, Service and a user ServiceAccount's status rights exist before
+    the pods that use them.
 
-    The trainer identity they run as is namespace infrastructure: render_trainer_identity."""
+    The shared trainer identity (no spec.pod.serviceAccountName) is namespace infrastructure:
+    render_trainer_identity."""
     policy = [render_network_policy(spec, ctx)] if ctx.network_policy else []
-    return [render_config_map(spec, ctx), render_service(spec, ctx), *policy, render_workload(spec, ctx)]
+    return [render_config_map(spec, ctx), render_service(spec, ctx), *render_job_identity(spec, ctx), *policy,
+            render_workload(spec, ctx)]

@@ -1,4 +1,5 @@
-"""The trainer's identity: one ServiceAccount per namespace whose only right is to patch FineTuneJob status.
+"""The trainer's identity: one ServiceAccount per namespace whose only right is to patch FineTuneJob status, or a
+user's ServiceAccount allowed to patch its own job's status only.
 
 It is namespace infrastructure, shared by every FineTuneJob there and created once (not per job: three fewer
 writes per submission, which matters at a thousand jobs a minute). What stops a trainer from writing another
@@ -6,38 +7,47 @@ job's status is the chart's ValidatingAdmissionPolicy (charts/finetunejob/templa
 tokens carry the pod's name, and a status write is admitted only for the FineTuneJob that pod belongs to.
 """
 
-import hashlib
 from typing import Any
 
 from ..api import constants as c
+from ..api.spec import FineTuneJobSpec
+from .context import RenderContext
+from .names import job_labels
 
 TRAINER_IDENTITY = "finetunejob-trainer"
-
-
-def trainer_binding_name(service_account: str) -> str:
-    """One RoleBinding per ServiceAccount that runs trainers (ours, or a user's for workload identity)."""
-    if service_account == TRAINER_IDENTITY:
-        return TRAINER_IDENTITY
-    name = f"{TRAINER_IDENTITY}-{service_account}"
-    return name if len(name) <= 253 else f"{name[:240]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+_STATUS_RULE = {"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "verbs": ["get", "patch"]}
 
 
 def render_trainer_identity(namespace: str, service_account: str | None) -> list[dict[str, Any]]:
-    """ServiceAccount (unless the user brings one), Role and RoleBinding; identical for every job in `namespace`."""
-    subject = service_account or TRAINER_IDENTITY
+    """The namespace's shared ServiceAccount, Role and RoleBinding, for jobs that bring no ServiceAccount of their
+    own (identical for every such job in `namespace`); nothing for a job that does (render_job_identity)."""
+    if service_account is not None:
+        return []
     labels = {c.LABEL_NAME: c.APP_NAME, c.LABEL_COMPONENT: "trainer-identity", c.LABEL_MANAGED_BY: c.MANAGED_BY,
               c.LABEL_PART_OF: c.APP_NAME}
-    objects: list[dict[str, Any]] = []
-    if service_account is None:
-        objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
-                        "metadata": {"name": subject, "namespace": namespace, "labels": labels}})
-    objects += [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": TRAINER_IDENTITY, "namespace": namespace, "labels": labels},
-         "rules": [{"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "verbs": ["get", "patch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": trainer_binding_name(subject), "namespace": namespace, "labels": labels},
+    meta = {"name": TRAINER_IDENTITY, "namespace": namespace, "labels": labels}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [_STATUS_RULE]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TRAINER_IDENTITY},
-         "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": namespace}]},
+         "subjects": [{"kind": "ServiceAccount", "name": TRAINER_IDENTITY, "namespace": namespace}]},
     ]
-    return objects
+
+
+def render_job_identity(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
+    """A user's ServiceAccount (spec.pod.serviceAccountName, e.g. for workload identity to object storage) may
+    patch the status of this job only (resourceNames), through a Role and RoleBinding that are the job's children:
+    they go with the job, instead of a namespace-wide binding that outlived every job that used it."""
+    account = spec.pod.service_account_name
+    if account is None:
+        return []
+    meta = {"name": f"{TRAINER_IDENTITY}-{ctx.name}", "namespace": ctx.namespace,
+            "labels": job_labels(ctx, "trainer-identity")}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": [{**_STATUS_RULE, "resourceNames": [ctx.name]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ctx.namespace}]},
+    ]
