@@ -172,7 +172,7 @@ def test_the_admission_policy_keeps_every_field_the_operator_writes_from_trainer
     """charts/.../admission-policy.yaml lists the status fields a trainer may not change: the operator's own."""
     import re
 
-    from finetune_operator.controller.lifecycle import OPERATOR_STATUS_FIELDS
+    from finetune_operator.controller.planning import OPERATOR_STATUS_FIELDS
     from tests.conftest import ROOT
 
     template = (ROOT / "charts" / "finetunejob" / "templates" / "admission-policy.yaml").read_text()

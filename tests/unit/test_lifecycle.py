@@ -11,8 +11,8 @@ from finetune_operator.api.errors import FieldError, InvalidSpec
 from finetune_operator.api.status import FineTuneJobStatus
 from finetune_operator.api.validation import validate_job
 from finetune_operator.controller import lifecycle
-from finetune_operator.controller.lifecycle import Observed, only_cosmetic
 from finetune_operator.controller.observed import MESSAGE_LIMIT
+from finetune_operator.controller.planning import Observed, only_cosmetic
 from finetune_operator.controller.settings import Settings
 from tests.builders import make_job
 

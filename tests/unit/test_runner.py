@@ -8,7 +8,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from finetune_operator.controller import runner
-from finetune_operator.controller.lifecycle import Plan
+from finetune_operator.controller.planning import Plan
 from finetune_operator.controller.reconcile import Pass
 from finetune_operator.controller.runner import Controller
 from finetune_operator.controller.settings import Settings

@@ -26,10 +26,12 @@ from ..render.preflight import PREFLIGHT_ATTEMPT, render_preflight
 from .cache import Snapshot
 from .expectations import Expectations
 from .kube import Kube, NameConflict
-from .lifecycle import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, gang_waiting, only_cosmetic, plan
+from .lifecycle import plan
 from .merge_patch import merge_patch
 from .observed import ATTEMPT_REFUSED, NAME_CONFLICT, attempt_of, job_failed, pod_ended
+from .planning import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, only_cosmetic
 from .settings import Settings
+from .waiting import gang_waiting
 
 log = logging.getLogger(__name__)
 EventSink = Callable[[dict[str, Any], str, str, str], None]
