@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,24 @@ class Kubectl:
 
     def json(self, *args: str) -> dict:
         return json.loads(self.run(*args, "-o", "json").stdout)
+
+    def wait_condition(self, condition: str, *objects: str, timeout: float = 60.0) -> None:
+        """Polls until each object (e.g. crd/x, node/y) has `condition` True. `kubectl wait` fails at once on an
+        object whose status.conditions is still null ("accessor error: <nil> is of the type <nil>") instead of
+        waiting; this waits, and times out with what it saw."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen: dict[str, object] = {}
+            for obj in objects:
+                proc = self.run("get", obj, "-o", "json", check=False)
+                seen[obj] = (((json.loads(proc.stdout).get("status") or {}).get("conditions") or [])
+                             if proc.returncode == 0 else proc.stderr.strip())
+            if all(isinstance(conds, list) and any(c.get("type") == condition and c.get("status") == "True"
+                                                   for c in conds) for conds in seen.values()):
+                return
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"not {condition} within {timeout:.0f}s: {seen}")
+            time.sleep(0.3)
 
 
 @pytest.fixture(scope="session")
@@ -88,10 +107,10 @@ def kubectl(control_plane: ControlPlane) -> Kubectl:
     """A cluster with the CRD established and fake GPU nodes Ready."""
     k = Kubectl(control_plane.kubeconfig)
     k.run("apply", "--server-side", "-f", str(CRD_FILE))
-    k.run("wait", "--for=condition=Established", "--timeout=60s", "crd/finetunejobs.finetunejob.dev")
+    k.wait_condition("Established", "crd/finetunejobs.finetunejob.dev")
     for i in range(FAKE_GPU_NODES):
         k.run("apply", "-f", "-", input=json.dumps(fake_gpu_node(f"gpu-node-{i}")))
-    k.run("wait", "--for=condition=Ready", "--timeout=60s", "node", "--all")
+    k.wait_condition("Ready", *(f"node/gpu-node-{i}" for i in range(FAKE_GPU_NODES)))
     # TaintNodesByCondition admission taints new nodes not-ready; the node-lifecycle controller would lift it, but
     # it would also evict pods from kwok nodes that send no heartbeats, so the taint is lifted here instead.
     for i in range(FAKE_GPU_NODES):

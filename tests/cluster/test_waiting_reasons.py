@@ -111,7 +111,7 @@ def pool_nodes(kubectl):
         node = fake_gpu_node(name)
         node["metadata"]["labels"][POOL] = "waiting"
         kubectl.run("apply", "-f", "-", input=json.dumps(node))
-        kubectl.run("wait", "--for=condition=Ready", "--timeout=60s", f"node/{name}")
+        kubectl.wait_condition("Ready", f"node/{name}")
         if kubectl.json("get", "node", name)["spec"].get("taints"):
             kubectl.run("patch", "node", name, "--type=json", "-p", '[{"op": "remove", "path": "/spec/taints"}]')
         created.append(name)

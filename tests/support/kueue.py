@@ -61,7 +61,7 @@ class Kueue:
         for crd in sorted((self.component / "crds").glob("*.yaml")):
             self.kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd))
             names.append("crd/" + yaml.safe_load(crd.read_text())["metadata"]["name"])
-        self.kubectl.run("wait", "--for=condition=Established", "--timeout=60s", *names)
+        self.kubectl.wait_condition("Established", *names)
 
     def start(self) -> Kueue:
         self.install_crds()
