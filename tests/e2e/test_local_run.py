@@ -152,6 +152,9 @@ def test_a_run_that_diverges_stops_with_its_own_exit_class_and_names_the_good_ch
     steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "output").glob("checkpoint-*"))
     assert steps and max(steps) == int(Path(good).name.split("-")[1])  # nothing saved once the loss rose
     assert "LossDiverged" in out
+    # The node's log ends with the clean message, not with torchrun's ChildFailedError traceback.
+    last = (tmp_path / "logs" / "node-0.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("finetune launch: LossDiverged (exit 79): the loss diverged"), last
 
 
 def test_a_noisy_batch_of_one_never_trips_the_divergence_check(tiny_model_dir, tmp_path):

@@ -197,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, summary = exit_codes.INTERRUPTED, {"reason": exit_codes.reason(exit_codes.INTERRUPTED),
                                                  "message": message}
     write_termination_message({**summary, "exitCode": code})
+    if code != exit_codes.SUCCESS:  # after torchrun's ChildFailedError traceback: the last thing a reader sees
+        print(f"finetune launch: {summary.get('reason') or exit_codes.reason(code)} (exit {code}): "
+              f"{summary.get('message', '')}", file=sys.stderr, flush=True)
     return code
 
 
