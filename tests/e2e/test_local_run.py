@@ -165,3 +165,45 @@ def test_a_noisy_batch_of_one_never_trips_the_divergence_check(tiny_model_dir, t
     assert proc.returncode == 0, out
     summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
     assert "warnings" not in summary, summary.get("warnings")
+
+
+def processes_of(workdir: Path) -> list[str]:
+    """Every live process whose command line names the run directory (launchers, torchrun, trainers, uploaders)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(workdir) in text and "pytest" not in text:
+            found.append(f"{cmdline.parent.name}: {text[:200]}")
+    return found
+
+
+def test_nothing_outlives_a_killed_cli_and_a_second_run_on_its_output_is_refused(tiny_model_dir, tmp_path):
+    """kill -9 of `finetune run` leaves no launcher, torchrun or trainer running into the same directory (they got
+    SIGTERM and stopped with a checkpoint), and while a run lives a second one on its --output is refused at once,
+    naming the first."""
+    args = ("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set", "spec.training.maxSteps=100000",
+            "--output", str(tmp_path))
+    first = finetune(*args)
+    progress = tmp_path / "output" / "progress.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (progress.exists() and progress.read_text().count('"step"') >= 3):
+        time.sleep(0.2)
+    second = finetune(*args)
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == exit_codes.CONFIG_ERROR, out
+    assert f"is in use by another finetune run ({{\"pid\": {first.pid}" in out and "another --output" in out, out
+    assert first.poll() is None  # the first goes on, untouched
+
+    first.kill()  # SIGKILL: no handler runs in the CLI
+    first.wait(timeout=30)
+    deadline = time.monotonic() + 120
+    while processes_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_of(tmp_path) == []
+    assert list((tmp_path / "output").glob("checkpoint-*")), "the nodes stopped gracefully, with a checkpoint"
+    third = finetune(*args[:-2], "--set", "spec.training.maxSteps=1", "--output", str(tmp_path))
+    out, _ = third.communicate(timeout=600)
+    assert "in use by another finetune run" not in out, out  # the lock went with the last node

@@ -22,7 +22,7 @@ from ..api.validation import ValidatedJob
 from ..render import RenderContext
 from ..render.configmap import config_files
 from ..render.env import trainer_env
-from .processes import kill_tree
+from .processes import OutputBusy, OutputLock, die_with_parent, kill_tree
 from .progress import ProgressLine
 
 POLL_SECONDS = 0.5
@@ -101,8 +101,9 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
 
 
 def start_nodes(job: ValidatedJob, workdir: Path, port: int | None = None,
-                extra_env: dict[str, str] | None = None) -> list[Node]:
-    """One launcher per node; `extra_env` is laid over each node's environment (tests pin threads, offline hub)."""
+                extra_env: dict[str, str] | None = None, lock: OutputLock | None = None) -> list[Node]:
+    """One launcher per node; `extra_env` is laid over each node's environment (tests pin threads, offline hub).
+    Each launcher gets SIGTERM when this process dies (even by kill -9) and holds `lock` while it lives."""
     config, ctx = prepare(job, workdir)
     port = port or free_port()
     nodes = []
@@ -115,8 +116,8 @@ def start_nodes(job: ValidatedJob, workdir: Path, port: int | None = None,
             process = subprocess.Popen(
                 [sys.executable, "-m", "finetune_trainer.launch", "--config", str(config), "--dns-timeout", "30"],
                 env={**node_environment(job, ctx, workdir, rank, port), **(extra_env or {})}, stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True)
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(),
+                pass_fds=(lock.fd,) if lock is not None else ())
         nodes.append(Node(rank, process, result_file, log_file))
     return nodes
 
@@ -211,12 +212,20 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
     if shortfall is not None:
         print(shortfall, file=out, flush=True)
         return exit_codes.CONFIG_ERROR
-    nodes = start_nodes(job, workdir, port)
-    d = job.spec.distributed
-    print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "
-          f"output in {workdir / 'output'}", file=out, flush=True)
-    output = workdir / "output"
-    wait(nodes, ProgressLine(output / c.PROGRESS_FILE, out, output / c.NOTICES_FILE), out)
+    try:
+        lock = OutputLock(workdir)
+    except OutputBusy as exc:
+        print(exc, file=out, flush=True)
+        return exit_codes.CONFIG_ERROR
+    try:
+        nodes = start_nodes(job, workdir, port, lock=lock)
+        d = job.spec.distributed
+        print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "
+              f"output in {workdir / 'output'}", file=out, flush=True)
+        output = workdir / "output"
+        wait(nodes, ProgressLine(output / c.PROGRESS_FILE, out, output / c.NOTICES_FILE), out)
+    finally:
+        lock.release()
     code, summary = results(nodes)
     print(describe_result(code, summary, workdir), file=out, flush=True)
     return code
