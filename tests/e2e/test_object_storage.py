@@ -106,6 +106,13 @@ def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket
     run = f"{uploaded}/runs/s3-job"
     assert fs.exists(f"{run}/final/adapter_model.safetensors") and fs.exists(f"{run}/summary.json")
     assert fs.exists(f"{run}/loss.png") and fs.exists(f"{run}/progress.jsonl")
+    # The history goes on from the start, in the bucket and here (loss.png is drawn from it): steps 1..400, the
+    # ones after the resumed checkpoint once (the first run's were dropped with it), none lost.
+    for text in (fs.cat_file(f"{run}/progress.jsonl").decode(), (tmp_path / "laptop-2/run/output/progress.jsonl")
+                 .read_text()):
+        steps = [r["step"] for r in map(json.loads, text.splitlines()) if "step" in r]
+        assert steps[0] == 1 and steps[-1] == 400 and steps == sorted(set(steps)), steps[:5]
+        assert stopped_at in steps and stopped_at + 1 in steps
     complete = {s for s, done in remote_output.remote_checkpoints(run).items() if done}
     assert complete == {380, 400}, complete  # checkpoints.keep: 2, in the bucket
     assert summary["uploaded"]["completeStep"] == 400 and summary["uploaded"]["uri"] == run

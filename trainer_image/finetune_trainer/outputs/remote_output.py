@@ -80,9 +80,7 @@ def restore(uri: str, output_dir: Path) -> Path | None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             step = newest_remote(uri)
-            progress = output_dir / c.PROGRESS_FILE
-            if not progress.exists() and objectstore.filesystem().exists(f"{uri.rstrip('/')}/{c.PROGRESS_FILE}"):
-                objectstore.filesystem().get_file(f"{uri.rstrip('/')}/{c.PROGRESS_FILE}", str(progress))
+            _restore_history(uri, output_dir / c.PROGRESS_FILE, step)
         except Exception as exc:  # s3fs and botocore raise many types
             raise objectstore.failure(exc, uri) from exc
         if step is None:
@@ -101,6 +99,29 @@ def restore(uri: str, output_dir: Path) -> Path | None:
         os.replace(partial, target)
         log.info("restored %s from %s (%d files)", target, source, len(files))
         return target
+
+
+def _restore_history(uri: str, progress: Path, step: int | None) -> None:
+    """The run's progress.jsonl from the bucket, when this directory holds no step of it yet (a rerun in an empty
+    directory, a gang restarted on fresh volumes), so the history and loss.png go on from the start instead of from
+    the resumed step. Only the steps up to the checkpoint that is resumed (the later ones are trained again); the
+    records this process already wrote (the data preparation's heartbeat) stay after them."""
+    here = progress.read_text(encoding="utf-8").splitlines() if progress.exists() else []
+    if any('"step"' in line for line in here):
+        return
+    remote = f"{uri.rstrip('/')}/{c.PROGRESS_FILE}"
+    if not objectstore.filesystem().exists(remote):
+        return
+    kept = []
+    for line in objectstore.filesystem().cat_file(remote).decode("utf-8").splitlines():
+        try:
+            at = json.loads(line).get("step")
+        except ValueError:
+            continue  # a line cut by an upload that was interrupted
+        if isinstance(at, int) and (step is None or at <= step):
+            kept.append(line)
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    progress.write_text("".join(f"{line}\n" for line in [*kept, *here]), encoding="utf-8")
 
 
 # --- uploads ------------------------------------------------------------------------------------------------------
