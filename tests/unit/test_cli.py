@@ -250,3 +250,13 @@ def test_the_trainers_warnings_and_notes_are_printed_once_each_as_they_come(tmp_
         f.write('ne"}\n')
     line.poll()
     assert out.getvalue().splitlines()[-1] == "half a line"
+
+
+def test_uploads_behind_say_why_on_the_progress_line():
+    from finetune_operator.cli.progress import render_progress
+
+    line = render_progress({"step": 1000, "maxSteps": 1000, "upload": {
+        "pending": 2, "behindSince": "2026-01-01T00:00:00Z",
+        "lastError": "s3://b/run: the store at http://minio:9000 did not answer (EndpointConnectionError: ...)"}})
+    assert "uploads behind: 2 checkpoint(s) since 2026-01-01T00:00:00Z, retrying: s3://b/run: the store at " \
+        "http://minio:9000 did not answer" in line

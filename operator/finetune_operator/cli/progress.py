@@ -87,5 +87,7 @@ def render_progress(r: dict[str, Any], width: int = 24) -> str:
         parts.append(f"ETA {r['eta']}")
     upload = r.get("upload") or {}
     if upload.get("behindSince"):  # output.uri: the store is slow or down; training goes on, uploads retry
-        parts.append(f"uploads behind: {upload['pending']} checkpoint(s) since {upload.get('behindSince', '?')}")
+        why = " ".join(str(upload.get("lastError") or "").split())
+        parts.append(f"uploads behind: {upload['pending']} checkpoint(s) since {upload.get('behindSince', '?')}"
+                     + (f", retrying: {why[:160]}" if why else ""))  # why, not only the node log
     return "  ".join(parts)
