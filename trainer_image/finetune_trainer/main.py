@@ -353,7 +353,19 @@ def run(config_path: str) -> dict[str, Any]:
         (cfg.output_dir / SUMMARY_FILE).write_text(json.dumps(summary, default=str))
         names = [n for n in ("final", "merged", "loss.png", c.PROGRESS_FILE, SUMMARY_FILE)
                  if (cfg.output_dir / n).exists()]
-        summary["uploaded"] = remote.finish(names)
+        from finetune_trainer.outputs.remote_output import FINISH_WAIT_SECONDS
+
+        behind = remote.behind()
+        if behind is not None:  # say why the run is not done yet, and for how long it may wait
+            warnings.note(f"training is done; waiting up to {FINISH_WAIT_SECONDS / 60:.0f} min for {behind} before "
+                          f"uploading the final model to {cfg.spec.output.uri}")
+        try:
+            summary["uploaded"] = remote.finish(names)
+        except TrainerError as exc:  # the local summary must not say Succeeded for a run that exits 74 or 77
+            failed = {**summary, "reason": getattr(exc, "reason", None) or exit_codes.reason(exc.exit_code),
+                      "message": str(exc)}
+            (cfg.output_dir / SUMMARY_FILE).write_text(json.dumps(failed, default=str))
+            raise
     return summary
 
 

@@ -354,6 +354,14 @@ class RemoteOutput:
         self.progress = progress
         return UploadCallback(self.uploader)
 
+    def behind(self) -> str | None:
+        """What the uploads still owe, in words (with the last error), or None when nothing is pending."""
+        state = self.uploader.state if self.uploader is not None else None
+        if state is None or not state.pending:
+            return None
+        why = f" (so far: {state.last_error[:200]})" if state.last_error else ""
+        return f"{len(state.pending)} checkpoint upload(s) to reach the bucket{why}"
+
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         return self.uploader is None or self.uploader.wait(timeout)
 
