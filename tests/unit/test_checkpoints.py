@@ -22,7 +22,9 @@ def make_checkpoint(root, step, *, weights=b"w" * 64, state=True, marker=True):
 def test_mark_complete_writes_a_summary(tmp_path):
     d = make_checkpoint(tmp_path, 10)
     summary = json.loads((d / C.COMPLETE_MARKER).read_text())
-    assert summary["step"] == 10 and summary["bytes"] == 64 and summary["files"] == 1
+    assert summary["step"] == 10 and summary["bytes"] == 64 and summary["weightFiles"] == 1
+    written = [p for p in d.rglob("*") if p.is_file() and p.name != C.COMPLETE_MARKER]
+    assert summary["files"] == len(written) > 1  # every file of the checkpoint, not only its weights
     assert not list(d.glob(".*tmp"))
 
 

@@ -34,8 +34,9 @@ def verify(directory: Path) -> dict:
         state = json.loads((directory / "trainer_state.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise IncompleteCheckpoint(f"{directory}: trainer_state.json unreadable ({exc})") from exc
-    return {"step": int(state.get("global_step", 0)), "files": len(files),
-            "bytes": sum(f.stat().st_size for f in files)}
+    # "files" is every file of the checkpoint (what a copy must hold), "weightFiles" and "bytes" its weights.
+    return {"step": int(state.get("global_step", 0)), "files": sum(1 for p in directory.rglob("*") if p.is_file()),
+            "weightFiles": len(files), "bytes": sum(f.stat().st_size for f in files)}
 
 
 def provenance(spec: Any) -> dict[str, Any]:
