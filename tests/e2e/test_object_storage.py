@@ -101,7 +101,8 @@ def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out
     summary = json.loads((tmp_path / "laptop-2/run/logs/node-0.result.json").read_text())
-    assert summary["resumedFrom"].endswith(f"checkpoint-{stopped_at}") and summary["steps"] == 400
+    # Named as the user knows it: the bucket's object, not the download in this run's directory.
+    assert summary["resumedFrom"] == f"{uploaded}/runs/s3-job/checkpoint-{stopped_at}" and summary["steps"] == 400
     fs = minio.filesystem()
     run = f"{uploaded}/runs/s3-job"
     assert fs.exists(f"{run}/final/adapter_model.safetensors") and fs.exists(f"{run}/summary.json")

@@ -288,8 +288,10 @@ def run(config_path: str) -> dict[str, Any]:
         remote.restore()
         trainer.add_callback(remote.callback(progress))
     resume = resume_checkpoint(cfg)
+    # What a user knows the checkpoint as: its copy in the bucket with output.uri (the local one is a download).
+    source = (remote.bucket_copy(Path(resume)) if remote is not None and resume is not None else None) or resume
     if resume is not None:
-        warnings.note(f"resuming from {Path(resume).name} (step {checkpoints.step_of(Path(resume)) or 0}: {resume})")
+        warnings.note(f"resuming from {Path(resume).name} (step {checkpoints.step_of(Path(resume)) or 0}: {source})")
         advice.batch_changed(Path(resume), args, warnings)
     runs = tracking.configure(cfg, resuming=resume is not None, rank=args.process_index)
     trainer.add_callback(tracking.TrackerRunRecorder(cfg.output_dir, runs))
@@ -302,7 +304,7 @@ def run(config_path: str) -> dict[str, Any]:
         trainer.add_callback(CheckpointPushCallback(pusher))
     if resume is not None and reporter is not None:  # say what this attempt restored from (kubectl get -o yaml)
         step = checkpoints.step_of(Path(resume)) or 0
-        reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": resume}}, force=True)
+        reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": source}}, force=True)
     result = trainer.train(resume_from_checkpoint=resume)
     if watchdog.diverged_at is not None:
         raise LossDiverged(advice.diverged(cfg.output_dir, watchdog))
@@ -323,7 +325,7 @@ def run(config_path: str) -> dict[str, Any]:
     evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
     summary = {
         "reason": exit_codes.reason(exit_codes.SUCCESS), "steps": trainer.state.global_step,
-        "resumedFrom": resume, "finalLoss": history[-1]["loss"] if history else None,
+        "resumedFrom": source, "finalLoss": history[-1]["loss"] if history else None,
         "trainLoss": result.training_loss if attempt["attemptSteps"] > 0 else None,
         "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
         "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,

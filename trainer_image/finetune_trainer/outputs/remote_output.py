@@ -354,6 +354,16 @@ class RemoteOutput:
         self.progress = progress
         return UploadCallback(self.uploader)
 
+    def bucket_copy(self, local: Path) -> str | None:
+        """The bucket's URI of a local checkpoint when it is complete there too, else None (also when the store
+        cannot say: a name is not worth failing a run for)."""
+        step = checkpoints.step_of(local)
+        try:
+            complete = step is not None and remote_checkpoints(self.uri).get(step)
+        except Exception:  # s3fs and botocore raise many types
+            return None
+        return f"{self.uri.rstrip('/')}/{local.name}" if complete else None
+
     def behind(self) -> str | None:
         """What the uploads still owe, in words (with the last error), or None when nothing is pending."""
         state = self.uploader.state if self.uploader is not None else None
