@@ -260,3 +260,14 @@ def test_uploads_behind_say_why_on_the_progress_line():
         "lastError": "s3://b/run: the store at http://minio:9000 did not answer (EndpointConnectionError: ...)"}})
     assert "uploads behind: 2 checkpoint(s) since 2026-01-01T00:00:00Z, retrying: s3://b/run: the store at " \
         "http://minio:9000 did not answer" in line
+
+
+def test_the_summary_says_what_reached_the_bucket_and_what_did_not(tmp_path):
+    from finetune_operator.cli.local_run import describe_result
+
+    done = describe_result(0, {"steps": 30, "finalLoss": 1.0, "model": "final", "uploaded": {
+        "uri": "s3://b/run", "completeStep": 30}}, tmp_path)
+    assert "uploaded:   s3://b/run (final/, progress, loss.png, checkpoints up to step 30)" in done
+    behind = describe_result(0, {"steps": 30, "finalLoss": 1.0, "model": "final", "uploaded": {
+        "uri": "s3://b/run", "completeStep": 10, "checkpointsNotUploaded": [20, 30]}}, tmp_path)
+    assert "checkpoints up to step 10); not uploaded: checkpoint(s) at step 20, 30 (kept here)" in behind

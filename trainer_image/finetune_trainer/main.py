@@ -287,6 +287,10 @@ def run(config_path: str) -> dict[str, Any]:
     if remote is not None:  # the bucket's newest complete checkpoint, here before the first step
         remote.restore()
         trainer.add_callback(remote.callback(progress))
+        owed = remote.catch_up()
+        if owed:
+            warnings.note(f"uploading {len(owed)} checkpoint(s) that had not reached {cfg.spec.output.uri}: "
+                          f"{', '.join(owed)}")
     resume = resume_checkpoint(cfg)
     # What a user knows the checkpoint as: its copy in the bucket with output.uri (the local one is a download).
     source = (remote.bucket_copy(Path(resume)) if remote is not None and resume is not None else None) or resume

@@ -172,8 +172,7 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
                  f"  tokens/s:   {rate:.0f}" if rate else "",
                  f"  model:      {summary.get('model')}",
                  f"  merged:     {summary['merged']}" if summary.get("merged") else "",
-                 f"  uploaded:   {summary['uploaded']['uri']} (final/, checkpoints, progress, loss.png)"
-                 if summary.get("uploaded") else "",
+                 _uploaded(summary["uploaded"]) if summary.get("uploaded") else "",
                  f"  loss plot:  {summary['lossPlot']}" if summary.get("lossPlot") else "",
                  f"  pushed:     {summary['pushed']['repo']} ({summary['pushed']['commit']})"
                  if summary.get("pushed") else "",
@@ -186,6 +185,16 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
     reason = summary.get("reason") or exit_codes.reason(code)
     hint = " (run the same command again to resume)" if not exit_codes.is_permanent(code) else ""
     return f"{reason} (exit {code}): {summary.get('message', '')}{hint}\n  logs: {workdir / 'logs'}"
+
+
+def _uploaded(uploaded: dict[str, Any]) -> str:
+    """What is in the bucket, and what is not (checkpoints still behind when the run ended)."""
+    step = uploaded.get("completeStep")
+    line = (f"  uploaded:   {uploaded['uri']} (final/, progress, loss.png"
+            + (f", checkpoints up to step {step})" if step is not None else ")"))
+    missing = uploaded.get("checkpointsNotUploaded")
+    return line + (f"; not uploaded: checkpoint(s) at step {', '.join(map(str, missing))} (kept here)"
+                   if missing else "")
 
 
 def _short(text: Any, limit: int = 60) -> str:

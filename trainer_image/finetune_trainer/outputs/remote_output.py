@@ -354,6 +354,24 @@ class RemoteOutput:
         self.progress = progress
         return UploadCallback(self.uploader)
 
+    def catch_up(self) -> list[str]:
+        """The complete checkpoints here that the bucket lacks (a run that exited 74 with uploads behind, a stop
+        during an outage): handed to the uploader now, not forgotten. Returns their names. One node only: a
+        multi-node checkpoint needs every node's part, which fresh pods no longer have."""
+        if self.uploader is None or self.uploader.nodes > 1:
+            return []
+        try:
+            there = remote_checkpoints(self.uri)
+        except Exception as exc:  # s3fs and botocore raise many types
+            raise objectstore.failure(exc, self.uri) from exc
+        behind = sorted((d for d in self.output_dir.glob("checkpoint-*")
+                         if (step := checkpoints.step_of(d)) is not None and not there.get(step)
+                         and (d / checkpoints.COMPLETE_MARKER).exists()), key=lambda d: checkpoints.step_of(d) or 0)
+        kept = behind[-self.uploader.keep:]  # checkpoints.keep: older ones would be rotated out at once
+        for directory in kept:
+            self.uploader.submit(directory)
+        return [d.name for d in kept]
+
     def bucket_copy(self, local: Path) -> str | None:
         """The bucket's URI of a local checkpoint when it is complete there too, else None (also when the store
         cannot say: a name is not worth failing a run for)."""
