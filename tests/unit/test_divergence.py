@@ -190,3 +190,18 @@ def test_a_resume_on_another_world_size_says_what_it_does_to_the_global_batch(tm
     assert [reason for reason, _ in said] == ["GlobalBatchChanged"]
     assert "global batch of 2 on 1 process(es), on 2: the global batch is now 4" in said[0][1]
     assert "each remaining step takes 2x the samples" in said[0][1]
+
+
+def test_rows_cut_at_max_length_are_announced_once_with_the_count():
+    from types import SimpleNamespace
+
+    from finetune_trainer.training import advice
+
+    spec = SimpleNamespace(data=SimpleNamespace(max_length=128))
+    said: list[tuple[str, str]] = []
+    advice.truncated(spec, {"train": {"rows": 300, "truncated": 12}, "eval": {"rows": 10, "truncated": 0}},
+                     lambda *w: said.append(w))
+    assert [reason for reason, _ in said] == ["RowsTruncated"]
+    assert said[0][1].startswith("12 of 300 training row(s) were longer than data.maxLength=128 tokens")
+    advice.truncated(spec, {"train": {"rows": 300, "truncated": 0}}, lambda *w: said.append(w))
+    assert len(said) == 1  # nothing cut: nothing said

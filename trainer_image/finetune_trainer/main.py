@@ -279,6 +279,7 @@ def run(config_path: str) -> dict[str, Any]:
     data = prepare_data(cfg, args, tokenizer, reporter)
     warnings = Warnings(reporter, journal=cfg.output_dir / c.NOTICES_FILE if args.process_index == 0 else None)
     advice.folded_system(cfg.spec, data.stats, warnings)
+    advice.truncated(cfg.spec, data.stats, warnings)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
     add_stop_ids(_base_model(model), trained_stop_ids(cfg.spec, tokenizer))

@@ -63,3 +63,16 @@ def folded_system(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
              f"the chat template of {spec.model.tokenizer or spec.model.name} cannot render a system message: in "
              f"{folded} row(s) the system prompt was put at the start of the first user turn (what such models "
              "expect); prompts at inference should do the same")
+
+
+def truncated(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
+    """Once per run, when rows were cut at data.maxLength (truncation: truncate): a cut row loses its end, the
+    reply's last tokens and its end-of-sequence, so the model learns replies that do not stop there."""
+    for part, name in (("train", "training"), ("eval", "validation")):
+        counts = stats.get(part) or {}
+        cut = int(counts.get("truncated") or 0)
+        if cut:
+            warn("RowsTruncated",
+                 f"{cut} of {counts.get('rows', '?')} {name} row(s) were longer than data.maxLength="
+                 f"{spec.data.max_length} tokens and were cut: their ends (and end-of-sequence tokens) are not "
+                 "trained; raise data.maxLength, or set data.truncation: drop to leave such rows out")
