@@ -163,7 +163,9 @@ def test_prepare_caches_by_content_and_reuses_the_cache(tiny_tokenizer, tmp_path
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized again despite a complete cache")
 
-    monkeypatch.setattr(D, "tokenize_parts", no_tokenizing)
+    from finetune_trainer.data import prepared
+
+    monkeypatch.setattr(prepared, "tokenize_parts", no_tokenizing)  # what prepare() calls
     second = D.prepare(data, tiny_tokenizer, tmp_path / "cache", seed=1)
     assert second.train["input_ids"] == first.train["input_ids"]
     data_file.write_text(data_file.read_text() + "\n" + json.dumps({"instruction": "new", "output": "row"}))

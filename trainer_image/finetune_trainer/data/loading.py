@@ -1,0 +1,143 @@
+"""Sources -> rows: files, directories, globs and s3:// objects (json, jsonl, parquet, csv, text), hub datasets and
+inline rows, each part named so a bad row names its file and row number."""
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finetune_operator.api.data import DataSource, DataSpec
+from finetune_operator.api.storage import is_s3
+from finetune_trainer import objectstore
+from finetune_trainer.errors import DataError
+
+EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text",
+              ".text": "text", ".md": "text"}
+# Past this many files a directory or glob is loaded as one dataset (rows then name the pattern, not the file).
+MAX_FILES_ONE_BY_ONE = 64
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows of one file (or one hub split, or the inline rows), and how a message names them."""
+
+    name: str
+    rows: Any  # datasets.Dataset or IterableDataset
+
+
+# --- loading ----------------------------------------------------------------------------------------------------
+
+
+def files_of(path: str) -> list[str]:
+    if is_s3(path):
+        return _objects_of(path)
+    if os.path.isdir(path):
+        found = sorted(p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True)
+                       if Path(p).suffix in EXTENSIONS)
+    else:
+        found = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+    missing = [p for p in found if not os.path.isfile(p)]
+    if not found or missing:
+        raise DataError(f"no data file at {path}" + (f" (missing: {missing[:3]})" if missing else ""))
+    return found
+
+
+def _objects_of(uri: str) -> list[str]:
+    """s3:// files: a glob, every data file under a prefix, or one object; none is a DataError naming the URI."""
+    fs = objectstore.filesystem()
+    try:
+        if glob.has_magic(uri):
+            found = sorted(fs.glob(uri))
+        elif fs.isfile(uri):
+            found = [uri]
+        else:
+            found = sorted(k for k in fs.find(uri.rstrip("/") + "/") if Path(k).suffix in EXTENSIONS)
+    except Exception as exc:  # s3fs and botocore raise many types
+        raise objectstore.failure(exc, uri) from exc
+    if not found:
+        raise DataError(f"no data file at {uri} (the bucket has no object matching it)")
+    return [f"s3://{k.removeprefix('s3://')}" for k in found]
+
+
+def _size(path: str) -> int:
+    return int(objectstore.filesystem().size(path)) if is_s3(path) else os.path.getsize(path)
+
+
+def load_source(source: DataSource, data: DataSpec, streaming: bool = False) -> list[Part]:
+    """One source as Parts: a file is a part (so a row names its file), a hub split or the inline rows are one."""
+    import datasets
+
+    if source.inline is not None:
+        rows = datasets.Dataset.from_list(list(source.inline))
+        return [Part("inline rows", rows.to_iterable_dataset() if streaming else rows)]
+    if source.hub is not None:
+        hub = source.hub
+        name = f"hub dataset {hub.name}" + (f" ({hub.config})" if hub.config else "") + f" split {hub.split}"
+        try:
+            rows = datasets.load_dataset(hub.name, hub.config, split=hub.split, revision=hub.revision,
+                                         streaming=streaming)
+        except Exception as exc:  # datasets raises many types for unreachable or unreadable data
+            raise DataError(f"cannot load {name}: {exc}") from exc
+        return [Part(name, rows)]
+    files = files_of(str(source.path))
+    kinds = {source.file_type or EXTENSIONS.get(Path(f).suffix) for f in files}
+    if None in kinds or len(kinds) != 1:
+        raise DataError(f"cannot tell the file type of {source.path} ({sorted(map(str, kinds))}); set fileType")
+    kind = kinds.pop()
+    groups = [[f] for f in files] if len(files) <= MAX_FILES_ONE_BY_ONE else [files]
+    return [Part(group[0] if len(group) == 1 else str(source.path), _load_files(group, kind, data, streaming))
+            for group in groups]
+
+
+def _load_files(files: list[str], kind: str, data: DataSpec, streaming: bool):
+    import datasets
+
+    kwargs: dict[str, Any] = {}
+    if kind == "text":
+        # A text file is one document by default: newlines kept, one EOS after it (data.textSplit).
+        kwargs = {"sample_by": data.text_split, "keep_linebreaks": True}
+    loader = "json" if kind == "jsonl" else kind
+    if any(is_s3(f) for f in files):
+        kwargs["storage_options"] = objectstore.storage_options()  # datasets reads them through fsspec's s3fs
+        objectstore.allow_datasets_remote_files()
+    for f in files:
+        if _size(f) == 0:
+            raise DataError(f"{f}: the file is empty")
+    try:
+        rows = datasets.load_dataset(loader, data_files=files, split="train", streaming=streaming, **kwargs)
+    except Exception as exc:  # pyarrow's JSON errors carry no line number: find the bad line ourselves
+        if loader == "json":
+            for f in files:
+                _check_json_lines(f)
+        raise DataError(f"cannot read {', '.join(files[:3])}: {exc}") from exc
+    if not streaming and len(rows) == 0:
+        raise DataError(f"{', '.join(files[:3])}: no rows")
+    return rows
+
+
+def _check_json_lines(path: str) -> None:
+    """Raises a DataError naming the first malformed line of a JSON Lines file (a .json array is left to datasets)."""
+    opener = objectstore.filesystem().open if is_s3(path) else open
+    with opener(path, "r", encoding="utf-8", errors="replace") as f:
+        first = f.read(1)
+        if first == "[":
+            return
+        f.seek(0)
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}, line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(value, dict):
+                raise DataError(f"{path}, line {number}: a row must be a JSON object, got {type(value).__name__}")
+
+
+def load_rows(sources: list[DataSource], data: DataSpec, streaming: bool = False) -> list[Part]:
+    return [part for s in sources for part in load_source(s, data, streaming)]
+
+
+# --- one row -> ids and labels ----------------------------------------------------------------------------------
