@@ -173,10 +173,22 @@ def test_prepare_caches_by_content_and_reuses_the_cache(tiny_tokenizer, tmp_path
         D.prepare(data, tiny_tokenizer, tmp_path / "cache", seed=1)  # changed data -> new key -> re-tokenize
 
 
-def test_no_trainable_example_is_a_data_error(tiny_tokenizer, tmp_path):
+def test_no_trainable_example_is_a_data_error_naming_the_source_the_counts_and_a_row(tiny_tokenizer, tmp_path):
     data = spec(train=[{"inline": [{"instruction": "word " * 50, "output": "x"}]}], maxLength=16)
-    with pytest.raises(DataError, match="no trainable example"):
+    with pytest.raises(DataError, match="no trainable example") as caught:
         D.prepare(data, tiny_tokenizer, tmp_path, seed=1)
+    text = str(caught.value)
+    assert "from inline rows: 1 row(s)" in text, text
+    assert "with nothing to learn" in text or "longer than data.maxLength=16" in text, text
+    assert 'the first row (inline rows, row 1): {"instruction": "word word' in text, text
+    # A file whose prompts fill maxLength: its name, the count and the first row show why.
+    rows = tmp_path / "long-prompts.jsonl"
+    rows.write_text("".join(json.dumps({"instruction": "word " * 50, "output": "x"}) + "\n" for _ in range(2)))
+    with pytest.raises(DataError) as caught:
+        D.prepare(spec(train=[{"path": str(rows)}], maxLength=16), tiny_tokenizer, tmp_path / "c2", seed=1)
+    text = str(caught.value)
+    assert f"from {rows}: 2 row(s), 2 with nothing to learn" in text, text
+    assert f'the first row ({rows}, row 1): {{"instruction": "word word' in text, text
 
 
 def test_missing_file_is_a_data_error(tiny_tokenizer, tmp_path):

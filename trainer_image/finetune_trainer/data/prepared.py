@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api.data import DataSpec
+from finetune_trainer.data.encoding import TokenizeStats
 from finetune_trainer.data.loading import Part, load_rows
 from finetune_trainer.data.tokenizing import cache_key, load_cached, persist, split_validation, take, tokenize_parts
 from finetune_trainer.errors import DataError
@@ -19,6 +20,32 @@ class PreparedData:
     train: Any
     eval: Any | None
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def nothing_trainable(kind: str, parts: list[Part], stats: TokenizeStats, data: DataSpec) -> str:
+    """Why no row of `parts` gave a trainable example: the sources, what happened to the rows, and the first row
+    as read (with the columns the format expects), so the user sees the mismatch instead of a dict of counts."""
+    why = []
+    if stats.dropped_too_long:
+        why.append(f"{stats.dropped_too_long} longer than data.maxLength={data.max_length} (truncation: drop)")
+    if stats.dropped_no_target:
+        why.append(f"{stats.dropped_no_target} with nothing to learn (no reply, or an empty one, in the columns "
+                   f"format {data.format} reads)")
+    first = _first_row(parts)
+    return (f"no trainable example in the {kind} data from {_sources(parts)}: {stats.rows} row(s)"
+            + (f", {'; '.join(why)}" if why else "") + (f"; the first row ({first[0]}): {first[1]}" if first else "")
+            + f"; check data.format ({data.format}), data.columns and data.maxLength")
+
+
+def _first_row(parts: list[Part]) -> tuple[str, str] | None:
+    for part in parts:
+        try:
+            row = next(iter(part.rows))
+        except (StopIteration, TypeError):
+            continue
+        text = json.dumps(row, ensure_ascii=False, default=str)
+        return f"{part.name}, row 1", text if len(text) <= 300 else text[:297] + "..."
+    return None
 
 
 def _rows(parts: list[Part]) -> str:
@@ -52,8 +79,7 @@ def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
         on_progress(f"tokenizing the training data: {_rows(parts)} rows from {_sources(parts)}")
     train, train_stats = tokenize_parts(parts, data, tokenizer, tmp / "scratch")
     if len(train) == 0:
-        raise DataError(f"no trainable example in the training data ({train_stats.as_dict()}); "
-                        "check the format, the column mapping and maxLength")
+        raise DataError(nothing_trainable("training", parts, train_stats, data))
     stats = {"train": train_stats.as_dict()}
     evaluation = None
     if eval_parts:
@@ -62,8 +88,7 @@ def prepare(data: DataSpec, tokenizer: Any, cache_dir: Path, seed: int,
         evaluation, eval_stats = tokenize_parts(eval_parts, data, tokenizer, tmp / "scratch-eval")
         stats["eval"] = eval_stats.as_dict()
         if len(evaluation) == 0:
-            raise DataError(f"no trainable example in the validation data ({eval_stats.as_dict()}); "
-                            "check its format and columns, or remove it")
+            raise DataError(nothing_trainable("validation", eval_parts, eval_stats, data))
 
     # Written to a temporary directory and renamed, so a crash never leaves a half cache that looks complete.
     persist(train, tmp / "train", tmp)
