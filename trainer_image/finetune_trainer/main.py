@@ -367,7 +367,7 @@ def run(config_path: str) -> dict[str, Any]:
             warnings.note(f"training is done; waiting up to {FINISH_WAIT_SECONDS / 60:.0f} min for {behind} before "
                           f"uploading the final model to {cfg.spec.output.uri}")
         try:
-            summary["uploaded"] = remote.finish(names)
+            summary["uploaded"] = remote.finish(names, warnings.note)
         except TrainerError as exc:  # the local summary must not say Succeeded for a run that exits 74 or 77
             failed = {**summary, "reason": getattr(exc, "reason", None) or exit_codes.reason(exc.exit_code),
                       "message": str(exc)}

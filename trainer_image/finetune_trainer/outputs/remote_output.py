@@ -393,9 +393,15 @@ class RemoteOutput:
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         return self.uploader is None or self.uploader.wait(timeout)
 
-    def finish(self, names: list[str]) -> dict[str, Any]:
-        """Every node's pending checkpoints (bounded), then, on the main process, `names` (final/, ...)."""
-        drained = self.drain(FINISH_WAIT_SECONDS)
+    def finish(self, names: list[str], say: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Every node's pending checkpoints (bounded), then, on the main process, `names` (final/, ...); while it
+        waits, `say` hears every minute what is still behind and how long it may wait."""
+        deadline = time.monotonic() + FINISH_WAIT_SECONDS
+        drained = self.drain(min(60.0, FINISH_WAIT_SECONDS))
+        while not drained and (left := deadline - time.monotonic()) > 0:
+            if say is not None and (behind := self.behind()) is not None:
+                say(f"still waiting for {behind}; at most {left / 60:.0f} more min")
+            drained = self.drain(min(60.0, left))
         out: dict[str, Any] = {"uri": self.uri}
         if self.uploader is not None:
             out.update(checkpointUploadRetries=self.uploader.state.retries,
