@@ -334,3 +334,13 @@ def test_a_flash_attention_kernel_the_image_lacks_is_refused_with_the_way_out(ti
     with pytest.raises(ConfigError, match=r"attnImplementation is flash_attention_2, .*no flash_attn .*use sdpa"):
         check_attention(flash)
     check_attention(FineTuneJobSpec.model_validate(base))
+
+
+def test_the_stats_keep_the_longest_row_before_max_length(tiny_tokenizer, tmp_path):
+    """What the RowsTruncated warning says: how long the longest row was, so the user can pick a maxLength."""
+    rows = [{"instruction": "word " * 40, "output": "x"}, {"instruction": "Q", "output": "A"}]
+    data = spec(train=[{"inline": rows}], maxLength=32)
+    prepared = D.prepare(data, tiny_tokenizer, tmp_path, seed=1)
+    stats = prepared.stats["train"]
+    assert stats["truncated"] >= 1 or stats["dropped_no_target"] >= 1
+    assert stats["longest"] > 40, stats

@@ -199,9 +199,10 @@ def test_rows_cut_at_max_length_are_announced_once_with_the_count():
 
     spec = SimpleNamespace(data=SimpleNamespace(max_length=128))
     said: list[tuple[str, str]] = []
-    advice.truncated(spec, {"train": {"rows": 300, "truncated": 12}, "eval": {"rows": 10, "truncated": 0}},
-                     lambda *w: said.append(w))
+    advice.truncated(spec, {"train": {"rows": 300, "truncated": 12, "longest": 900},
+                            "eval": {"rows": 10, "truncated": 0}}, lambda *w: said.append(w))
     assert [reason for reason, _ in said] == ["RowsTruncated"]
-    assert said[0][1].startswith("12 of 300 training row(s) were longer than data.maxLength=128 tokens")
+    assert said[0][1].startswith("12 of 300 training row(s) were longer than data.maxLength=128 tokens (the "
+                                 "longest: 900 tokens) and were cut")
     advice.truncated(spec, {"train": {"rows": 300, "truncated": 0}}, lambda *w: said.append(w))
     assert len(said) == 1  # nothing cut: nothing said

@@ -24,12 +24,14 @@ class TokenizeStats:
     trainable_tokens: int = 0
     tokens: int = 0
     system_folded: int = 0  # rows whose system prompt the template refused, folded into the first user turn
+    longest: int = 0  # tokens of the longest row before maxLength applied (what a maxLength would need)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
-    def count(self, status: int, ids: list[int], labels: list[int], folded: bool = False) -> None:
+    def count(self, status: int, ids: list[int], labels: list[int], folded: bool = False, length: int = 0) -> None:
         self.rows += 1
+        self.longest = max(self.longest, length, len(ids))
         self.system_folded += folded
         if status == DROPPED_TOO_LONG:
             self.dropped_too_long += 1
@@ -132,6 +134,7 @@ def sft_example(row: dict[str, Any], encoder: RowEncoder, stats: TokenizeStats, 
         ids, labels, folded = encoder.encode_row(row)
     except DataError as exc:
         raise DataError(f"{where}: {exc}") from None
+    length = len(ids)
     ids, labels, status = fit(ids, labels, encoder.data)
-    stats.count(status, ids, labels, folded)
+    stats.count(status, ids, labels, folded, length)
     return {"input_ids": ids, "labels": labels} if status in (KEPT, TRUNCATED) else None

@@ -25,16 +25,18 @@ from finetune_trainer.data.encoding import (
 from finetune_trainer.data.loading import Part, files_of
 from finetune_trainer.errors import DataError
 
-CACHE_VERSION = "4"  # bump when tokenization changes, so stale caches are never reused
+CACHE_VERSION = "5"  # bump when tokenization changes, so stale caches are never reused
 MAP_BATCH = 256
 
 
 def _sft_batch(batch: dict[str, list[Any]], indices: list[int], encoder: RowEncoder, name: str
                ) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": [], "trainable": [], "folded": []}
+    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": [], "trainable": [], "folded": [],
+                                 "length": []}
     rows = [dict(zip(batch.keys(), values, strict=True)) for values in zip(*batch.values(), strict=True)]
     encoded = encoder.encode_batch(rows, [f"{name}, row {index + 1}" for index in indices])
     for ids, labels, folded in encoded:
+        out["length"].append(len(ids))  # before maxLength: the longest row is announced with the truncation
         ids, labels, status, learned = fit_counted(ids, labels, encoder.data)
         out["input_ids"].append(ids)
         out["labels"].append(labels)
@@ -183,7 +185,7 @@ def tokenize_parts(parts: list[Part], data: DataSpec, tokenizer: Any, scratch: P
         if stats.kept - before < len(done):  # some rows were dropped: a filter pass (skipped in the usual case)
             done = done.filter(lambda status: [s in (KEPT, TRUNCATED) for s in status], input_columns="status",
                                batched=True, batch_size=4096)
-        tokenized.append(done.remove_columns(["status", "trainable", "folded"]))
+        tokenized.append(done.remove_columns(["status", "trainable", "folded", "length"]))
     return datasets.concatenate_datasets(tokenized), stats
 
 
@@ -216,6 +218,8 @@ def _count(stats: TokenizeStats, done: Any) -> None:
     stats.dropped_no_target += int((status == DROPPED_NO_TARGET).sum())
     stats.trainable_tokens += int(np.asarray(done.data.column("trainable"))[kept].sum())
     stats.system_folded += int(np.asarray(done.data.column("folded")).sum())
+    if len(status):
+        stats.longest = max(stats.longest, int(np.asarray(done.data.column("length")).max()))
     lengths = np.asarray(pc.list_value_length(done.data.column("input_ids")).fill_null(0))
     stats.tokens += int(lengths[kept].sum())
 
@@ -257,7 +261,7 @@ def _sft_features():
     return datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
                               "labels": datasets.Sequence(datasets.Value("int32")),
                               "status": datasets.Value("int8"), "trainable": datasets.Value("int32"),
-                              "folded": datasets.Value("bool")})
+                              "folded": datasets.Value("bool"), "length": datasets.Value("int32")})
 
 
 def _features():

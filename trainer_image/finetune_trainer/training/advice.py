@@ -72,7 +72,8 @@ def truncated(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
         counts = stats.get(part) or {}
         cut = int(counts.get("truncated") or 0)
         if cut:
+            longest = f" (the longest: {counts['longest']} tokens)" if counts.get("longest") else ""
             warn("RowsTruncated",
                  f"{cut} of {counts.get('rows', '?')} {name} row(s) were longer than data.maxLength="
-                 f"{spec.data.max_length} tokens and were cut: their ends (and end-of-sequence tokens) are not "
-                 "trained; raise data.maxLength, or set data.truncation: drop to leave such rows out")
+                 f"{spec.data.max_length} tokens{longest} and were cut: their ends (and end-of-sequence tokens) "
+                 "are not trained; raise data.maxLength, or set data.truncation: drop to leave such rows out")
