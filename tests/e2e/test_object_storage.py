@@ -201,6 +201,30 @@ def test_a_partial_upload_is_never_resumed(minio, store, tmp_path):
     assert not (tmp_path / "output" / "checkpoint-20").exists()
 
 
+def test_checkpoints_an_earlier_run_left_behind_are_uploaded_by_the_next(minio, store, tmp_path):
+    """A run that ended (exit 74) with checkpoints 20 and 30 still local: the next run on that directory uploads
+    them, complete, instead of only its final model."""
+    from finetune_trainer.outputs import checkpoints
+
+    run, out = f"{store}/runs/behind", tmp_path / "output"
+    for step in (10, 20, 30):
+        local = out / f"checkpoint-{step}"
+        local.mkdir(parents=True)
+        (local / "model.safetensors").write_bytes(b"x" * 100)
+        (local / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        checkpoints.mark_complete(local)
+    put_tree(minio, out / "checkpoint-10", f"{run}/checkpoint-10")  # only the first reached the bucket
+    remote = remote_output.RemoteOutput(run, out, nodes=1, keep=3, is_main=True)
+    try:
+        assert remote.catch_up() == ["checkpoint-20", "checkpoint-30"]
+        assert remote.drain(120), remote.behind()
+        assert {s for s, done in remote_output.remote_checkpoints(run).items() if done} == {10, 20, 30}
+        assert remote.catch_up() == []  # nothing owed any more
+    finally:
+        if remote.uploader is not None:
+            remote.uploader.close()
+
+
 def test_errors_name_the_uri_and_never_the_key(minio, store):
     os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong-secret"
     objectstore.configure(S3Spec.model_validate({"endpointURL": minio.url}))
