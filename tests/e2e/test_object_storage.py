@@ -225,6 +225,34 @@ def test_checkpoints_an_earlier_run_left_behind_are_uploaded_by_the_next(minio, 
             remote.uploader.close()
 
 
+def test_the_end_of_a_run_says_every_minute_what_it_waits_for_and_why(minio, store, tmp_path, monkeypatch):
+    """The store down when training ends: finish() waits for the checkpoint uploads still owed, telling every
+    minute which and why and how long it may still wait, then the final upload fails as 74 (UploadFailed)."""
+    from finetune_trainer.outputs import checkpoints
+
+    run, out = f"{store}/runs/down-at-the-end", tmp_path / "output"
+    local = out / "checkpoint-10"
+    local.mkdir(parents=True)
+    (local / "model.safetensors").write_bytes(b"x" * 100)
+    (local / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+    checkpoints.mark_complete(local)
+    (out / "loss.png").write_bytes(b"png")
+    monkeypatch.setattr(remote_output, "FINISH_WAIT_SECONDS", 62.0)  # one minute's message, not ten
+    monkeypatch.setattr(remote_output, "FINAL_ATTEMPTS", 1)
+    remote = remote_output.RemoteOutput(run, out, nodes=1, keep=3, is_main=True)
+    said: list[str] = []
+    minio.stop()
+    try:
+        remote.uploader.submit(local)
+        with pytest.raises(errors.UploadFailed, match="loss.png is saved but its upload to .* failed"):
+            remote.finish(["loss.png"], said.append)
+    finally:
+        minio.start(port=minio.port)
+        remote.uploader.close()
+    assert len(said) == 1 and said[0].startswith("still waiting for 1 checkpoint upload(s) to reach the bucket"), said
+    assert "at most 0 more min" in said[0] or "at most 1 more min" in said[0], said
+
+
 def test_errors_name_the_uri_and_never_the_key(minio, store):
     os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong-secret"
     objectstore.configure(S3Spec.model_validate({"endpointURL": minio.url}))
