@@ -1,6 +1,7 @@
 """`finetune run`: the README's main command, as a user runs it (a subprocess, Ctrl-C included)."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -175,7 +176,7 @@ def processes_of(workdir: Path) -> list[str]:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(workdir) in text and "pytest" not in text:
+        if str(workdir) in text and int(cmdline.parent.name) != os.getpid():
             found.append(f"{cmdline.parent.name}: {text[:200]}")
     return found
 
@@ -197,6 +198,7 @@ def test_nothing_outlives_a_killed_cli_and_a_second_run_on_its_output_is_refused
     assert f"is in use by another finetune run ({{\"pid\": {first.pid}" in out and "another --output" in out, out
     assert first.poll() is None  # the first goes on, untouched
 
+    assert processes_of(tmp_path)  # the nodes of the first run, seen by this very check
     first.kill()  # SIGKILL: no handler runs in the CLI
     first.wait(timeout=30)
     deadline = time.monotonic() + 120

@@ -1,6 +1,7 @@
 """The live progress line of `finetune run`, drawn from the trainer's progress.jsonl."""
 
 import json
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -11,6 +12,8 @@ class ProgressLine:
 
     def __init__(self, path: Path, out: TextIO, notices: Path | None = None):
         self.progress, self.notices = _Follow(path), _Follow(notices) if notices is not None else None
+        # A resumed run appends the history it restored from the bucket: older than this run, not shown again.
+        self.since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.out = out
         self.last: dict[str, Any] | None = None
         self.eval_loss: float | None = None  # the newest evaluation, shown on every later line
@@ -20,6 +23,8 @@ class ProgressLine:
         for record in self.notices.new_records() if self.notices is not None else []:
             self._say(record)
         for record in self.progress.new_records():
+            if str(record.get("time") or self.since) < self.since:
+                continue
             same_step = (self.last is not None and record.get("step") is not None
                          and record.get("step") == self.last.get("step"))
             if record.get("evalLoss") is not None:
@@ -62,7 +67,13 @@ class _Follow:
             text = f.read()
         complete = text[: text.rfind("\n") + 1]  # a line still being written is read next time
         self.offset += len(complete.encode("utf-8"))
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        records = []
+        for line in complete.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:  # never fatal to the console: a line it cannot read is skipped
+                continue
+        return records
 
 
 def render_progress(r: dict[str, Any], width: int = 24) -> str:

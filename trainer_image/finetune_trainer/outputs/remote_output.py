@@ -104,8 +104,8 @@ def restore(uri: str, output_dir: Path) -> Path | None:
 def _restore_history(uri: str, progress: Path, step: int | None) -> None:
     """The run's progress.jsonl from the bucket, when this directory holds no step of it yet (a rerun in an empty
     directory, a gang restarted on fresh volumes), so the history and loss.png go on from the start instead of from
-    the resumed step. Only the steps up to the checkpoint that is resumed (the later ones are trained again); the
-    records this process already wrote (the data preparation's heartbeat) stay after them."""
+    the resumed step. Only the steps up to the checkpoint that is resumed (the later ones are trained again),
+    appended after what this process already wrote (the data preparation's heartbeat, which has no step)."""
     here = progress.read_text(encoding="utf-8").splitlines() if progress.exists() else []
     if any('"step"' in line for line in here):
         return
@@ -121,7 +121,8 @@ def _restore_history(uri: str, progress: Path, step: int | None) -> None:
         if isinstance(at, int) and (step is None or at <= step):
             kept.append(line)
     progress.parent.mkdir(parents=True, exist_ok=True)
-    progress.write_text("".join(f"{line}\n" for line in [*kept, *here]), encoding="utf-8")
+    with progress.open("a", encoding="utf-8") as f:  # appended, never rewritten: `finetune run` follows the file
+        f.write("".join(f"{line}\n" for line in kept))
 
 
 # --- uploads ------------------------------------------------------------------------------------------------------
