@@ -13,6 +13,7 @@ import yaml
 from finetune_operator.api import constants as c
 from tests.builders import make_job
 from tests.conftest import ROOT
+from tests.support.job_status import wait_status
 
 CHART = ROOT / "charts" / "finetunejob"
 FTJ = f"{c.PLURAL}.{c.GROUP}"
@@ -68,16 +69,6 @@ def wait_can(kubectl, user: str, namespace: str, *args: str, timeout: float = 30
 
 def as_tenant(kubectl, user: str, *args: str, input: str | None = None, check: bool = True):
     return kubectl.run(*args, f"--as={user}", input=input, check=check)
-
-
-def wait_status(kubectl, ns, name, predicate, op, timeout=60.0):
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = kubectl.json("get", "ftj", name, "-n", ns).get("status") or {}
-        if predicate(last):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"not reached in {timeout}s: {last}\n{op.log_tail(30)}")
 
 
 def events(kubectl, ns, name, reason):

@@ -11,6 +11,7 @@ import pytest
 from finetune_operator.api import constants as c
 from tests.builders import make_job
 from tests.support.controlplane import fake_gpu_node
+from tests.support.job_status import wait_status
 from tests.support.policy import MESSAGE as POLICY_MESSAGE
 from tests.support.policy import refusing_attempt
 
@@ -20,16 +21,6 @@ POOL = "test.finetunejob.dev/pool"
 def submit(kubectl, ns, name, **overrides):
     doc = make_job({"metadata.name": name, "metadata.namespace": ns, "spec.distributed.numNodes": 2, **overrides})
     kubectl.run("apply", "-f", "-", input=json.dumps(doc))
-
-
-def wait_status(kubectl, ns, name, predicate, op, timeout=60.0):
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = kubectl.json("get", "ftj", name, "-n", ns).get("status") or {}
-        if predicate(last):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"not reached in {timeout}s: {last}\n{op.log_tail(30)}")
 
 
 def warning_events(kubectl, ns, name):
