@@ -58,7 +58,7 @@ def job(model: Path, steps: int, save_steps: int, uri: str | None, endpoint: str
 
 
 def run(doc: dict, workdir: Path, env: dict[str, str]) -> tuple[float, list[dict]]:
-    """Seconds from start to the first step record, and the step records."""
+    """Seconds from start to this run's first step record, and this run's step records."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "job.yaml").write_text(yaml.safe_dump(doc))
     started = time.time()
@@ -68,7 +68,10 @@ def run(doc: dict, workdir: Path, env: dict[str, str]) -> tuple[float, list[dict
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
     records = [json.loads(line) for line in (workdir / "run/output/progress.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r.get("phase") != "Preparing" and r.get("tokensPerSecond")]
+    # This run's steps only: a resume from the bucket restores the earlier run's history into the file too.
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(started)))
+    steps = [r for r in records if r.get("phase") != "Preparing" and r.get("tokensPerSecond")
+             and r.get("time", "") >= since]
     first = min(time.mktime(time.strptime(r["time"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone for r in steps)
     return first - started, steps
 
