@@ -135,7 +135,7 @@ class Kube:
         return items
 
     def apply(self, obj: dict[str, Any], owner: dict[str, Any] | None = None, exists: bool = True) -> None:
-        """Server-side apply of an object known to be ours (owner_check), with the owner reference set for a job's
+        """Server-side apply of an object known to be ours (owner_conflict), with the owner reference set for a job's
         children (not for namespace infrastructure): idempotent, so a retried or repeated pass converges. An object
         not there yet is created (POST), so one that someone else creates meanwhile is refused, never merged into."""
         if owner is not None:
