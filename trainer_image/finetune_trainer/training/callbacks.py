@@ -200,11 +200,9 @@ class DivergenceWatch(TrainerCallback):
     lasts, so the checkpoints before it are never rotated out by diverged ones; a spike lasting `patience` optimizer
     steps (over at least two logged losses) is divergence (stop, or a warning with action: warn); one that comes back
     sooner, after at least a quarter of the patience and two logged losses, is a warning (a shorter one is a hard
-    stretch of batches, not news), and
-    the save that was due during it is made at the step the loss is back. Warnings go to `warn` (reason, message):
-    the log and a Warning Event on the FineTuneJob.
-    With action: off nothing is said or held back, but spikes are still tracked so that a NaN names the last good
-    checkpoint."""
+    stretch of batches, not news), and the save that was due during it is made at the step the loss is back.
+    Warnings go to `warn` (reason, message): the log and a Warning Event on the FineTuneJob. With action: off nothing
+    is said or held back, but spikes are still tracked so that a NaN names the last good checkpoint."""
 
     def __init__(self, policy: Any, warn: Callable[[str, str], None] | None = None, vocab_size: int | None = None):
         self.policy = policy
