@@ -27,6 +27,6 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # OPERATOR_UID in the API constants; the chart's securityContext runs the same uid with a read-only root.
 USER 65532:65532
 WORKDIR /tmp
-# The chart passes --all-namespaces or --namespace=... and the liveness endpoint as args.
-ENTRYPOINT ["kopf", "run", "--standalone", "-m", "finetune_operator.controller.handlers"]
+# The chart passes --all-namespaces or --namespace=..., the health port and --leader-elect as args.
+ENTRYPOINT ["python", "-m", "finetune_operator.controller"]
 CMD ["--all-namespaces"]

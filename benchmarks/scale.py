@@ -1,8 +1,8 @@
 """Scale: FineTuneJobs by the thousand on fake GPU nodes, against a real control plane; prints what it measured.
 
 A fresh etcd + kube-apiserver + controller-manager + scheduler + kwok (tests/support/controlplane.py), N kwok nodes
-with 8 nvidia.com/gpu each, the operator as a process (kopf run) under an audited identity. Jobs are submitted as
-fast as `--submitters` client threads can create them. Measured:
+with 8 nvidia.com/gpu each, the operator as a process (python -m finetune_operator.controller) under an audited
+identity. Jobs are submitted as fast as `--submitters` client threads can create them. Measured:
   - apply -> children created latency per job (p50, p99): from the create call to the watch seeing its Job (the
     last child applied), and creation throughput (jobs/s) against the submission rate of the same run (baseline);
   - time until every job is Running (pods scheduled by the real scheduler, made Running by kwok);

@@ -45,8 +45,8 @@ def test_lint_and_template(helm):
             if d]
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Service", "ServiceAccount",
-                     "ValidatingAdmissionPolicy",
+                     "ClusterRoleBinding", "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role",
+                     "RoleBinding", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                      "ValidatingAdmissionPolicyBinding"]
     # Two of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
@@ -55,7 +55,8 @@ def test_lint_and_template(helm):
     assert sorted(r["metadata"]["name"] for r in users) == ["ftj-operator-user-edit", "ftj-operator-user-view"]
     per_ns = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0",
                   "--set", "watchNamespaces={team-a,team-b}").stdout
-    roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"]
+    roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"
+             and not d["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     # The only cluster-wide right left with watchNamespaces: listing nodes (nodeShapeCheck), and that can go too.
     cluster_roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "ClusterRole"
@@ -64,6 +65,37 @@ def test_lint_and_template(helm):
     strict = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "watchNamespaces={team-a}",
                   "--set", "nodeShapeCheck=false", "--set", "userRoles.aggregate=false").stdout
     assert not [d for d in yaml.safe_load_all(strict) if d and d["kind"].startswith("Cluster")]
+
+
+def test_two_replicas_one_leader_by_default(helm):
+    """Two replicas with leader election, spread over nodes, a PodDisruptionBudget, a rolling update that starts the
+    new pod first; the Lease right limited to the release namespace and (for get/update) to its one name."""
+    docs = template(helm)
+    deployment = kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert "--leader-elect" in container["args"] and f"--lease-name={RELEASE}-operator" in container["args"]
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e} == {
+        "POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert kind(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    role = kind(docs, "Role")
+    assert role["metadata"]["namespace"] == SYSTEM_NS
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [f"{RELEASE}-operator"],
+         "verbs": ["get", "update"]}]
+    single = template(helm, "replicas=1", "leaderElection.enabled=false")
+    assert kind(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [d for d in single if d["kind"] in ("PodDisruptionBudget", "Role")]
+    assert "affinity" not in kind(single, "Deployment")["spec"]["template"]["spec"]
+    refused = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set",
+                   "leaderElection.enabled=false", check=False)
+    assert refused.returncode != 0 and "replicas > 1 needs leaderElection.enabled" in refused.stderr
 
 
 def test_security_options_a_review_asks_for(helm):
@@ -77,7 +109,7 @@ def test_security_options_a_review_asks_for(helm):
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"ghcr.io/finetunejob/operator@{digest}"
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["FINETUNE_NETWORK_POLICY"] == "true" and env["FINETUNE_TRAINER_IMAGE"].endswith("@" + digest)
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
@@ -326,7 +358,7 @@ def test_pod_placement_identity_and_env_values_reach_the_deployment(helm):
     assert pod["metadata"]["labels"]["cost-center"] == "ml-42"
     assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert pod["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["HTTPS_PROXY"] == "http://proxy:3128" and env[c.ENV_OPERATOR_WORKERS] == "4"
     assert kind(docs, "ServiceAccount")["metadata"]["annotations"] == {
         "eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}

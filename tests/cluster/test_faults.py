@@ -202,7 +202,8 @@ def test_stale_cache_gets_409_and_replans_without_lost_updates(kubectl, control_
     running = kube.get_finetunejob(namespace, "racy")
     kubectl.run("patch", "ftj", "racy", "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(
         {"status": {"attempt": 2, "restarts": 1, "phase": "Restarting", "reason": "OOMKilled"}}))
-    failed = {"metadata": {"name": "racy-a1", "labels": {c.LABEL_ATTEMPT: "1"}}, "spec": {},
+    failed = {"metadata": {"name": "racy-a1", "labels": {c.LABEL_ATTEMPT: "1"}, "owner": running["metadata"]["uid"]},
+              "spec": {},
               "status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}
     done = reconcile(kube, Snapshot(namespace, "racy", running, workloads=[failed]),
                      Settings(restart_backoff_seconds=0, trainer_image="trainer:test"), lambda *a: None,

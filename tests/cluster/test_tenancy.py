@@ -161,6 +161,27 @@ def test_a_name_clash_leaves_the_tenants_objects_untouched_and_says_so_once(kube
     assert service["metadata"]["ownerReferences"][0]["kind"] == c.KIND, st
 
 
+def test_a_job_labelled_as_an_attempt_by_someone_else_is_not_taken_for_one(kubectl, operator, user_roles,
+                                                                           namespace):
+    """A tenant's own Job carrying our labels (as if it were attempt 1 of `decoy`) is no attempt of decoy's: the
+    operator creates decoy-a1 and runs it, and never touches the look-alike."""
+    bind(kubectl, namespace, "tenant", "edit")
+    wait_can(kubectl, "tenant", namespace, "create", FTJ)
+    lookalike = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "lookalike", "namespace": namespace, "labels": {c.LABEL_JOB: "decoy", c.LABEL_ATTEMPT: "1"}},
+        "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "busybox", "command": ["true"]}]}}}}
+    as_tenant(kubectl, "tenant", "create", "-f", "-", input=json.dumps(lookalike))
+    before = _essence(kubectl.json("get", "job", "lookalike", "-n", namespace))
+    as_tenant(kubectl, "tenant", "apply", "-f", "-",
+              input=json.dumps(make_job({"metadata.name": "decoy", "metadata.namespace": namespace})))
+    st = wait_status(kubectl, namespace, "decoy", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running",
+                     operator, timeout=60)
+    attempt = kubectl.json("get", "job", "decoy-a1", "-n", namespace)
+    assert attempt["metadata"]["ownerReferences"][0]["name"] == "decoy", st
+    assert _essence(kubectl.json("get", "job", "lookalike", "-n", namespace)) == before
+
+
 def _essence(obj: dict) -> dict:
     """What a clash could have changed: spec/data, labels, annotations and owners."""
     meta = obj["metadata"]

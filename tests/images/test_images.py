@@ -36,7 +36,7 @@ def test_sizes_and_users_are_what_the_pods_expect(images):
         base = config["Labels"]["org.opencontainers.image.base.name"]
         added[image] = inspect(image)["Size"] - inspect(base)["Size"]
         print(f"{image}: {inspect(image)['Size'] / 1e6:.0f} MB, {added[image] / 1e6:.0f} MB on top of {base}")
-    assert inspect(operator_image)["Config"]["Entrypoint"][:2] == ["kopf", "run"]
+    assert inspect(operator_image)["Config"]["Entrypoint"] == ["python", "-m", "finetune_operator.controller"]
     assert inspect(trainer_image)["Config"]["Entrypoint"] == ["python", "-m", "finetune_trainer.launch"]
     # The operator image carries the operator's dependencies only (the kubernetes client is most of it).
     assert added[operator_image] < 250e6

@@ -174,8 +174,10 @@ class OperatorContainer:
                 "--volume", f"{sa_dir}:{c.SERVICEACCOUNT_DIR}:ro",
                 *self._empty_dirs(pod, container),
                 "--env", "KUBERNETES_SERVICE_HOST=127.0.0.1", "--env", f"KUBERNETES_SERVICE_PORT={self.cp.api_port}"]
+        downward = {"metadata.namespace": namespace, "metadata.name": self.name}
         for item in container.get("env", []):
-            args += ["--env", f"{item['name']}={item['value']}"]
+            value = downward[item["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in item else item["value"]
+            args += ["--env", f"{item['name']}={value}"]
         args += [container["image"], *container.get("args", [])]
         self.argv = args
         self.container = PodmanContainer(self.name, args, self.workdir / "operator.log")

@@ -24,6 +24,8 @@ ADMIN_TOKEN = "finetunejob-test-admin-token"
 # A second admin whose every request the apiserver audits: the operator under measurement runs as it.
 AUDITED_TOKEN = "finetunejob-test-audited-token"
 AUDITED_USER, AUDITED_GROUP = "operator-under-test", "finetunejob:audited"
+# Operator replicas told apart in the audit log (who wrote what, and when), audited like the user above.
+REPLICA_USERS = ("operator-replica-a", "operator-replica-b", "operator-replica-c")
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived", "ResponseStarted"],
     "rules": [{"level": "Metadata", "userGroups": [AUDITED_GROUP]}, {"level": "None"}],
@@ -73,6 +75,10 @@ class ControlPlane:
         """Admin rights, but every request lands in audit_log: for counting what the operator asks."""
         return self.work / "kubeconfig-audited"
 
+    def replica_kubeconfig(self, user: str) -> Path:
+        """Admin rights as `user` (one of REPLICA_USERS), audited: one operator replica each."""
+        return self.work / f"kubeconfig-{user}"
+
     @property
     def audit_log(self) -> Path:
         return self.work / "audit.log"
@@ -83,6 +89,8 @@ class ControlPlane:
             self._start_apiserver()
             self._write_kubeconfig(self.kubeconfig, ADMIN_TOKEN)
             self._write_kubeconfig(self.audited_kubeconfig, AUDITED_TOKEN)
+            for user in REPLICA_USERS:
+                self._write_kubeconfig(self.replica_kubeconfig(user), f"{user}-token")
             self._start("kube-controller-manager", [
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0",
                 # resourcequota-controller: a ResourceQuota is enforced only once it has computed its usage;
@@ -150,7 +158,9 @@ class ControlPlane:
         subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
         tokens = self.work / "tokens.csv"
         tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n'
-                          f'{AUDITED_TOKEN},{AUDITED_USER},audited-uid,"system:masters,{AUDITED_GROUP}"\n')
+                          f'{AUDITED_TOKEN},{AUDITED_USER},audited-uid,"system:masters,{AUDITED_GROUP}"\n'
+                          + "".join(f'{user}-token,{user},{user}-uid,"system:masters,{AUDITED_GROUP}"\n'
+                                    for user in REPLICA_USERS))
         policy = self.work / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         self._start_apiserver_process([

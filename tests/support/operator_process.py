@@ -1,4 +1,5 @@
-"""The operator as a real process (kopf run), against the test control plane."""
+"""The operator as a real process (python -m finetune_operator.controller: kopf behind our health endpoint and
+leader election), against the test control plane."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from tests.support.controlplane import ROOT
 
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0, metrics_port: int = 0,
-                 workers: int = 16, env: dict[str, str] | None = None):
+                 workers: int = 16, env: dict[str, str] | None = None, args: tuple[str, ...] = ("--health-port=0",)):
         self.kubeconfig, self.log_path, self.restart_backoff = kubeconfig, log_path, restart_backoff
-        self.metrics_port, self.workers, self.env = metrics_port, workers, env or {}
+        self.metrics_port, self.workers, self.env, self.args = metrics_port, workers, env or {}, args
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> OperatorProcess:
@@ -25,8 +26,8 @@ class OperatorProcess:
                "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")]), **self.env}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
-             "-m", "finetune_operator.controller.handlers"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+            [sys.executable, "-m", "finetune_operator.controller", "--all-namespaces", *self.args],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT)
         return self
 
     def kill(self) -> None:

@@ -72,10 +72,23 @@ class UserRoles(_Values):
                             "it).")
 
 
+class LeaderElection(_Values):
+    enabled: bool = Field(default=True, description="Replicas take turns through a coordination.k8s.io Lease in the "
+                          "release namespace: one reconciles, the others stand by and take over when it stops "
+                          "renewing (8 s lease, renewed every second; a clean shutdown hands over at once). Needed "
+                          "whenever replicas > 1.")
+
+
 class ChartValues(_Values):
     nameOverride: str = Field(default="", max_length=40, description="Replaces 'operator' in resource names "
                               "(<release>-<nameOverride>).")
     fullnameOverride: str = Field(default="", max_length=52, description="Replaces the whole resource name.")
+    replicas: int = Field(default=2, ge=1, le=5, description="Operator replicas: one leads, the others stand by (see "
+                          "leaderElection), spread over nodes and kept by a PodDisruptionBudget when more than one.")
+    leaderElection: LeaderElection = Field(default_factory=LeaderElection, description="One active replica.")
+    stuckPassSeconds: float = Field(default=300, ge=30, le=3600, description="The liveness probe fails when a "
+                                    "reconcile pass has run this long (a pass is a few API calls: a hung API "
+                                    "connection, not work), so the kubelet restarts that replica.")
     image: Image = Field(default_factory=Image, description="The operator image.")
     imagePullSecrets: list[str] = Field(default_factory=list, description="Pull Secret names for the operator.")
     trainerImage: str = Field(default=DEFAULT_TRAINER_IMAGE, min_length=1,

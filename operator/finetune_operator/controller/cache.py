@@ -39,6 +39,9 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
             "spec": _pick(spec, "suspend", "parallelism", "backoffLimit"),
             "status": _pick(status, "conditions", "ready", "succeeded", "failed")}
     # Who suspended it (controller/queueing.py), and what Kueue compares when the next attempt takes its Workload.
+    # Which FineTuneJob created it: a Job that merely carries our labels (someone else's) is never an attempt.
+    slim["metadata"]["owner"] = next((r.get("uid") for r in meta.get("ownerReferences") or []
+                                      if r.get("controller") and r.get("kind") == c.KIND), None)
     kept = {k: v for k, v in (meta.get("annotations") or {}).items()
             if k in (c.ANNOTATION_SUSPENDED, c.ANNOTATION_POD_SET_HASH, c.ANNOTATION_ATTEMPT_SPEC_HASH)}
     if kept:

@@ -4,9 +4,10 @@ Level-triggered: a pass reads the current state (from the caches) and converges,
 events are harmless. kopf fills every index from its initial list before any handler runs, so the first pass after
 a restart already sees every Job. The Controller (runner.py) lives in kopf's memo and coalesces the passes.
 No kopf handler state is persisted, so the operator writes nothing but our own status and children.
-Run: kopf run --standalone --all-namespaces -m finetune_operator.controller.handlers
+Run: python -m finetune_operator.controller --all-namespaces (main.py: health endpoint, leader election, then kopf)
 """
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -17,6 +18,7 @@ from ..api import constants as c
 from ..api import exit_codes
 from . import metrics
 from .cache import finetunejob_of_job, slim_finetunejob, slim_workload, slim_workload_kueue
+from .health import HEALTH
 from .kube import Kube
 from .runner import GATHER_SECONDS, INDEXES, Controller, Key
 from .settings import settings_from_env
@@ -52,11 +54,28 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kopf logs every handler call at INFO: tens of thousands of lines a minute for a thousand gangs starting.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 600
+    # A watch stream on a dead connection (no reset) would stay silent for ever: the client gives up a minute
+    # after the server would have closed it, and kopf lists and watches again.
+    settings.watching.client_timeout = 660
+    settings.watching.connect_timeout = 30
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = NoDiffBase(prefix=c.GROUP)
     memo.controller = Controller(Kube.from_environment(connections=ours.workers), ours, post_event)
+    HEALTH.stuck_pass_seconds, HEALTH.oldest_pass = ours.stuck_pass_seconds, memo.controller.oldest_pass
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
+
+
+@kopf.on.startup()
+async def tick_for_liveness(**_: Any) -> None:
+    """The event loop proves it runs once a second (health.py fails the probe when it stops)."""
+    loop = asyncio.get_running_loop()
+
+    def tick() -> None:
+        HEALTH.tick()
+        loop.call_later(1.0, tick)
+
+    tick()
 
 
 @kopf.on.cleanup()

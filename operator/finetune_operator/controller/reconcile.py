@@ -6,12 +6,11 @@ last write, or the trainer's progress, not yet seen) the apiserver answers 409 a
 fresh read, so a restart is never counted twice and no update is lost.
 """
 
-import dataclasses
 import functools
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,6 +65,7 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, post_event: EventS
     for _ in range(CONFLICT_RETRIES):
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return Pass(None)
+        view = own_attempts(view, obj["metadata"]["uid"])
         job, result = _plan(kube, obj, view, settings, expectations.refused.get((view.namespace, view.name)))
         status = obj.get("status") or {}
         current = {k: status.get(k) for k in OPERATOR_STATUS_FIELDS if status.get(k) is not None}
@@ -94,6 +94,12 @@ def reconcile(kube: Kube, view: Snapshot, settings: Settings, post_event: EventS
             post_event(obj, event.type, event.reason, event.message)
     before = (obj.get("status") or {}).get("goodput") if written is not None else None
     return Pass(result, written, replaced, before)
+
+
+def own_attempts(view: Snapshot, uid: str) -> Snapshot:
+    """Only the Jobs this FineTuneJob (this UID) created: a Job labelled as ours by someone else, or one left by an
+    earlier FineTuneJob of the same name, is no attempt of this one (its name then clashes: NameConflict)."""
+    return replace(view, workloads=[w for w in view.workloads if w["metadata"].get("owner") == uid])
 
 
 def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
@@ -142,7 +148,7 @@ def _create_attempt(kube: Kube, owner: dict[str, Any], spec: Any, ctx: RenderCon
     if held is None:
         kube.apply_all(render_all(spec, ctx), owner=owner)
         return
-    children = render_all(spec, dataclasses.replace(ctx, kueue_workload=held["name"]))
+    children = render_all(spec, replace(ctx, kueue_workload=held["name"]))
     job = next(child for child in children if child["kind"] == "Job")
     if held.get("podSetHash") == job["metadata"]["annotations"][c.ANNOTATION_POD_SET_HASH]:
         result.create_events.append(Event("Normal", "KueueAdmissionKept", (

@@ -13,6 +13,7 @@ Passes run in a thread pool (the Kubernetes client blocks); the caches are copie
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -50,6 +51,7 @@ class Controller:
         # Our last status write per job, until the watch delivers it: (resourceVersion before, the object after).
         self.written: dict[Key, tuple[str, dict[str, Any]]] = {}
         self.timers: dict[Key, asyncio.TimerHandle] = {}
+        self.started: dict[Key, float] = {}  # passes in flight, since (monotonic): the liveness probe reads it
         self.phases, self.waiting = metrics.phase_tracker(), metrics.waiting_tracker()
 
     async def reconcile(self, key: Key, indexes: dict[str, Any] | None = None, gather: float = 0.0) -> None:
@@ -80,6 +82,7 @@ class Controller:
     async def _pass(self, key: Key) -> None:
         view = self._snapshot(key)
         loop = asyncio.get_running_loop()
+        self.started[key] = time.monotonic()
         try:
             with metrics.RECONCILE_SECONDS.time():
                 # kopf's Event queue lives in context variables: the worker thread needs a copy of them.
@@ -92,6 +95,8 @@ class Controller:
             log.warning("reconcile of %s/%s failed (%s: %s); retrying", *key, code, exc)
             self._schedule(key, API_RETRY_SECONDS)
             return
+        finally:
+            self.started.pop(key, None)
         if done.written is not None and done.replaced is not None:
             self.written[key] = (done.replaced, slim_finetunejob(done.written))
             metrics.count_goodput(done.goodput_before, (done.written.get("status") or {}).get("goodput"))
@@ -104,6 +109,10 @@ class Controller:
             self._schedule(key, result.requeue_after)
         elif key in self.timers:
             self.timers.pop(key).cancel()
+
+    def oldest_pass(self) -> float | None:
+        """When the longest-running pass in flight started (monotonic), or None."""
+        return min(list(self.started.values()), default=None)  # list(): read from the probe's thread
 
     def _snapshot(self, key: Key) -> Snapshot:
         """Copied on the event loop: the indexes change under a worker thread otherwise."""

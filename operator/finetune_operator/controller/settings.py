@@ -20,6 +20,9 @@ class Settings(BaseModel):
                                             "cannot be created; then the quota goes back.")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="Port of /metrics; 0 serves none.")
     workers: int = Field(default=16, ge=1, le=256, description="Reconcile passes run at once (and API connections).")
+    stuck_pass_seconds: float = Field(default=300.0, gt=0, description="A reconcile pass running longer than this "
+                                      "fails the liveness probe (a pass is a few API calls: a hung connection, not "
+                                      "work), so the kubelet restarts the operator.")
     network_policy: bool = Field(default=False, description="Give each gang a NetworkPolicy: ingress only from the "
                                  "pods of the same FineTuneJob.")
 
@@ -31,6 +34,7 @@ ENVIRONMENT: dict[str, str] = {
     "metrics_port": c.ENV_OPERATOR_METRICS_PORT,
     "workers": c.ENV_OPERATOR_WORKERS,
     "network_policy": c.ENV_OPERATOR_NETWORK_POLICY,
+    "stuck_pass_seconds": c.ENV_OPERATOR_STUCK_RECONCILE,
 }
 
 
