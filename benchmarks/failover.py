@@ -146,7 +146,7 @@ def rolling_upgrade(cp: ControlPlane, cluster: Cluster, replicas: dict, jobs: in
     time.sleep(5)
     steps = []
     for old in list(replicas):  # maxSurge 1, maxUnavailable 0: the new pod first, then an old one goes
-        new = next(u for u in REPLICA_USERS if u not in replicas or replicas[u].proc.poll() is not None)
+        new = next(u for u in REPLICA_USERS if u not in replicas)  # a new pod: its own user in the audit log
         replicas[new] = replica(cp, LEASES, new, cp.work).start()
         wait(f"{new} standing by", lambda n=new: (health(replicas[n]) or (0, {}))[1].get("role") == "standby")
         was = cluster.holder()

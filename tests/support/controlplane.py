@@ -25,7 +25,7 @@ ADMIN_TOKEN = "finetunejob-test-admin-token"
 AUDITED_TOKEN = "finetunejob-test-audited-token"
 AUDITED_USER, AUDITED_GROUP = "operator-under-test", "finetunejob:audited"
 # Operator replicas told apart in the audit log (who wrote what, and when), audited like the user above.
-REPLICA_USERS = ("operator-replica-a", "operator-replica-b", "operator-replica-c")
+REPLICA_USERS = ("operator-replica-a", "operator-replica-b", "operator-replica-c", "operator-replica-d")
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived", "ResponseStarted"],
     "rules": [{"level": "Metadata", "userGroups": [AUDITED_GROUP]}, {"level": "None"}],
