@@ -106,8 +106,9 @@ def control_plane() -> Iterator[ControlPlane]:
 def kubectl(control_plane: ControlPlane) -> Kubectl:
     """A cluster with the CRD established and fake GPU nodes Ready."""
     k = Kubectl(control_plane.kubeconfig)
-    k.run("apply", "--server-side", "-f", str(CRD_FILE))
-    k.wait_condition("Established", "crd/finetunejobs.finetunejob.dev")
+    k.run("apply", "--server-side", "-f", str(CRD_FILE.parent))  # the job's CRD and the runtimes'
+    k.wait_condition("Established", "crd/finetunejobs.finetunejob.dev", "crd/finetuneruntimes.finetunejob.dev",
+                     "crd/clusterfinetuneruntimes.finetunejob.dev")
     for i in range(FAKE_GPU_NODES):
         k.run("apply", "-f", "-", input=json.dumps(fake_gpu_node(f"gpu-node-{i}")))
     k.wait_condition("Ready", *(f"node/gpu-node-{i}" for i in range(FAKE_GPU_NODES)))
