@@ -20,12 +20,32 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 FAKE_GPU_NODES = 2
 
 
+# The order tiers start in under pytest-xdist (hack/test.sh): the long e2e modules first, so that the many short
+# unit tests fill the workers' gaps at the end instead of one long module running alone after everything else.
+TIER_ORDER = ("e2e", "images", "cluster", "unit")
+# Modules whose parametrized halves are independent (each builds its own operator and pods): one xdist group each.
+SPLIT_BY_PARAM = {"test_cluster_training.py": "runtime"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly."""
+    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; longest first; one xdist group
+    per module (its module-scoped operator and namespaces stay on one worker), or per parameter where a module
+    splits (SPLIT_BY_PARAM)."""
+    def tier_of(item: pytest.Item) -> str:
+        return next((t for t in TIER_ORDER if f"{os.sep}{t}{os.sep}" in str(item.fspath)), "")
+
     for item in items:
-        for tier in ("unit", "cluster", "e2e", "images"):
-            if f"{os.sep}{tier}{os.sep}" in str(item.fspath):
-                item.add_marker(getattr(pytest.mark, tier))
+        tier = tier_of(item)
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
+        group = item.nodeid.split("::")[0]
+        param = SPLIT_BY_PARAM.get(Path(group).name)
+        callspec = getattr(item, "callspec", None)
+        if param and callspec is not None and param in callspec.params:
+            group += f"[{callspec.params[param]}]"
+        item.add_marker(pytest.mark.xdist_group(group))
+    rank = {t: i for i, t in enumerate(TIER_ORDER)}
+    items.sort(key=lambda item: rank.get(tier_of(item), len(TIER_ORDER)))  # stable: modules stay whole
 
 
 class Kubectl:
@@ -36,9 +56,10 @@ class Kubectl:
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBECACHEDIR": str(kubeconfig.parent / "cache")}
         self.binary = str(Path(sys.executable).with_name("kubectl"))
 
-    def run(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def run(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+            ) -> subprocess.CompletedProcess:
         proc = subprocess.run([self.binary, *args], env=self.env, input=input, text=True, capture_output=True,
-                              timeout=120)
+                              timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
@@ -106,8 +127,9 @@ def control_plane() -> Iterator[ControlPlane]:
 def kubectl(control_plane: ControlPlane) -> Kubectl:
     """A cluster with the CRD established and fake GPU nodes Ready."""
     k = Kubectl(control_plane.kubeconfig)
-    k.run("apply", "--server-side", "-f", str(CRD_FILE))
-    k.wait_condition("Established", "crd/finetunejobs.finetunejob.dev")
+    k.run("apply", "--server-side", "-f", str(CRD_FILE.parent))  # the job's CRD and the runtimes'
+    k.wait_condition("Established", "crd/finetunejobs.finetunejob.dev", "crd/finetuneruntimes.finetunejob.dev",
+                     "crd/clusterfinetuneruntimes.finetunejob.dev")
     for i in range(FAKE_GPU_NODES):
         k.run("apply", "-f", "-", input=json.dumps(fake_gpu_node(f"gpu-node-{i}")))
     k.wait_condition("Ready", *(f"node/gpu-node-{i}" for i in range(FAKE_GPU_NODES)))

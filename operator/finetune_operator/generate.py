@@ -96,15 +96,19 @@ def write_all(root: Path) -> None:
     NAMES_MODULE.write_text(names_module())
     # Imported after the names are written: the API's models check optimizer names against them.
     from .api.chart_values import values_schema, values_yaml
-    from .api.crd import crd_yaml
+    from .api.crd import CRD_FILES, crd_yaml
     from .api.reference import spec_reference
 
     chart = root / "charts" / "finetunejob"
-    (root / "crds" / "finetunejob.yaml").write_text(crd_yaml())
-    (chart / "crds" / "finetunejob.yaml").write_text(crd_yaml())
+    for name, make in CRD_FILES.items():
+        (root / "crds" / name).write_text(crd_yaml(make()))
+        (chart / "crds" / name).write_text(crd_yaml(make()))
     (chart / "values.schema.json").write_text(json.dumps(values_schema(), indent=2) + "\n")
     (chart / "values.yaml").write_text(values_yaml())
     (root / "docs" / "spec-reference.md").write_text(spec_reference())
+    from .render.runtime_policy import chart_template
+
+    (chart / "templates" / "admission-policy-runtimes.yaml").write_text(chart_template())
 
 
 def _class(module: ast.Module, name: str) -> ast.ClassDef:

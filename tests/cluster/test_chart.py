@@ -44,27 +44,50 @@ def test_lint_and_template(helm):
     docs = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0").stdout)
             if d]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "ClusterRoleBinding", "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role",
-                     "RoleBinding", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-                     "ValidatingAdmissionPolicyBinding"]
-    # Two of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
+    assert kinds == ["ClusterRole"] * 7 + ["ClusterRoleBinding"] * 4 + [
+        "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"] + [
+        "ValidatingAdmissionPolicy"] * 4 + ["ValidatingAdmissionPolicyBinding"] * 4
+    # Three of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
     users = [d for d in docs if d["kind"] == "ClusterRole" and any(
         k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in d["metadata"]["labels"])]
-    assert sorted(r["metadata"]["name"] for r in users) == ["ftj-operator-user-edit", "ftj-operator-user-view"]
+    assert sorted(r["metadata"]["name"] for r in users) == ["ftj-operator-user-admin", "ftj-operator-user-edit",
+                                                            "ftj-operator-user-view"]
     per_ns = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0",
                   "--set", "watchNamespaces={team-a,team-b}").stdout
     roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"
              and not d["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    # The only cluster-wide right left with watchNamespaces: listing nodes (nodeShapeCheck), and that can go too.
+    # The only cluster-wide rights left with watchNamespaces: reading the cluster's runtimes (cluster-scoped) and
+    # listing nodes (nodeShapeCheck, which can go too).
     cluster_roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "ClusterRole"
-                     and not d["metadata"]["name"].endswith(("-user-edit", "-user-view"))]
-    assert [r["rules"] for r in cluster_roles] == [[{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]]
+                     and not d["metadata"]["name"].endswith(("-user-edit", "-user-view", "-user-admin",
+                                                             "-runtime-reader"))]
+    assert [r["rules"] for r in cluster_roles] == [
+        [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}],
+        [{"apiGroups": ["finetunejob.dev"], "resources": ["clusterfinetuneruntimes"], "verbs": ["get", "list"]}]]
     strict = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "watchNamespaces={team-a}",
-                  "--set", "nodeShapeCheck=false", "--set", "userRoles.aggregate=false").stdout
-    assert not [d for d in yaml.safe_load_all(strict) if d and d["kind"].startswith("Cluster")]
+                  "--set", "nodeShapeCheck=false", "--set", "userRoles.aggregate=false",
+                  "--set", "runtimes.readableByAllUsers=false").stdout
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(strict)
+                  if d and d["kind"].startswith("Cluster")) == [("ClusterRole", "ftj-operator-runtimes"),
+                                                                ("ClusterRoleBinding", "ftj-operator-runtimes")]
+
+
+def test_the_runtime_catalogue_is_what_the_examples_run_on(helm):
+    """examples/runtimes/catalogue.yaml is the chart's catalogue with every entry on (the model presets beside it
+    are validated against it by the unit tests)."""
+    docs = template(helm, "runtimes.catalogue.cpuSmall.enabled=true", "runtimes.catalogue.gpu1x.enabled=true",
+                    "runtimes.catalogue.gpu8x.enabled=true")
+    rendered = [d for d in docs if d["kind"] == "ClusterFineTuneRuntime"]
+    committed = [d for d in yaml.safe_load_all((ROOT / "examples" / "runtimes" / "catalogue.yaml").read_text()) if d]
+    for doc in rendered:
+        doc["metadata"]["labels"] = {k: v for k, v in doc["metadata"]["labels"].items()
+                                     if k in committed[0]["metadata"]["labels"]}
+    assert [d["metadata"]["name"] for d in rendered] == ["cpu-small", "gpu-1x", "gpu-8x"]
+    assert rendered == committed
+    assert not [d for d in template(helm) if d["kind"] == "ClusterFineTuneRuntime"]  # off unless asked
+    off = template(helm, "runtimes.limitsAtAdmission=false")
+    assert not [d for d in off if d["kind"] == "ValidatingAdmissionPolicy" and "runtime" in d["metadata"]["name"]]
 
 
 def test_two_replicas_one_leader_by_default(helm):

@@ -200,7 +200,7 @@ def test_deleting_the_finetunejob_removes_every_child(kubectl, operator, namespa
 def test_a_namespace_deleted_and_created_again_gets_its_trainer_identity_back(kubectl, operator, namespace):
     submit(kubectl, namespace, "first-life")
     running(kubectl, namespace, "first-life", operator)
-    kubectl.run("delete", "namespace", namespace, "--wait=true", "--timeout=180s")  # slow on 2 busy cores
+    kubectl.run("delete", "namespace", namespace, "--wait=true", "--timeout=240s", timeout=260)  # slow on 2 busy cores
     kubectl.run("create", "namespace", namespace)
     # Within the identity's re-apply interval (5 min): without forgetting it, the pods would be refused for a
     # missing ServiceAccount and the job would stay Pending.

@@ -51,9 +51,13 @@ def test_render_prints_a_yaml_stream(capsys):
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
 
 
-def test_crd_command_prints_the_committed_crd(capsys):
+def test_crd_command_prints_the_committed_crds(capsys):
+    """Every CRD we serve, as committed (the job's, then the runtimes'): `finetune crd | kubectl apply -f -`."""
     assert main(["crd"]) == EXIT_OK
-    assert capsys.readouterr().out == CRD_FILE.read_text()
+    crds = CRD_FILE.parent
+    assert capsys.readouterr().out == "---\n".join(
+        (crds / name).read_text()
+        for name in ("finetunejob.yaml", "finetuneruntime.yaml", "clusterfinetuneruntime.yaml"))
 
 
 def test_installed_console_script_runs():

@@ -67,6 +67,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["resourcequotas"]
   verbs: ["get", "list"]
+# Runtimes in the jobs' namespaces (read when a job starts: spec.runtimeRef or the namespace's default).
+- apiGroups: ["finetunejob.dev"]
+  resources: ["finetuneruntimes"]
+  verbs: ["get", "list"]
 # Kueue (when installed): the Workloads of our Jobs say why a queued job waits; a suspend of a Kueue-managed job
 # deactivates its Workload (spec.active) instead of fighting Kueue over the Job's spec.suspend.
 - apiGroups: ["kueue.x-k8s.io"]

@@ -72,6 +72,42 @@ class UserRoles(_Values):
                             "it).")
 
 
+class CatalogueEntry(_Values):
+    enabled: bool = Field(default=False, description="Install this ClusterFineTuneRuntime.")
+    default: bool = Field(default=False, description="Mark it the cluster default (jobs without spec.runtimeRef "
+                          "use it); at most one entry should be.")
+    image: str = Field(default="", description="Trainer image; empty: the chart's trainerImage (with -cpu for "
+                       "cpu-small when it has no digest).")
+    queueName: str = Field(default="", description="Kueue LocalQueue its jobs go to; empty: none.")
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Where its pods run.")
+    maxNodes: int = Field(default=1, ge=1, le=4096, description="limits.maxNodes.")
+
+
+def _entry(**kw: Any) -> Any:
+    return lambda: CatalogueEntry(**kw)
+
+
+class Catalogue(_Values):
+    cpuSmall: CatalogueEntry = Field(default_factory=_entry(maxNodes=2), description="cpu-small: CPU only, 2 "
+                                     "processes per pod, up to 2 nodes, LoRA or full: tiny models, tests, demos.")
+    gpu1x: CatalogueEntry = Field(default_factory=_entry(maxNodes=1), description="gpu-1x: one GPU, DDP, LoRA "
+                                  "and QLoRA (7-8B models with LoRA on one 80 GB GPU).")
+    gpu8x: CatalogueEntry = Field(
+        default_factory=_entry(maxNodes=8, nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
+        description="gpu-8x: whole 8-GPU H100/A100 nodes, DeepSpeed ZeRO-3 with bf16, up to 8 nodes; the image "
+        "and node selector locked.")
+
+
+class Runtimes(_Values):
+    limitsAtAdmission: bool = Field(default=True, description="ValidatingAdmissionPolicies refuse at `kubectl "
+                                    "apply` a FineTuneJob breaking its runtime's limits (the operator checks "
+                                    "them again before anything runs, either way).")
+    readableByAllUsers: bool = Field(default=True, description="Every authenticated user may read (never change) "
+                                     "the ClusterFineTuneRuntimes, to choose one by name.")
+    catalogue: Catalogue = Field(default_factory=Catalogue, description="ClusterFineTuneRuntimes the chart can "
+                                 "install for you (each off by default).")
+
+
 class LeaderElection(_Values):
     enabled: bool = Field(default=True, description="Replicas take turns through a coordination.k8s.io Lease in the "
                           "release namespace: one reconciles, the others stand by and take over when it stops "
@@ -89,6 +125,8 @@ class ChartValues(_Values):
     stuckPassSeconds: float = Field(default=300, ge=30, le=3600, description="The liveness probe fails when a "
                                     "reconcile pass has run this long (a pass is a few API calls: a hung API "
                                     "connection, not work), so the kubelet restarts that replica.")
+    runtimes: Runtimes = Field(default_factory=Runtimes, description="FineTuneRuntimes and "
+                               "ClusterFineTuneRuntimes: admins' defaults and limits.")
     image: Image = Field(default_factory=Image, description="The operator image.")
     imagePullSecrets: list[str] = Field(default_factory=list, description="Pull Secret names for the operator.")
     trainerImage: str = Field(default=DEFAULT_TRAINER_IMAGE, min_length=1,

@@ -9,6 +9,13 @@ KIND: Final = "FineTuneJob"
 PLURAL: Final = "finetunejobs"
 SINGULAR: Final = "finetunejob"
 SHORT_NAMES: Final = ["ftj"]
+# Runtimes (api/runtime.py): defaults and limits set by admins, per namespace or for the cluster.
+RUNTIME_KIND: Final = "FineTuneRuntime"
+RUNTIME_PLURAL: Final = "finetuneruntimes"
+RUNTIME_SHORT_NAMES: Final = ["ftr"]
+CLUSTER_RUNTIME_KIND: Final = "ClusterFineTuneRuntime"
+CLUSTER_RUNTIME_PLURAL: Final = "clusterfinetuneruntimes"
+CLUSTER_RUNTIME_SHORT_NAMES: Final = ["cftr"]
 
 # Standard recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels).
 LABEL_NAME: Final = "app.kubernetes.io/name"

@@ -4,12 +4,28 @@ Kubernetes wants a structural OpenAPI v3 schema: no $ref, no anyOf-with-null for
 type everywhere, and x-kubernetes-preserve-unknown-fields where a field is free-form (extraArgs, inline rows).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from .base import YAML_FALSE_KEY
-from .constants import GROUP, KIND, MAX_JOB_NAME_LENGTH, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from .constants import (
+    CLUSTER_RUNTIME_KIND,
+    CLUSTER_RUNTIME_PLURAL,
+    CLUSTER_RUNTIME_SHORT_NAMES,
+    GROUP,
+    KIND,
+    MAX_JOB_NAME_LENGTH,
+    PLURAL,
+    RUNTIME_KIND,
+    RUNTIME_PLURAL,
+    RUNTIME_SHORT_NAMES,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
+from .runtime import TEMPLATE_SECTIONS, FineTuneRuntimeSpec
 from .spec import FineTuneJobSpec
 from .status import FineTuneJobStatus
 
@@ -35,6 +51,23 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Current attempt."},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason",
      "description": "Why the job is in its phase."},
+    {"name": "Runtime", "type": "string", "jsonPath": ".status.runtime.name", "priority": 1,
+     "description": "The runtime it runs with (recorded when it started)."},
+    {"name": "Runtime-Gen", "type": "integer", "jsonPath": ".status.runtime.generation", "priority": 1,
+     "description": "That runtime's generation then."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+RUNTIME_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Default", "type": "boolean", "jsonPath": ".spec.default", "description": "Used by jobs without "
+     "spec.runtimeRef."},
+    {"name": "GPUs/Node", "type": "integer", "jsonPath": ".spec.template.distributed.gpusPerNode",
+     "description": "GPUs per node the template gives."},
+    {"name": "Image", "type": "string", "jsonPath": ".spec.template.pod.image", "description": "Trainer image."},
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.template.queueName", "description": "Kueue queue."},
+    {"name": "Max-GPUs", "type": "integer", "jsonPath": ".spec.limits.maxGpusPerJob",
+     "description": "Most GPUs a job may ask for."},
+    {"name": "Max-Nodes", "type": "integer", "jsonPath": ".spec.limits.maxNodes", "priority": 1,
+     "description": "Most nodes a job may ask for."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -42,6 +75,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 def crd() -> dict[str, Any]:
     """The whole CRD object, ready for `kubectl apply`."""
     spec_schema = structural_schema(FineTuneJobSpec.model_json_schema(by_alias=True, mode="validation"))
+    for section in TEMPLATE_SECTIONS:
+        # What the user leaves out must stay out: a default the apiserver filled in would hide the runtime's.
+        _defaults_to_descriptions(spec_schema["properties"][section])
     status_schema = structural_schema(FineTuneJobStatus.model_json_schema(by_alias=True, mode="validation"))
     status_schema["description"] = "Observed state, written by the operator and by trainer rank 0 (progress)."
     return {
@@ -85,10 +121,80 @@ def crd() -> dict[str, Any]:
     }
 
 
-def crd_yaml() -> str:
-    """The CRD as the YAML file committed under crds/ and in the chart."""
+def runtime_crd(cluster: bool) -> dict[str, Any]:
+    """The CRD of FineTuneRuntime (namespaced) or ClusterFineTuneRuntime (cluster-scoped)."""
+    kind, plural, short = ((CLUSTER_RUNTIME_KIND, CLUSTER_RUNTIME_PLURAL, CLUSTER_RUNTIME_SHORT_NAMES) if cluster
+                           else (RUNTIME_KIND, RUNTIME_PLURAL, RUNTIME_SHORT_NAMES))
+    spec_schema = structural_schema(FineTuneRuntimeSpec.model_json_schema(by_alias=True, mode="validation"))
+    _partial(spec_schema["properties"]["template"])
+    scope = "for the whole cluster" if cluster else "for the jobs of its namespace"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                      "shortNames": list(short), "categories": ["ml"]},
+            "scope": "Cluster" if cluster else "Namespaced",
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "additionalPrinterColumns": RUNTIME_PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": f"{kind}: defaults and limits a platform admin sets {scope}, so that a "
+                    "FineTuneJob needs only its model, data and method (spec.runtimeRef names one).",
+                    "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                   "metadata": {"type": "object"}, "spec": spec_schema},
+                }},
+            }],
+        },
+    }
+
+
+def crd_yaml(obj: dict[str, Any] | None = None) -> str:
+    """A CRD as the YAML file committed under crds/ and in the chart (default: the FineTuneJob's)."""
     header = "# Generated from the pydantic models by `finetune crd`; do not edit by hand.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+    return header + yaml.safe_dump(obj if obj is not None else crd(), sort_keys=False, width=120)
+
+
+def _namespaced_runtime_crd() -> dict[str, Any]:
+    return runtime_crd(cluster=False)
+
+
+def _cluster_runtime_crd() -> dict[str, Any]:
+    return runtime_crd(cluster=True)
+
+
+CRD_FILES: dict[str, Callable[[], dict[str, Any]]] = {
+    "finetunejob.yaml": crd, "finetuneruntime.yaml": _namespaced_runtime_crd,
+    "clusterfinetuneruntime.yaml": _cluster_runtime_crd}
+
+
+def all_crds_yaml() -> str:
+    """Every CRD we serve, one YAML stream (`finetune crd | kubectl apply -f -`)."""
+    return "---\n".join(crd_yaml(make()) for make in CRD_FILES.values())
+
+
+def _defaults_to_descriptions(node: dict[str, Any]) -> None:
+    """Moves each property's default into its description (items keep theirs: a list is replaced whole)."""
+    for prop in (node.get("properties") or {}).values():
+        if "default" in prop:
+            default = prop.pop("default")
+            shown = yaml.safe_dump(default, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+            prop["description"] = f"{prop.get('description', '').rstrip()} Default: {shown}.".strip()
+        _defaults_to_descriptions(prop)
+
+
+def _partial(node: dict[str, Any]) -> None:
+    """Every field optional and no defaults: a template holds only what the admin wrote."""
+    node.pop("required", None)
+    if "default" in node:
+        default = node.pop("default")
+        shown = yaml.safe_dump(default, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+        node["description"] = f"{node.get('description', '').rstrip()} Default: {shown}.".strip()
+    for prop in (node.get("properties") or {}).values():
+        _partial(prop)
 
 
 def structural_schema(schema: dict[str, Any]) -> dict[str, Any]:

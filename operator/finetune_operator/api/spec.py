@@ -17,6 +17,7 @@ from .model import ModelSpec
 from .output import CheckpointSpec, OutputSpec
 from .resources import PodSpec, ResourcesSpec
 from .run_policy import RunPolicy
+from .runtime import RuntimeRef
 from .storage import S3Spec, is_s3, valid_s3_uri
 from .tracking import TrackingSpec
 from .training import TrainingSpec
@@ -60,6 +61,14 @@ class FineTuneJobSpec(ApiModel):
         "`kubectl patch ftj NAME --type=merge -p '{\"spec\":{\"suspend\":true}}'`, as for batch "
         "Jobs, JobSet and TrainJob.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, TTL and stalls.")
+    runtime_ref: RuntimeRef | None = Field(
+        default=None, description="The runtime (FineTuneRuntime in this namespace, or ClusterFineTuneRuntime) "
+        "whose template gives this job its defaults and whose limits it must keep. Merge order: runtime template < "
+        "this spec, field by field (maps merged, lists replaced); fields the runtime locks may not be set here. "
+        "Unset: the namespace's default FineTuneRuntime over the cluster's default ClusterFineTuneRuntime (both "
+        "optional; the limits of both apply). The runtime is read when the job starts and recorded in "
+        "status.runtime: editing or deleting it later never changes this job. Immutable.",
+        json_schema_extra=_immutable("runtimeRef"))
     s3: S3Spec = Field(default_factory=S3Spec, description="The S3-compatible object storage that s3:// URIs use "
                        "(data paths, model.name, method.lora.initFrom, output.uri): endpoint, region, credentials "
                        "by Secret reference.")

@@ -1,6 +1,6 @@
 """FineTuneJob status: written by the operator (phase, conditions, attempts) and by trainer rank 0 (progress)."""
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -112,6 +112,26 @@ class Reporter(ApiModel):
     attempt: int | None = Field(default=None, ge=0, description="Its attempt.")
 
 
+class RuntimeLayer(ApiModel):
+    kind: str = Field(max_length=64, description="FineTuneRuntime or ClusterFineTuneRuntime.")
+    name: str = Field(max_length=253, description="Its name.")
+    generation: int = Field(ge=0, description="Its metadata.generation when the job started.")
+
+
+class RuntimeSnapshot(ApiModel):
+    """What spec.runtimeRef (or the default runtimes) gave the job when it started: every later attempt runs with
+    this, whatever happens to the runtime since."""
+
+    name: str = Field(max_length=253, description="The runtime (the most specific, when defaults are layered).")
+    kind: str = Field(max_length=64, description="Its kind.")
+    generation: int = Field(ge=0, description="Its generation then.")
+    digest: str = Field(max_length=80, description="sha256 of the template the job runs with (12 hex digits).")
+    layers: list[RuntimeLayer] = Field(default_factory=list, max_length=2, description="Each runtime applied, "
+                                       "the cluster default first.")
+    template: dict[str, Any] = Field(default_factory=dict, description="The template the job runs with (the "
+                                     "layers merged): the defaults under its spec.")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = Field(default=None, description="Pending, Queued, Running, Restarting, Suspended, "
                                 "Succeeded or Failed.")
@@ -152,5 +172,7 @@ class FineTuneJobStatus(ApiModel):
                                   "that changed the global batch ...), posted by the operator as a Warning Event.")
     notice_posted: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
                                       description="The time of the last notice posted as an Event.")
+    runtime: RuntimeSnapshot | None = Field(default=None, description="The runtime the job runs with, recorded "
+                                            "when it started.")
     preflight: Literal["Running", "Passed", "Failed"] | None = Field(
         default=None, description="The preflight check's outcome (spec.runPolicy.preflight).")

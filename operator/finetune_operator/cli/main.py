@@ -16,8 +16,9 @@ from typing import Any
 from .. import __version__
 from ..api import exit_codes
 from ..api.constants import DEFAULT_TRAINER_IMAGE
-from ..api.crd import crd_yaml
-from ..api.errors import InvalidSpec
+from ..api.crd import all_crds_yaml
+from ..api.errors import FieldError, InvalidSpec
+from ..api.runtime import resolve_offline
 from ..api.transformers_names import TRANSFORMERS_VERSION
 from ..api.validation import ValidatedJob, advice, validate_job
 from ..render import RenderContext, render_all, render_trainer_identity
@@ -26,6 +27,9 @@ from .manifests import STDIN, ManifestError, dump_documents, load_documents, loa
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 EXIT_RUN_INVALID = exit_codes.CONFIG_ERROR
 OUTPUT_FORMATS = ("text", "json", "yaml")
+RUNTIME_HELP = ("FineTuneRuntime / ClusterFineTuneRuntime YAML (repeatable): the job runs over the one its "
+                "spec.runtimeRef names, else over the default ones, with their locks and limits checked, as on a "
+                "cluster")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("files", nargs="+", metavar="FILE", help=f"YAML files; {STDIN} reads standard input")
     v.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text",
                    help="text (default), or one json/yaml document listing each job's result")
+    v.add_argument("--runtime", action="append", default=[], metavar="FILE", help=RUNTIME_HELP)
     v.set_defaults(func=_validate)
     r = sub.add_parser("render", help="print every child object of a FineTuneJob (like `helm template`)")
     r.add_argument("file", metavar="FILE", help=f"a YAML file; {STDIN} reads standard input")
@@ -54,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--image", default=DEFAULT_TRAINER_IMAGE, help="default trainer image")
     r.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                    help="a YAML stream (default), or a JSON List as `kubectl get -o json` prints")
+    r.add_argument("--runtime", action="append", default=[], metavar="FILE", help=RUNTIME_HELP)
     r.set_defaults(func=_render)
     run = sub.add_parser("run", help="run a FineTuneJob on this machine (processes instead of pods)")
     run.add_argument("file", metavar="FILE")
@@ -61,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="overrides",
                      help="override a field, e.g. --set spec.model.name=/models/llama (VALUE is YAML)")
     run.add_argument("--port", type=int, help="rendezvous port on 127.0.0.1 (default: a free one)")
+    run.add_argument("--runtime", action="append", default=[], metavar="FILE", help=RUNTIME_HELP)
     run.set_defaults(func=_run)
-    c = sub.add_parser("crd", help="print the FineTuneJob CustomResourceDefinition")
+    c = sub.add_parser("crd", help="print the CustomResourceDefinitions (FineTuneJob and the runtimes)")
     c.set_defaults(func=_crd)
     return parser
 
@@ -74,7 +81,7 @@ def _validate(args: argparse.Namespace) -> int:
         for doc in load_documents(path):
             name = (doc.get("metadata") or {}).get("name", "?")
             try:
-                job = validate_job(doc)
+                job = validate_with_runtimes(doc, args.runtime)
             except InvalidSpec as exc:
                 status = EXIT_INVALID
                 results.append({"file": path, "name": name, "valid": False,
@@ -88,6 +95,27 @@ def _validate(args: argparse.Namespace) -> int:
     if args.output != "text":
         sys.stdout.write(_dump({"results": results}, args.output))
     return status
+
+
+def validate_with_runtimes(doc: dict[str, Any], runtime_files: list[str], default_namespace: str = "default"
+                           ) -> ValidatedJob:
+    """validate_job over the runtimes given (none: the job as written); every error at once."""
+    if not runtime_files:
+        return validate_job(doc, default_namespace=default_namespace)
+    runtimes = [r for path in runtime_files for r in load_documents(path)]
+    if not (doc.get("metadata") or {}).get("namespace"):
+        doc = {**doc, "metadata": {**(doc.get("metadata") or {}), "namespace": default_namespace}}
+    resolved = resolve_offline(doc, runtimes)
+    if resolved.missing is not None:
+        raise InvalidSpec([FieldError("spec.runtimeRef", (doc.get("spec") or {}).get("runtimeRef"), resolved.missing,
+                                      "pass the runtime's file with --runtime")])
+    try:
+        job = validate_job(resolved.obj, default_namespace=default_namespace)
+    except InvalidSpec as exc:
+        raise InvalidSpec(resolved.errors + exc.errors) from None
+    if resolved.errors:
+        raise InvalidSpec(resolved.errors)
+    return job
 
 
 def _error_record(error: Any) -> dict[str, Any]:
@@ -140,7 +168,7 @@ def _render(args: argparse.Namespace) -> int:
     objects: list[dict[str, Any]] = []
     for doc in load_documents(args.file):
         try:
-            job = validate_job(doc, default_namespace=args.namespace)
+            job = validate_with_runtimes(doc, args.runtime, default_namespace=args.namespace)
         except InvalidSpec as exc:
             print(exc.summary(), file=sys.stderr)
             status = EXIT_INVALID
@@ -188,7 +216,8 @@ def _run(args: argparse.Namespace) -> int:
     if len(docs) != 1:
         raise ManifestError(f"{args.file}: finetune run takes one FineTuneJob, found {len(docs)} documents")
     try:
-        job = validate_job(apply_overrides(docs[0], args.overrides), default_namespace="local")
+        job = validate_with_runtimes(apply_overrides(docs[0], args.overrides), args.runtime,
+                                     default_namespace="local")
     except InvalidSpec as exc:
         print(exc.summary(), file=sys.stderr)
         return EXIT_RUN_INVALID
@@ -197,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _crd(args: argparse.Namespace) -> int:
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(all_crds_yaml())
     return EXIT_OK
 
 

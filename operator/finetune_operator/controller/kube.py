@@ -9,6 +9,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from ..api import constants as c
 
@@ -64,6 +65,7 @@ class Kube:
         self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
         self.events = self.dyn.resources.get(api_version="v1", kind="Event")
         self.nodes = self.dyn.resources.get(api_version="v1", kind="Node")
+        self._runtime_resources: dict[str, Any] = {}
         self._shape_lock = threading.Lock()
         self._shape: tuple[float, list[dict[str, Any]] | None] = (float("-inf"), None)  # (expires, nodes)
 
@@ -89,6 +91,32 @@ class Kube:
         """One pooled connection per worker thread (the client's default pool of 4 would serialise passes)."""
         configuration.connection_pool_maxsize = connections
         return cls(client.ApiClient(configuration))
+
+    def _runtimes(self, kind: str) -> Any:
+        """The runtime kind's resource, or None while its CRD is not installed (a chart before runtimes)."""
+        if kind not in self._runtime_resources:
+            try:
+                self._runtime_resources[kind] = self.dyn.resources.get(api_version=c.API_VERSION, kind=kind)
+            except ResourceNotFoundError:
+                return None
+        return self._runtime_resources[kind]
+
+    def get_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A FineTuneRuntime (in `namespace`) or ClusterFineTuneRuntime, or None when there is none of that name."""
+        resource = self._runtimes(kind)
+        if resource is None:
+            return None
+        return self._get(resource, namespace if kind == c.RUNTIME_KIND else None, name)
+
+    def default_runtimes(self, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The runtimes marked default: (this namespace's FineTuneRuntimes, the ClusterFineTuneRuntimes). Read
+        only for a job that has not started and names none."""
+        found = []
+        for kind, ns in ((c.RUNTIME_KIND, namespace), (c.CLUSTER_RUNTIME_KIND, None)):
+            resource = self._runtimes(kind)
+            items = resource.get(namespace=ns).to_dict()["items"] if resource is not None else []
+            found.append([r for r in items if (r.get("spec") or {}).get("default") is True])
+        return found[0], found[1]
 
     def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self.ftj, namespace, name)
@@ -245,7 +273,7 @@ class Kube:
                 raise
 
     @staticmethod
-    def _get(resource, namespace: str, name: str) -> dict[str, Any] | None:
+    def _get(resource, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
             return resource.get(name=name, namespace=namespace).to_dict()
         except ApiException as exc:

@@ -20,6 +20,8 @@ from . import goodput, queueing
 from .conditions import set_conditions
 from .observed import (
     DISRUPTED,
+    RUNTIME_NOT_FOUND,
+    RUNTIME_RETRY_SECONDS,
     WAITING_REASONS,
     attempt_nodes,
     attempt_of,
@@ -45,12 +47,19 @@ def backoff(settings: Settings, restarts: int) -> float:
 def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Settings()) -> Plan:
     st = {k: obs.status.get(k) for k in OPERATOR_STATUS_FIELDS if obs.status.get(k) is not None}
     st["observedGeneration"] = obs.generation
+    if obs.runtime is not None:
+        st["runtime"] = obs.runtime  # recorded with the first status write: what every attempt runs with
     p = Plan(status=st)
     previous_phase = obs.status.get("phase")
     live = [w for w in obs.workloads if not finished(w)]
     if isinstance(job, InvalidSpec):
         finish(p, obs, "Failed", "InvalidSpec", job.summary())
         p.delete_workloads = [w["metadata"]["name"] for w in live]  # never keep GPUs busy for a broken spec
+    elif obs.runtime_missing is not None:
+        # Nothing is created without the defaults and limits the job asked for; the admin may be creating it.
+        p.status.update(phase="Pending", reason=RUNTIME_NOT_FOUND,
+                        message=f"{obs.runtime_missing} (looked at again every {RUNTIME_RETRY_SECONDS:.0f} s)")
+        p.requeue(RUNTIME_RETRY_SECONDS)
     elif previous_phase in TERMINAL_PHASES:
         p.delete_workloads = [w["metadata"]["name"] for w in live if previous_phase == "Failed"]
         _ttl(p, job, obs)

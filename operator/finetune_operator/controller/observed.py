@@ -128,10 +128,13 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "E
 CREATE_CONTAINER_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 # The apiserver refused to create the attempt's children (an admission policy or webhook): nothing runs yet.
 ATTEMPT_REFUSED = "AttemptRefused"
+RUNTIME_NOT_FOUND = "RuntimeNotFound"
+# Waiting for a runtime to appear (or for two default runtimes to become one) is looked at again this often.
+RUNTIME_RETRY_SECONDS = 30.0
 # A child's name is taken by an object this job did not create: the operator never adopts or changes it.
 NAME_CONFLICT = "NameConflict"
 WAITING_REASONS = ("ImagePullFailed", "CreateContainerError", "Unschedulable", "QuotaExceeded", "PodFailedToStart",
-                   "InsufficientCapacity", ATTEMPT_REFUSED, NAME_CONFLICT)
+                   "InsufficientCapacity", ATTEMPT_REFUSED, NAME_CONFLICT, RUNTIME_NOT_FOUND)
 
 
 def waiting_reason(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[str, str] | None:

@@ -11,7 +11,7 @@ from .observed import format_time, job_ended_failed, job_succeeded, parse_time
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "scheduleRetries",
                           "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
                           "goodput", "preflight", "noticePosted", "kueueDeactivated", "activeSeconds", "activeSince",
-                          "disruptions")
+                          "disruptions", "runtime")
 CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
                    "Succeeded", "Failed")
 
@@ -43,6 +43,10 @@ class Observed:
     kueue_workloads: list[dict[str, Any]] = field(default_factory=list)
     # (attempt, the apiserver's answer) when creating that attempt's children was refused on an earlier pass
     refused: tuple[int, str, str] | None = None  # (attempt, reason, why): see Expectations.refused
+    # The runtime the job runs with (status.runtime: recorded, or read live before it starts), and why it cannot be
+    # read when the job names one that does not exist (controller/runtimes.py)
+    runtime: dict[str, Any] | None = None
+    runtime_missing: str | None = None
 
 
 @dataclass(frozen=True)

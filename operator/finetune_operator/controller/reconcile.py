@@ -29,6 +29,7 @@ from .lifecycle import plan
 from .merge_patch import merge_patch
 from .observed import ATTEMPT_REFUSED, NAME_CONFLICT, attempt_of, job_failed, pod_ended
 from .planning import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, only_cosmetic
+from .runtimes import resolve
 from .settings import Settings
 from .waiting import gang_waiting
 
@@ -104,10 +105,13 @@ def own_attempts(view: Snapshot, uid: str) -> Snapshot:
 
 def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
           refused: tuple[int, str, str] | None = None) -> tuple[Any, Plan]:
+    runtime = resolve(kube, obj)
     try:
-        job: Any = validate_job(obj)
+        job: Any = validate_job(runtime.obj)
+        if runtime.errors:
+            job = InvalidSpec(runtime.errors)
     except InvalidSpec as exc:
-        job = exc
+        job = InvalidSpec(runtime.errors + exc.errors)
     status = obj.get("status") or {}
     attempt = status.get("attempt") or 0
     # The preflight (attempt 0) is looked at like the current attempt as long as it decides what happens next.
@@ -131,11 +135,11 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
     quotas = kube.resource_quotas(view.namespace) if first else None
     observed = Observed(
         name=view.name, namespace=view.namespace, generation=obj["metadata"].get("generation", 0),
-        labels=obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
+        labels=runtime.obj["metadata"].get("labels") or {}, status=status, workloads=view.workloads,
         pods=[p for p in pods if attempt_of(p) in looked_at], now=now,
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
         events=events, looked=waiting, nodes=nodes, quotas=quotas, kueue_workloads=view.kueue_workloads,
-        refused=refused,
+        refused=refused, runtime=runtime.snapshot, runtime_missing=runtime.missing,
     )
     return job, plan(job, observed, settings)
 

@@ -1,0 +1,193 @@
+"""Runtimes on the real API server, used as tenants use them (`kubectl --as`, the built-in edit role): a job with
+a runtimeRef and just its model, data and method runs with the runtime's image, topology and queue; each limit is
+refused at `kubectl apply` by the chart's admission policies (the operator is not involved) with one message naming
+the runtime, the limit and the value, as `finetune validate --runtime` says offline; editing or deleting a runtime
+never changes a job that started; the namespace default is layered over the cluster default."""
+
+import contextlib
+import json
+
+import pytest
+
+from finetune_operator.api.runtime import resolve_offline
+from tests.builders import make_job
+from tests.cluster.test_faults import FAIL_ATTEMPTS, FAIL_EXIT_CODE
+from tests.cluster.test_operator import attempt_pods
+from tests.cluster.test_tenancy import FTJ, as_tenant, bind, chart_objects, delete_all, wait_can
+from tests.support.job_status import wait_status
+
+pytestmark = pytest.mark.cluster
+TENANT = "runtime-tenant"
+
+
+@pytest.fixture(scope="module")
+def policies(control_plane, kubectl):
+    """The chart's user roles and its runtime admission policies, as `helm install` renders them."""
+    docs = chart_objects(control_plane, kubectl, "user-roles.yaml")
+    docs += chart_objects(control_plane, kubectl, "admission-policy-runtimes.yaml")
+    yield docs
+    delete_all(kubectl, docs)
+
+
+@pytest.fixture
+def tenant(kubectl, policies, namespace):
+    bind(kubectl, namespace, TENANT, "edit")
+    wait_can(kubectl, TENANT, namespace, "create", FTJ)
+    return namespace
+
+
+@contextlib.contextmanager
+def runtimes(kubectl, *docs):
+    """Runtimes for one test; gone after it (a cluster default left behind would change every later job)."""
+    kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
+    try:
+        yield
+    finally:
+        for doc in docs:
+            where = ["-n", doc["metadata"]["namespace"]] if "namespace" in doc["metadata"] else []
+            kubectl.run("delete", doc["kind"], doc["metadata"]["name"], *where, "--ignore-not-found", check=False)
+
+
+def runtime(name, kind="ClusterFineTuneRuntime", default=False, template=None, limits=None, namespace=None):
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": "finetunejob.dev/v1alpha1", "kind": kind, "metadata": meta,
+            "spec": {"default": default, "template": template or {}, "limits": limits or {}}}
+
+
+def lean_job(name, namespace, **spec):
+    """What a data scientist writes: model, data, method (and training); the rest from the runtime."""
+    doc = make_job({"metadata.name": name, "metadata.namespace": namespace})
+    for section in ("distributed", "resources", "pod"):
+        doc["spec"].pop(section, None)
+    doc["spec"].update(spec)
+    return doc
+
+
+CPU = {"pod": {"image": "registry.local/trainer:r1"}, "distributed": {"gpusPerNode": 0, "numNodes": 2},
+       "resources": {"cpu": "1", "memory": "1Gi"}}
+
+
+def attempt_image(kubectl, ns, name):
+    job = kubectl.json("get", "job", f"{name}-a1", "-n", ns)
+    return job["spec"]["template"]["spec"]["containers"][0]["image"], job["spec"]["parallelism"]
+
+
+def test_a_tenants_lean_job_runs_with_the_runtime_which_later_edits_and_deletion_never_change(
+        kubectl, operator, tenant):
+    ns = tenant
+    with runtimes(kubectl, runtime("cpu-pool", template=CPU, limits={"maxNodes": 2})):
+        as_tenant(kubectl, TENANT, "apply", "-f", "-",
+                  input=json.dumps(lean_job("first", ns, runtimeRef={"name": "cpu-pool"})))
+        st = wait_status(kubectl, ns, "first", lambda s: s.get("phase") == "Running", operator, timeout=90)
+        assert (st["runtime"]["name"], st["runtime"]["generation"]) == ("cpu-pool", 1)
+        assert attempt_image(kubectl, ns, "first") == ("registry.local/trainer:r1", 2)
+        wide = kubectl.run("get", "ftj", "first", "-n", ns, "-o", "wide").stdout
+        assert "RUNTIME" in wide.splitlines()[0] and "cpu-pool" in wide.splitlines()[1], wide
+
+        # Edited under the running job: nothing of the job changes; the next job gets the edit.
+        edited = runtime("cpu-pool", template={**CPU, "pod": {"image": "registry.local/trainer:r2"}},
+                         limits={"maxNodes": 2})
+        kubectl.run("apply", "-f", "-", input=json.dumps(edited))
+        as_tenant(kubectl, TENANT, "apply", "-f", "-",
+                  input=json.dumps(lean_job("second", ns, runtimeRef={"name": "cpu-pool"})))
+        st2 = wait_status(kubectl, ns, "second", lambda s: s.get("phase") == "Running", operator, timeout=90)
+        assert st2["runtime"]["generation"] == 2 and st2["runtime"]["digest"] != st["runtime"]["digest"]
+        assert attempt_image(kubectl, ns, "second")[0] == "registry.local/trainer:r2"
+        # A gang restart of the first job (a pod fails, as a kwok Stage makes it): the new attempt still runs the
+        # template recorded when the job started.
+        (pod0,) = [p for p in attempt_pods(kubectl, ns, "first", 1)
+                   if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "0"]
+        kubectl.run("annotate", "pod", pod0["metadata"]["name"], "-n", ns, f"{FAIL_ATTEMPTS}=1",
+                    f"{FAIL_EXIT_CODE}=137")
+        restarted = wait_status(kubectl, ns, "first", lambda s: s.get("attempt") == 2 and s.get("phase") == "Running",
+                                operator, timeout=120)
+        assert restarted["runtime"] == st["runtime"]
+        job = kubectl.json("get", "job", "first-a2", "-n", ns)
+        assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/trainer:r1"
+
+    # Deleted: the running jobs run on; a new one waits, saying what is missing.
+    assert (kubectl.json("get", "ftj", "first", "-n", ns)["status"]["phase"]) == "Running"
+    as_tenant(kubectl, TENANT, "apply", "-f", "-",
+              input=json.dumps(lean_job("third", ns, runtimeRef={"name": "cpu-pool"})))
+    st3 = wait_status(kubectl, ns, "third", lambda s: s.get("reason") == "RuntimeNotFound", operator)
+    assert st3["phase"] == "Pending" and "ClusterFineTuneRuntime cpu-pool, which does not exist" in st3["message"]
+    assert kubectl.run("get", "job", "third-a1", "-n", ns, check=False).returncode != 0
+
+
+CAPPED = runtime("capped", template={"pod": {"image": "registry.local/trainer:capped"},
+                                     "distributed": {"gpusPerNode": 8, "strategy": "deepspeed"}},
+                 limits={"locked": ["pod.image"], "maxNodes": 2, "maxGpusPerJob": 8, "allowedMethods": ["lora"],
+                         "allowedStrategies": ["deepspeed"], "allowedModelSources": ["/models/"],
+                         "allowedDataSources": ["/data/"], "maxActiveDeadlineSeconds": 86400})
+WITHIN = {"runtimeRef": {"name": "capped"}, "runPolicy": {"activeDeadlineSeconds": 3600}}
+BREAKING = {
+    "pod.image": ({"pod": {"image": "mine:1"}}, "spec.pod.image: the trainer image is locked by "
+                  "ClusterFineTuneRuntime capped (limits.locked)"),
+    "maxNodes": ({"distributed": {"numNodes": 3, "gpusPerNode": 1}},
+                 "spec.distributed.numNodes is 3: ClusterFineTuneRuntime capped allows limits.maxNodes = 2"),
+    "maxGpusPerJob": ({"distributed": {"numNodes": 2}}, "spec.distributed asks for 2 nodes x 8 GPUs = 16: "
+                      "ClusterFineTuneRuntime capped allows limits.maxGpusPerJob = 8"),
+    "allowedMethods": ({"method": {"type": "full"}}, "spec.method.type is full: ClusterFineTuneRuntime capped "
+                       "allows limits.allowedMethods lora"),
+    "allowedStrategies": ({"distributed": {"strategy": "fsdp"}}, "spec.distributed.strategy is fsdp: "
+                          "ClusterFineTuneRuntime capped allows limits.allowedStrategies deepspeed"),
+    "allowedModelSources": ({"model": {"name": "someone/else-7b"}}, "spec.model.name is someone/else-7b: "
+                            "ClusterFineTuneRuntime capped allows limits.allowedModelSources /models/"),
+    "allowedDataSources": ({"data": {"format": "alpaca", "train": [{"path": "/data/ok.jsonl"},
+                                                                    {"path": "/tmp/theirs.jsonl"}]}},
+                           "spec.data uses /tmp/theirs.jsonl: ClusterFineTuneRuntime capped allows "
+                           "limits.allowedDataSources /data/"),
+    "maxActiveDeadlineSeconds": ({"runPolicy": {"activeDeadlineSeconds": 999999}},
+                                 "spec.runPolicy.activeDeadlineSeconds is 999999: ClusterFineTuneRuntime capped "
+                                 "allows limits.maxActiveDeadlineSeconds = 86400"),
+}
+
+
+def test_each_limit_is_refused_at_apply_by_the_api_server_as_finetune_validate_says(kubectl, tenant):
+    """No operator runs here: the refusal is the API server's own admission."""
+    ns = tenant
+    with runtimes(kubectl, CAPPED):
+        ok = lean_job("within", ns, **WITHIN)
+        ok["spec"]["model"]["name"] = "/models/tiny"
+        ok["spec"]["data"]["train"] = [{"path": "/data/train.jsonl"}]
+        as_tenant(kubectl, TENANT, "apply", "--dry-run=server", "-f", "-", input=json.dumps(ok))
+        for limit, (change, said) in BREAKING.items():
+            doc = json.loads(json.dumps(ok))
+            for section, value in change.items():
+                doc["spec"][section] = {**doc["spec"].get(section, {}), **value} if section != "data" else {
+                    **doc["spec"]["data"], **value}
+            refused = as_tenant(kubectl, TENANT, "apply", "--dry-run=server", "-f", "-", input=json.dumps(doc),
+                                check=False)
+            assert refused.returncode != 0 and said in refused.stderr, (limit, refused.stderr)
+            assert "finetunejob-cluster-runtime-limits" in refused.stderr  # the policy, named for the admin
+            offline = resolve_offline(doc, [CAPPED])
+            assert any(limit in e.message or limit.split(".")[-1] in e.path for e in offline.errors), (
+                limit, offline.errors)
+
+
+def test_the_namespace_default_is_layered_over_the_cluster_default(kubectl, operator, tenant):
+    ns = tenant
+    platform = runtime("platform-default", default=True, template={
+        "pod": {"image": "registry.local/trainer:platform"}, "distributed": {"gpusPerNode": 0},
+        "resources": {"cpu": "1", "memory": "1Gi"}}, limits={"maxNodes": 4})
+    team = runtime("team-default", kind="FineTuneRuntime", namespace=ns, default=True,
+                   template={"distributed": {"numNodes": 2}})
+    with runtimes(kubectl, platform, team):
+        as_tenant(kubectl, TENANT, "apply", "-f", "-", input=json.dumps(lean_job("layered", ns)))
+        st = wait_status(kubectl, ns, "layered", lambda s: s.get("phase") == "Running", operator, timeout=90)
+        assert [(x["kind"], x["name"]) for x in st["runtime"]["layers"]] == [
+            ("ClusterFineTuneRuntime", "platform-default"), ("FineTuneRuntime", "team-default")]
+        assert attempt_image(kubectl, ns, "layered") == ("registry.local/trainer:platform", 2)
+        # The cluster default's limit holds for the team's jobs too, at apply.
+        too_many = lean_job("too-many", ns, distributed={"numNodes": 5})
+        refused = as_tenant(kubectl, TENANT, "apply", "-f", "-", input=json.dumps(too_many), check=False)
+        assert refused.returncode != 0 and "ClusterFineTuneRuntime platform-default allows limits.maxNodes = 4" \
+            in refused.stderr, refused.stderr
+
+
+def test_kubectl_explain_documents_runtimes_and_the_merge_order(kubectl):
+    limits = kubectl.run("explain", "clusterfinetuneruntime.spec.limits").stdout
+    assert "maxGpusPerJob" in limits and "locked" in limits
+    ref = kubectl.run("explain", "finetunejob.spec.runtimeRef").stdout
+    assert "runtime template < this spec" in " ".join(ref.split()), ref
+    assert "finetuneruntimes" in kubectl.run("api-resources", "--api-group=finetunejob.dev").stdout
