@@ -20,32 +20,26 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 FAKE_GPU_NODES = 2
 
 
-# The order tiers start in under pytest-xdist (hack/test.sh): the long e2e modules first, so that the many short
-# unit tests fill the workers' gaps at the end instead of one long module running alone after everything else.
+# The order tiers start in under pytest-xdist (hack/test.sh: --dist loadfile, a test file per unit of work): the long
+# e2e modules first, so that the many short unit tests fill the workers' gaps at the end instead of one long module
+# running alone after everything else. (A module whose halves should run on two workers is two files:
+# tests/e2e/test_cluster_training_*.py; xdist's loadgroup does not group under pytest 9.)
 TIER_ORDER = ("e2e", "images", "cluster", "unit")
-# Modules whose parametrized halves are independent (each builds its own operator and pods): one xdist group each.
-SPLIT_BY_PARAM = {"test_cluster_training.py": "runtime"}
+
+
+def _tier_of(item: pytest.Item) -> str:
+    return next((t for t in TIER_ORDER if f"{os.sep}{t}{os.sep}" in str(item.fspath)), "")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; longest first; one xdist group
-    per module (its module-scoped operator and namespaces stay on one worker), or per parameter where a module
-    splits (SPLIT_BY_PARAM)."""
-    def tier_of(item: pytest.Item) -> str:
-        return next((t for t in TIER_ORDER if f"{os.sep}{t}{os.sep}" in str(item.fspath)), "")
-
+    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; the longest tiers first (a stable
+    sort: each module stays whole)."""
     for item in items:
-        tier = tier_of(item)
+        tier = _tier_of(item)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        group = item.nodeid.split("::")[0]
-        param = SPLIT_BY_PARAM.get(Path(group).name)
-        callspec = getattr(item, "callspec", None)
-        if param and callspec is not None and param in callspec.params:
-            group += f"[{callspec.params[param]}]"
-        item.add_marker(pytest.mark.xdist_group(group))
     rank = {t: i for i, t in enumerate(TIER_ORDER)}
-    items.sort(key=lambda item: rank.get(tier_of(item), len(TIER_ORDER)))  # stable: modules stay whole
+    items.sort(key=lambda item: rank.get(_tier_of(item), len(TIER_ORDER)))
 
 
 class Kubectl:

@@ -1,5 +1,5 @@
 """A stop signal while the trainer loads or tokenizes (a suspend right after the pods start) must stop it: found by
-suspending a 2-node job at random moments (tests/e2e/test_cluster_training.py), where a library's
+suspending a 2-node job at random moments (tests/e2e/cluster_training.py), where a library's
 `except Exception` around model loading swallowed the stop and the gang trained on until SIGKILL."""
 
 import signal

@@ -1,9 +1,11 @@
 """The whole user flow with real training: helm install -> operator -> kubectl apply -> pods really train
 (run by a test kubelet) -> kubectl get finetunejobs says Succeeded with a loss.
 
-Run twice: with our images as containers (the chart's operator Deployment and the trainer pods from the images
-hack/build-images.sh builds, tests/support/containers.py), and with both as local processes from this checkout
-(tests/support/pod_runner.py: the fast mode, for a machine without podman)."""
+Run twice, by two test modules that take their cases from here (two files, so that pytest-xdist runs the halves
+on two workers): test_cluster_training_containers.py with our images as containers (the chart's operator
+Deployment and the trainer pods from the images hack/build-images.sh builds, tests/support/containers.py), and
+test_cluster_training_processes.py with both as local processes from this checkout (tests/support/pod_runner.py:
+the fast mode, for a machine without podman). Each module defines the `runtime` fixture."""
 
 import json
 import random
@@ -17,6 +19,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.support.containers import ContainerPodRunner, OperatorContainer, built_images
+from tests.support.controlplane import free_port
 from tests.support.hub_server import StandInHub
 from tests.support.operator_process import OperatorProcess
 from tests.support.pod_runner import PodRunner
@@ -31,11 +34,6 @@ def helm_install(control_plane, kubectl, *values: str) -> dict:
                     "--namespace", SYSTEM_NS, "--create-namespace", *sets],
                    env=kubectl.env, check=True, capture_output=True)
     return kubectl.json("get", "deployment", f"{RELEASE}-operator", "-n", SYSTEM_NS)
-
-
-@pytest.fixture(scope="module", params=["containers", "processes"])
-def runtime(request):
-    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +85,8 @@ def tiny_two_node_job(model_dir, workdir, preflight=False, **training):
     doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-sft.yaml").read_text())
     doc["spec"]["model"]["name"] = "/output/models/tiny"
     doc["spec"]["distributed"]["numNodes"] = 2
+    # Pods run on this host's network: a port of its own, as the other half of these cases runs at the same time.
+    doc["spec"]["distributed"]["rendezvousPort"] = free_port()
     doc["spec"]["output"] = {"claimName": "shared"}
     doc["spec"]["training"].update(training)
     doc["spec"].setdefault("runPolicy", {})["preflight"] = preflight
@@ -274,6 +274,7 @@ def test_two_nodes_without_any_volume_resume_a_killed_gang_from_the_bucket(runti
     doc["spec"]["model"]["name"] = f"{bucket}/models/tiny"
     doc["spec"]["data"]["train"] = [{"path": f"{bucket}/data/train.jsonl"}]
     doc["spec"]["distributed"]["numNodes"] = 2
+    doc["spec"]["distributed"]["rendezvousPort"] = free_port()
     doc["spec"]["training"]["maxSteps"] = 600
     doc["spec"]["output"] = {"uri": f"{bucket}/runs/tiny"}
     doc["spec"]["s3"] = {"endpointURL": minio.url, "region": "us-east-1", "credentialsSecret": "s3-creds"}
