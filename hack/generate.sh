@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates every derived file: the CRD (and the chart's copy), the chart's values.yaml and values.schema.json,
-# docs/spec-reference.md, and api/transformers_names.py (names read from the pinned transformers).
+# the generated reference pages under docs/reference/, and api/transformers_names.py (names read from the pinned
+# transformers).
 # Tests fail when the committed files differ from what this writes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-.venv/bin/python}"
 "$python" -m finetune_operator.generate "$PWD"
+"$python" -m finetune_operator.cli.reference "$PWD"

@@ -97,7 +97,7 @@ def write_all(root: Path) -> None:
     # Imported after the names are written: the API's models check optimizer names against them.
     from .api.chart_values import values_schema, values_yaml
     from .api.crd import CRD_FILES, crd_yaml
-    from .api.reference import spec_reference
+    from .api.reference import PAGES
 
     chart = root / "charts" / "finetunejob"
     for name, make in CRD_FILES.items():
@@ -105,7 +105,8 @@ def write_all(root: Path) -> None:
         (chart / "crds" / name).write_text(crd_yaml(make()))
     (chart / "values.schema.json").write_text(json.dumps(values_schema(), indent=2) + "\n")
     (chart / "values.yaml").write_text(values_yaml())
-    (root / "docs" / "spec-reference.md").write_text(spec_reference())
+    for name, page in PAGES.items():
+        (root / "docs" / "reference" / name).write_text(page())
     from .render.runtime_policy import chart_template
 
     (chart / "templates" / "admission-policy-runtimes.yaml").write_text(chart_template())

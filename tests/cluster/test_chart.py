@@ -410,7 +410,7 @@ UPGRADE = "kubectl apply --server-side --force-conflicts -f charts/finetunejob/c
 
 def test_notes_tell_how_to_upgrade_the_crd(installed):
     out = installed  # what `helm install` printed
-    assert UPGRADE in out and UPGRADE in (ROOT / "README.md").read_text()
+    assert UPGRADE in out and UPGRADE in (ROOT / "docs" / "tasks" / "upgrade.md").read_text()
     assert "kubectl get finetunejobs -w" in out
 
 

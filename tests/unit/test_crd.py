@@ -82,7 +82,7 @@ def test_chart_values_and_schema_are_generated():
 def test_spec_reference_is_generated():
     from finetune_operator.api.reference import spec_reference
 
-    reference = CRD_FILE.parents[1] / "docs" / "spec-reference.md"
+    reference = CRD_FILE.parents[1] / "docs" / "reference" / "spec.md"
     assert reference.read_text() == spec_reference(), "run ./hack/generate.sh"
     assert "`spec.distributed.deepspeed.zeroStage`" in reference.read_text()
 

@@ -32,6 +32,25 @@ REASONS: Final = {
 }
 
 
+# What each code means to a user (docs/reference/exit-codes.md is generated from this table).
+DESCRIPTIONS: Final = {
+    SUCCESS: "the model is saved (and pushed or uploaded when asked)",
+    DATA_ERROR: "data missing, unreadable, or nothing trainable (the file and row are named)",
+    CONFIG_ERROR: "the config, model or tokenizer cannot work (e.g. QLoRA on CPU, flash attention missing from the "
+                  "image)",
+    DIVERGED: "the loss or gradient norm became NaN/inf, or the loss stayed far above its early level for 20 "
+              "optimizer steps (runPolicy.divergence); nothing is checkpointed after it",
+    PUSH_REFUSED: "the model is saved; the Hub refused the push (token, permission, repo) - PushRefused - or the "
+                  "object store refused the credentials or has no such bucket - StorageRefused",
+    PUSH_FAILED: "the model is saved; the Hub was unreachable or failing (the retry only pushes) - PushFailed -, "
+                 "final/ could not be uploaded to output.uri (the retry only uploads) - UploadFailed -, or the store "
+                 "did not answer - StorageUnavailable",
+    RENDEZVOUS_DNS_TIMEOUT: "node 0's name never resolved",
+    INTERRUPTED: "stopped on request (SIGTERM, Ctrl-C) after saving a checkpoint; resumable",
+    137: "killed (SIGKILL): the kubelet's OOMKilled when it says so",
+}
+
+
 def is_permanent(code: int) -> bool:
     """True when retrying the same attempt cannot succeed."""
     return code in PERMANENT

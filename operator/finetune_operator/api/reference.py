@@ -52,9 +52,54 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 
 def spec_reference() -> str:
-    lines = ["# FineTuneJob spec reference", "",
+    lines = ["# FineTuneJob spec", "",
              "Generated from the API models by `./hack/generate.sh`; the same descriptions appear in "
              "`kubectl explain finetunejob.spec`. Cross-field rules are checked by `finetune validate` and the "
              "operator.",
              "", "| field | type | default | description |", "|---|---|---|---|"]
     return "\n".join(lines + _rows(FineTuneJobSpec, "spec")) + "\n"
+
+
+def runtime_reference() -> str:
+    from .runtime import FineTuneRuntimeSpec
+
+    lines = ["# FineTuneRuntime and ClusterFineTuneRuntime spec", "",
+             "Generated from the API models by `./hack/generate.sh`; the same descriptions appear in "
+             "`kubectl explain clusterfinetuneruntime.spec`. The template's sections are the FineTuneJob's "
+             "([spec](spec.md)) with every field optional. How they are used: [Runtimes](../concepts/runtimes.md).",
+             "", "| field | type | default | description |", "|---|---|---|---|"]
+    return "\n".join(lines + _rows(FineTuneRuntimeSpec, "spec")) + "\n"
+
+
+def values_reference() -> str:
+    from .chart_values import ChartValues
+
+    lines = ["# Chart values", "",
+             "Generated from the chart's values model (`finetune_operator/api/chart_values.py`, which also writes "
+             "`values.yaml` and `values.schema.json`: Helm refuses a value the schema does not allow) by "
+             "`./hack/generate.sh`.", "", "| value | type | default | description |", "|---|---|---|---|"]
+    rows = _rows(ChartValues, "")
+    return "\n".join(lines + [row.replace("| `.", "| `", 1) for row in rows]) + "\n"
+
+
+def exit_codes_reference() -> str:
+    from . import exit_codes
+
+    lines = ["# Exit codes", "",
+             "The trainer's exit code is the operator's decision: permanent codes fail the job at once, every "
+             "other code gang-restarts it from the newest checkpoint (counted against `runPolicy.backoffLimit`). "
+             "Generated from `finetune_operator/api/exit_codes.py`, which the trainer and the operator share.", "",
+             "| code | reason | retried | meaning |", "|---|---|---|---|"]
+    for code in sorted(exit_codes.DESCRIPTIONS):
+        retried = "-" if code == exit_codes.SUCCESS else ("no" if exit_codes.is_permanent(code) else "yes")
+        lines.append(f"| {code} | {exit_codes.reason(code)} | {retried} | {exit_codes.DESCRIPTIONS[code]} |")
+    lines.append("| anything else | Error | yes | a crash, a collective timeout, a lost node |")
+    lines += ["", "The launcher writes a JSON summary (final loss, steps, tokens, world size, what wrapped the model, "
+              "data counts, where the model is) to the container's termination message, so `kubectl get pod -o "
+              "yaml` tells what happened."]
+    return "\n".join(lines) + "\n"
+
+
+# docs/reference/<name> -> its generator (the CLI's page comes from the CLI itself: cli/reference.py)
+PAGES = {"spec.md": spec_reference, "runtime.md": runtime_reference, "chart-values.md": values_reference,
+         "exit-codes.md": exit_codes_reference}

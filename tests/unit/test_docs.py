@@ -1,0 +1,65 @@
+"""The documentation: a short README, a site that builds in strict mode (broken links, missing pages and stale
+generated pages fail), generated reference pages, and a description for every field users can set."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from finetune_operator.api.reference import PAGES
+from finetune_operator.cli.reference import cli_reference
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_a_front_door_that_starts_with_the_two_commands():
+    assert len(README.splitlines()) <= 150
+    first_block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.strip()]
+    assert commands == ["./hack/quickstart.sh", "./hack/test.sh"]
+    assert "./hack/test.sh" in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
+
+
+@pytest.mark.parametrize("name", [*PAGES, "cli.md"])
+def test_reference_pages_are_generated(name):
+    page = PAGES[name]() if name in PAGES else cli_reference()
+    assert (ROOT / "docs" / "reference" / name).read_text() == page, "run ./hack/generate.sh"
+
+
+def _undescribed(node: dict, path: str) -> list[str]:
+    missing = []
+    for key, child in (node.get("properties") or {}).items():
+        if not (child.get("description") or "").strip():
+            missing.append(f"{path}.{key}")
+        missing += _undescribed(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        missing += _undescribed(node["items"], f"{path}[]")
+    return missing
+
+
+@pytest.mark.parametrize("crd", ["finetunejob.yaml", "finetuneruntime.yaml", "clusterfinetuneruntime.yaml"])
+def test_every_field_of_every_crd_has_a_description(crd):
+    schema = yaml.safe_load((ROOT / "crds" / crd).read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _undescribed(schema["properties"]["spec"], "spec") == []
+    if "status" in schema["properties"]:
+        assert _undescribed(schema["properties"]["status"], "status") == []
+
+
+def test_every_chart_value_has_a_description():
+    import json
+
+    schema = json.loads((ROOT / "charts" / "finetunejob" / "values.schema.json").read_text())
+    assert _undescribed(schema, "values") == []
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    """Every page in the nav exists, every link and anchor resolves, no page is left out of the nav."""
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "not included in the \"nav\"" not in proc.stderr, proc.stderr
+    assert (tmp_path / "reference" / "spec" / "index.html").exists()
