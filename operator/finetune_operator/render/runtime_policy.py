@@ -17,8 +17,10 @@ import yaml
 from ..api import constants as c
 from ..api.runtime import LOCKABLE
 
-POLICY_NAME = {c.CLUSTER_RUNTIME_KIND: "finetunejob-cluster-runtime-limits",
-               c.RUNTIME_KIND: "finetunejob-runtime-limits"}
+# Names under the release's (the chart substitutes RELEASE): two releases (watchNamespaces) must not collide.
+RELEASE = "RELEASE-NAME"
+POLICY_NAME = {c.CLUSTER_RUNTIME_KIND: f"{RELEASE}-cluster-runtime-limits",
+               c.RUNTIME_KIND: f"{RELEASE}-runtime-limits"}
 QUEUE_LABEL = c.LABEL_KUEUE_QUEUE
 
 
@@ -146,4 +148,5 @@ def chart_template() -> str:
     """templates/admission-policy-runtimes.yaml of the chart (on unless runtimes.limitsAtAdmission is false)."""
     body = "---\n".join(yaml.safe_dump(doc, sort_keys=False, width=120) for doc in policies())
     return ("# Generated from finetune_operator/render/runtime_policy.py by ./hack/generate.sh; do not edit by hand.\n"
-            "{{- if .Values.runtimes.limitsAtAdmission }}\n" + body + "{{- end }}\n")
+            "{{- if .Values.runtimes.limitsAtAdmission }}\n" + body.replace(RELEASE, "{{ .Release.Name }}")
+            + "{{- end }}\n")
