@@ -57,20 +57,24 @@ def test_lint_and_template(helm):
     roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "Role"
              and not d["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    # The only cluster-wide rights left with watchNamespaces: reading the cluster's runtimes (cluster-scoped) and
-    # listing nodes (nodeShapeCheck, which can go too).
+    # The only cluster-wide rights left with watchNamespaces, all reads: namespaces and CRDs (kopf follows them),
+    # the cluster's runtimes (cluster-scoped) and listing nodes (nodeShapeCheck, which can go too).
     cluster_roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "ClusterRole"
                      and not d["metadata"]["name"].endswith(("-user-edit", "-user-view", "-user-admin",
                                                              "-runtime-reader"))]
+    read = ["get", "list", "watch"]
     assert [r["rules"] for r in cluster_roles] == [
+        [{"apiGroups": [""], "resources": ["namespaces"], "verbs": read},
+         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": read}],
         [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}],
         [{"apiGroups": ["finetunejob.dev"], "resources": ["clusterfinetuneruntimes"], "verbs": ["get", "list"]}]]
     strict = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "watchNamespaces={team-a}",
                   "--set", "nodeShapeCheck=false", "--set", "userRoles.aggregate=false",
                   "--set", "runtimes.readableByAllUsers=false").stdout
     assert sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(strict)
-                  if d and d["kind"].startswith("Cluster")) == [("ClusterRole", "ftj-operator-runtimes"),
-                                                                ("ClusterRoleBinding", "ftj-operator-runtimes")]
+                  if d and d["kind"].startswith("Cluster")) == [
+        ("ClusterRole", "ftj-operator-discovery"), ("ClusterRole", "ftj-operator-runtimes"),
+        ("ClusterRoleBinding", "ftj-operator-discovery"), ("ClusterRoleBinding", "ftj-operator-runtimes")]
 
 
 def test_the_runtime_catalogue_is_what_the_examples_run_on(helm):
@@ -225,6 +229,44 @@ def test_operator_runs_under_the_charts_least_privilege_identity(installed, kube
         assert not refused, refused
     finally:
         op.stop()
+
+
+def test_with_watch_namespaces_the_operator_runs_on_roles_alone(helm, kubectl, control_plane, namespace):
+    """A second release that manages one namespace (watchNamespaces), with every optional cluster-wide right off:
+    its operator, under that release's identity, runs a job there and leaves other namespaces alone."""
+    release, system = "ftj-team", "finetunejob-team"
+    other = f"{namespace[:50]}-other"
+    kubectl.run("create", "namespace", other)
+    helm("install", release, str(CHART), "--namespace", system, "--create-namespace", "--wait=false",
+         "--set", f"watchNamespaces={{{namespace}}}", "--set", "nodeShapeCheck=false",
+         "--set", "userRoles.aggregate=false", "--set", "runtimes.readableByAllUsers=false")
+    op = None
+    try:
+        sa = f"system:serviceaccount:{system}:{release}-operator"
+        assert can(kubectl, sa, "create", "jobs.batch", namespace=namespace)
+        assert not can(kubectl, sa, "create", "jobs.batch", namespace=other)
+        assert not can(kubectl, sa, "list", "nodes")
+        token = kubectl.run("create", "token", f"{release}-operator", "-n", system, "--duration=1h").stdout.strip()
+        config = yaml.safe_load(control_plane.kubeconfig.read_text())
+        config["users"] = [{"name": "admin", "user": {"token": token}}]
+        scoped = control_plane.work / "operator-team.kubeconfig"
+        scoped.write_text(yaml.safe_dump(config))
+        op = OperatorProcess(scoped, control_plane.work / "operator-team.log", namespaces=(namespace,),
+                             args=("--health-port=0", "--leader-elect", f"--lease-namespace={system}",
+                                   f"--lease-name={release}-operator")).start()
+        for ns in (namespace, other):
+            kubectl.run("apply", "-n", ns, "-f", str(ROOT / "examples" / "tiny-cpu-sft.yaml"))
+        phases = watch_phases(kubectl, namespace, "tiny-cpu-sft", until="Running", timeout=90)
+        assert phases[-1] == "Running", op.log_tail()
+        assert not kubectl.json("get", "ftj", "tiny-cpu-sft", "-n", other).get("status")  # not its namespace
+        refused = [line for line in op.log_tail(400).splitlines()
+                   if "orbidden" in line and "because it is being terminated" not in line]
+        assert not refused, refused
+    finally:
+        if op is not None:
+            op.stop()
+        helm("uninstall", release, "--namespace", system, check=False)
+        kubectl.run("delete", "namespace", other, "--wait=false", check=False)
 
 
 def watch_phases(kubectl, namespace, name, until, timeout=60.0):

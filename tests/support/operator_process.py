@@ -13,9 +13,12 @@ from tests.support.controlplane import ROOT
 
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, restart_backoff: float = 1.0, metrics_port: int = 0,
-                 workers: int = 16, env: dict[str, str] | None = None, args: tuple[str, ...] = ("--health-port=0",)):
+                 workers: int = 16, env: dict[str, str] | None = None, args: tuple[str, ...] = ("--health-port=0",),
+                 namespaces: tuple[str, ...] = ()):
         self.kubeconfig, self.log_path, self.restart_backoff = kubeconfig, log_path, restart_backoff
         self.metrics_port, self.workers, self.env, self.args = metrics_port, workers, env or {}, args
+        # Every namespace (the chart's default), or only these (its watchNamespaces)
+        self.scope = [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> OperatorProcess:
@@ -26,7 +29,7 @@ class OperatorProcess:
                "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")]), **self.env}
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "finetune_operator.controller", "--all-namespaces", *self.args],
+            [sys.executable, "-m", "finetune_operator.controller", *self.scope, *self.args],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
         return self
 

@@ -18,6 +18,8 @@ FIELD_MANAGER = "finetunejob-operator"
 # while after the chart's nodeShapeCheck is off (403): the check is a courtesy, never a reason to fail.
 NODE_SHAPE_TTL_SECONDS = 60.0
 NODE_SHAPE_FORBIDDEN_RETRY_SECONDS = 600.0
+# Without the runtime CRDs (a chart from before them), whether they appeared is looked at this often.
+RUNTIME_CRD_RETRY_SECONDS = 60.0
 
 
 class NameConflict(Exception):
@@ -65,7 +67,8 @@ class Kube:
         self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
         self.events = self.dyn.resources.get(api_version="v1", kind="Event")
         self.nodes = self.dyn.resources.get(api_version="v1", kind="Node")
-        self._runtime_resources: dict[str, Any] = {}
+        self._runtime_resources: dict[str, tuple[Any, float]] = {}  # kind -> (resource or None, look again at)
+        self._runtime_lock = threading.Lock()
         self._shape_lock = threading.Lock()
         self._shape: tuple[float, list[dict[str, Any]] | None] = (float("-inf"), None)  # (expires, nodes)
 
@@ -93,13 +96,18 @@ class Kube:
         return cls(client.ApiClient(configuration))
 
     def _runtimes(self, kind: str) -> Any:
-        """The runtime kind's resource, or None while its CRD is not installed (a chart before runtimes)."""
-        if kind not in self._runtime_resources:
-            try:
-                self._runtime_resources[kind] = self.dyn.resources.get(api_version=c.API_VERSION, kind=kind)
-            except ResourceNotFoundError:
-                return None
-        return self._runtime_resources[kind]
+        """The runtime kind's resource, or None while its CRD is not installed (a chart before runtimes). Looked up
+        by one thread at a time and an absence remembered for a while: a miss makes the client rediscover every
+        API group, which is slow and not safe to run from several threads at once."""
+        with self._runtime_lock:
+            found, expires = self._runtime_resources.get(kind, (None, float("-inf")))
+            if found is None and time.monotonic() >= expires:
+                try:
+                    found = self.dyn.resources.get(api_version=c.API_VERSION, kind=kind)
+                except ResourceNotFoundError:
+                    found = None
+                self._runtime_resources[kind] = (found, time.monotonic() + RUNTIME_CRD_RETRY_SECONDS)
+            return found
 
     def get_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A FineTuneRuntime (in `namespace`) or ClusterFineTuneRuntime, or None when there is none of that name."""
