@@ -118,7 +118,8 @@ CAPPED = runtime("capped", template={"pod": {"image": "registry.local/trainer:ca
                                      "distributed": {"gpusPerNode": 8, "strategy": "deepspeed"}},
                  limits={"locked": ["pod.image"], "maxNodes": 2, "maxGpusPerJob": 8, "allowedMethods": ["lora"],
                          "allowedStrategies": ["deepspeed"], "allowedModelSources": ["/models/"],
-                         "allowedDataSources": ["/data/"], "maxActiveDeadlineSeconds": 86400})
+                         "allowedDataSources": ["/data/"], "allowedClaims": ["team-data"],
+                         "maxActiveDeadlineSeconds": 86400})
 WITHIN = {"runtimeRef": {"name": "capped"}, "runPolicy": {"activeDeadlineSeconds": 3600}}
 BREAKING = {
     "pod.image": ({"pod": {"image": "mine:1"}}, "spec.pod.image: the trainer image is locked by "
@@ -137,6 +138,10 @@ BREAKING = {
                                                                     {"path": "/tmp/theirs.jsonl"}]}},
                            "spec.data uses /tmp/theirs.jsonl: ClusterFineTuneRuntime capped allows "
                            "limits.allowedDataSources /data/"),
+    "allowedClaims": ({"pod": {"volumes": [{"name": "d", "mountPath": "/data", "claimName": "team-data"},
+                                           {"name": "x", "mountPath": "/x", "claimName": "theirs"}]}},
+                      "spec mounts the claim(s) theirs: ClusterFineTuneRuntime capped allows limits.allowedClaims "
+                      "team-data"),
     "maxActiveDeadlineSeconds": ({"runPolicy": {"activeDeadlineSeconds": 999999}},
                                  "spec.runPolicy.activeDeadlineSeconds is 999999: ClusterFineTuneRuntime capped "
                                  "allows limits.maxActiveDeadlineSeconds = 86400"),

@@ -37,7 +37,8 @@ def reason_column(kubectl, ns, name):
 
 
 def test_more_gpus_per_node_than_any_node_has_reads_unschedulable(kubectl, operator, namespace):
-    submit(kubectl, namespace, "too-big", **{"spec.distributed.numNodes": 1, "spec.distributed.gpusPerNode": 16})
+    submit(kubectl, namespace, "too-big", **{"spec.distributed.numNodes": 1, "spec.distributed.gpusPerNode": 16,
+                                             "spec.runPolicy.capacityShortage": "create"})  # the scheduler's words
     started = time.monotonic()
     st = wait_status(kubectl, namespace, "too-big", lambda s: s.get("reason") == "Unschedulable", operator)
     # At once, from the nodes' shape (the chart's nodeShapeCheck), before the scheduler's first try is even read.
@@ -118,7 +119,8 @@ def test_a_partial_gang_frees_its_gpus_after_the_schedule_timeout_and_runs_when_
     submit(kubectl, namespace, "partial", **{"spec.distributed.gpusPerNode": 8,
                                              "spec.pod.nodeSelector": {POOL: "waiting"},
                                              "spec.runPolicy.scheduleTimeoutSeconds": 20,
-                                             "spec.runPolicy.backoffLimit": 0})
+                                             "spec.runPolicy.backoffLimit": 0,
+                                             "spec.runPolicy.capacityShortage": "create"})
     try:
         st = wait_status(kubectl, namespace, "partial", lambda s: s.get("nodes") == "1/2"
                          and s.get("reason") == "Unschedulable", operator)
@@ -160,7 +162,8 @@ def test_a_gang_the_cluster_can_never_hold_warns_at_once_and_stops_retrying(kube
     """40 x 8 GPUs: more than every GPU node of this session holds together."""
     submit(kubectl, namespace, "never-fits", **{
         "spec.distributed.numNodes": 40, "spec.distributed.gpusPerNode": 8, "spec.training.precision": "bf16",
-        "spec.runPolicy.scheduleTimeoutSeconds": 15, "spec.runPolicy.scheduleRetryLimit": 1})
+        "spec.runPolicy.scheduleTimeoutSeconds": 15, "spec.runPolicy.scheduleRetryLimit": 1,
+        "spec.runPolicy.capacityShortage": "create"})  # created for an autoscaler to see, retried, then failed
     st = wait_status(kubectl, namespace, "never-fits", lambda s: s.get("reason") == "InsufficientCapacity", operator,
                      timeout=20)
     assert re.search(r"the gang needs 40 pod\(s\) of 8 nvidia.com/gpu \(320 in all\), but the cluster's nodes hold "
@@ -180,3 +183,21 @@ def test_a_gang_above_the_namespaces_gpu_quota_fails_at_once(kubectl, operator, 
     st = wait_status(kubectl, namespace, "over-quota", lambda s: s.get("phase") == "Failed", operator, timeout=20)
     assert st["reason"] == "QuotaTooSmall" and "ResourceQuota gpus of this namespace allows 12" in st["message"]
     assert not kubectl.json("get", "jobs", "-n", namespace)["items"]  # nothing created, no GPU ever requested
+
+
+def test_a_gang_the_nodes_cannot_hold_holds_nothing_and_starts_once_they_can(kubectl, operator, namespace,
+                                                                           pool_nodes):
+    """The default (runPolicy.capacityShortage: wait): 2 x 8 GPUs on a pool of one 8-GPU node creates no Job and
+    holds no GPU; a second node in the pool, and the gang starts."""
+    pool_nodes("pool-short-0")
+    submit(kubectl, namespace, "short", **{"spec.distributed.gpusPerNode": 8,
+                                           "spec.pod.nodeSelector": {POOL: "waiting"}})
+    st = wait_status(kubectl, namespace, "short", lambda s: s.get("reason") == "InsufficientCapacity", operator)
+    assert st["phase"] == "Pending" and not st.get("attempt"), st
+    assert "nothing is created and no GPU held until they can" in st["message"]
+    time.sleep(5)
+    assert not kubectl.json("get", "jobs", "-n", namespace)["items"]  # no pod, so no GPU, held
+    pool_nodes("pool-short-1")
+    st = wait_status(kubectl, namespace, "short", lambda s: s.get("nodes") == "2/2", operator, timeout=150)
+    assert (st["phase"], st["attempt"], st["scheduleRetries"]) == ("Running", 1, 0), st
+    assert len([e for e in warning_events(kubectl, namespace, "short") if e["reason"] == "InsufficientCapacity"]) == 1

@@ -677,13 +677,18 @@ def test_more_gpus_per_node_than_the_largest_node_has_is_a_warning_at_once():
     obs = Observed(name="test-job", namespace="ns", generation=1, labels={}, status={}, workloads=[], pods=[], now=T0,
                    nodes=[gpu_node(f"gpu-node-{i}") for i in range(4)])
     p = plan(sixteen, obs, SETTINGS)
-    assert p.create_attempt == 1  # still created: an autoscaler may add a bigger node
+    assert p.create_attempt is None and "attempt" not in p.status  # nothing held until a node can take a pod
+    assert p.requeue_after == 30.0
     assert (p.status["phase"], p.status["reason"]) == ("Pending", "Unschedulable")
     assert "gpusPerNode is 16, but the largest of the cluster's nodes (gpu-node-0) has 8 nvidia.com/gpu" in \
         p.status["message"]
     assert "numNodes 4 x gpusPerNode 8" in p.status["message"]
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "Unschedulable")]
     assert {cd["type"]: cd["status"] for cd in p.status["conditions"]}["Waiting"] == "True"
+    for_autoscaler = job(**{"spec.distributed.gpusPerNode": 16, "spec.runPolicy.capacityShortage": "create"})
+    created = plan(for_autoscaler, obs, SETTINGS)
+    assert created.create_attempt == 1 and created.status["reason"] == "Unschedulable"  # an autoscaler sees it
+    assert "created for a cluster autoscaler to see" in created.status["message"]
     fits = plan(job(), obs, SETTINGS)
     assert fits.status["reason"] == "Created" and fits.events[0].type == "Normal"
     unknown = plan(sixteen, Observed(**{**obs.__dict__, "nodes": None}), SETTINGS)
@@ -698,11 +703,21 @@ def test_a_gang_larger_than_the_nodes_it_may_use_says_so_at_once():
     obs = Observed(name="test-job", namespace="ns", generation=1, labels={}, status={}, workloads=[], pods=[], now=T0,
                    nodes=nodes)
     p = plan(big, obs, SETTINGS)
-    assert p.create_attempt == 1 and (p.status["phase"], p.status["reason"]) == ("Pending", "InsufficientCapacity")
+    assert p.create_attempt is None and (p.status["phase"], p.status["reason"]) == ("Pending", "InsufficientCapacity")
     assert "the gang needs 4 pod(s) of 8 nvidia.com/gpu (32 in all), but the cluster's nodes hold 3 such pod(s) " \
         "(24 nvidia.com/gpu on 3 node(s))" in p.status["message"]
-    assert "scheduleRetryLimit=5" in p.status["message"]
+    assert "nothing is created and no GPU held until they can" in p.status["message"]
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "InsufficientCapacity")]
+    # Looked at again: still short, the same reason and no second Event; a fourth usable node, and it starts.
+    again = plan(big, Observed(**{**obs.__dict__, "status": p.status}), SETTINGS)
+    assert again.create_attempt is None and again.status["reason"] == "InsufficientCapacity" and not again.events
+    grown = Observed(**{**obs.__dict__, "status": p.status, "nodes": [*nodes, gpu_node("new")]})
+    started = plan(big, grown, SETTINGS)
+    assert started.create_attempt == 1 and started.status["attempt"] == 1 and started.status["reason"] == "Created"
+    retried = job(**{"spec.distributed.numNodes": 4, "spec.distributed.gpusPerNode": 8,
+                     "spec.runPolicy.capacityShortage": "create"})
+    assert plan(retried, obs, SETTINGS).create_attempt == 1
+    assert "scheduleRetryLimit=5" in plan(retried, obs, SETTINGS).status["message"]
     tolerant = job(**{"spec.distributed.numNodes": 4, "spec.distributed.gpusPerNode": 8,
                       "spec.pod.tolerations": [{"key": "team", "operator": "Exists"}]})
     assert plan(tolerant, obs, SETTINGS).status["reason"] == "Created"

@@ -149,6 +149,10 @@ LIMIT_CASES = {
     "allowedDataSources": ({"allowedDataSources": ["/data/team-a/"]},
                            {"spec.data.train": [{"path": "/data/team-a/x.jsonl"}, {"path": "/data/team-b/y.jsonl"}]},
                            "spec.data.train[1].path", "limits.allowedDataSources"),
+    "allowedClaims": ({"allowedClaims": ["team-data"]},
+                      {"spec.pod": {"volumes": [{"name": "d", "mountPath": "/data", "claimName": "team-data"},
+                                                {"name": "x", "mountPath": "/x", "claimName": "other-team"}]}},
+                      "spec.pod.volumes[1].claimName", "limits.allowedClaims"),
     "maxActiveDeadlineSeconds": ({"maxActiveDeadlineSeconds": 3600}, {}, "spec.runPolicy.activeDeadlineSeconds",
                                  "limits.maxActiveDeadlineSeconds = 3600"),
 }

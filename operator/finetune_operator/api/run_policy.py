@@ -81,6 +81,14 @@ class RunPolicy(ApiModel):
         "fails (ScheduleRetriesExhausted) instead of grabbing its GPUs again and again. A gang larger than every "
         "node its pods may use can hold together says so at once (InsufficientCapacity, a Warning).",
     )
+    capacity_shortage: Literal["wait", "create"] = Field(
+        default="wait",
+        description="When the nodes its pods may use cannot hold the gang together (InsufficientCapacity), or no "
+        "node can hold one of its pods (Unschedulable), on its first look. wait: nothing is created and no GPU is "
+        "held; the capacity is looked at again every 30 s and the gang starts once it fits. create: the attempt is "
+        "created anyway, so that a cluster autoscaler sees its pending pods and adds nodes (the partial gang holds "
+        "its GPUs until scheduleTimeoutSeconds, retried scheduleRetryLimit times).",
+    )
     stall_timeout_seconds: int | None = Field(
         default=1800, ge=60,
         description="Restart an attempt whose progress heartbeat is older than this; unset disables the watchdog.",

@@ -98,6 +98,10 @@ class RuntimeLimits(ApiModel):
         default=None, min_length=1, max_length=64, description="Prefixes every data path and hub dataset "
         "(spec.data.train/validation) must start with (`s3://team-data/`, `/data/`, `tatsu-lab/`); inline rows "
         "are always allowed.")
+    allowed_claims: list[str] | None = Field(
+        default=None, min_length=1, max_length=64, description="PersistentVolumeClaims jobs may mount "
+        "(spec.output.claimName and spec.pod.volumes[].claimName): the team's datasets and checkpoint volumes, not "
+        "another team's claim that happens to be in the namespace.")
     max_active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Jobs must set runPolicy.activeDeadlineSeconds (or take the runtime's) "
         "at most this long.")
@@ -208,6 +212,12 @@ def check_limits(kind: str, name: str, limits: RuntimeLimits, spec: Any) -> list
             if not source.startswith(tuple(limits.allowed_data_sources)):
                 refuse(path, source, "limits.allowedDataSources", limits.allowed_data_sources,
                        "use data under one of those prefixes")
+    if limits.allowed_claims is not None:
+        claims = [("spec.output.claimName", spec.output.claim_name)] + [
+            (f"spec.pod.volumes[{i}].claimName", v.claim_name) for i, v in enumerate(spec.pod.volumes)]
+        for path, claim in claims:
+            if claim is not None and claim not in limits.allowed_claims:
+                refuse(path, claim, "limits.allowedClaims", limits.allowed_claims, "mount one of those claims")
     deadline = spec.run_policy.active_deadline_seconds
     if limits.max_active_deadline_seconds is not None and (deadline is None
                                                            or deadline > limits.max_active_deadline_seconds):

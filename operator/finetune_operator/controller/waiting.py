@@ -24,6 +24,9 @@ from .planning import Observed, Plan, finish, finished
 # why; then every WAIT_RECHECK_SECONDS while it waits. No pod watch: only waiting jobs cost reads.
 WAIT_GRACE_SECONDS = 10.0
 WAIT_RECHECK_SECONDS = 15.0
+# A gang the nodes cannot hold (runPolicy.capacityShortage: wait) is looked at again this often (the operator's
+# view of the nodes is at most a minute old).
+CAPACITY_RECHECK_SECONDS = 30.0
 
 
 def gang_waiting(workload: dict[str, Any], now: datetime) -> bool:
@@ -38,10 +41,11 @@ def gang_waiting(workload: dict[str, Any], now: datetime) -> bool:
 
 
 def never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
-    """On the first pass, what the gang can never get says so at once instead of after scheduleTimeoutSeconds and a
-    retry after each: a ResourceQuota below its GPUs fails the job (True); too few GPUs on the nodes its pods may
-    use (their nodeSelector and tolerations), or no node big enough for one pod, is a Warning: a cluster
-    autoscaler may add nodes, and runPolicy.scheduleRetryLimit bounds the retries."""
+    """Before the first attempt, what the gang cannot get says so at once instead of after scheduleTimeoutSeconds
+    and a retry after each: a ResourceQuota below its GPUs fails the job (True); too few GPUs on the nodes its pods
+    may use (their nodeSelector and tolerations), or no node big enough for one pod, is a Warning, and (True,
+    runPolicy.capacityShortage: wait) nothing is created until the nodes can hold it, or (False, create) the
+    attempt is created for a cluster autoscaler to see."""
     st, d, resource = p.status, job.spec.distributed, job.spec.resources.gpu_resource_name
     gang = d.num_nodes * d.gpus_per_node
     quota = capacity.quota_limit(obs.quotas or [], resource) if gang else None
@@ -58,19 +62,32 @@ def never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
                             [t.model_dump(by_alias=True, exclude_none=True) for t in pod.tolerations], d.gpus_per_node)
     where = "the nodes its pods may use (nodeSelector, tolerations)" if pod.node_selector or pod.tolerations else \
         "the cluster's nodes"
+    wait = job.spec.run_policy.capacity_shortage == "wait"
+    then = (f"nothing is created and no GPU held until they can (looked at again every "
+            f"{CAPACITY_RECHECK_SECONDS:.0f} s; runPolicy.capacityShortage: create lets a cluster autoscaler see its "
+            "pods)") if wait else (
+        f"the attempt is created for a cluster autoscaler to see (runPolicy.capacityShortage: create) and retried at "
+        f"most runPolicy.scheduleRetryLimit={job.spec.run_policy.schedule_retry_limit} time(s)")
     if cap.largest is not None and d.gpus_per_node > cap.largest[1]:
         node, most = cap.largest
         st.update(reason="Unschedulable", message=(
             f"spec.distributed.gpusPerNode is {d.gpus_per_node}, but the largest of {where} ({node}) has {most} "
             f"{resource} allocatable: no node can run a pod of this job; ask for at most {most} per node (e.g. "
-            f"numNodes {-(-gang // most)} x gpusPerNode {most}) or add nodes with more GPUs"))
+            f"numNodes {-(-gang // most)} x gpusPerNode {most}) or add nodes with more GPUs; {then}"))
     elif cap.slots < d.num_nodes:
         st.update(reason="InsufficientCapacity", message=(
             f"the gang needs {d.num_nodes} pod(s) of {d.gpus_per_node} {resource} ({gang} in all), but {where} "
             f"hold {cap.slots} such pod(s) ({cap.total} {resource} on {cap.nodes} node(s)): it cannot run until "
-            f"nodes are added; it is retried at most runPolicy.scheduleRetryLimit="
-            f"{job.spec.run_policy.schedule_retry_limit} time(s)"))
-    return False
+            f"nodes are added; {then}"))
+    else:
+        return False
+    if not wait:
+        return False
+    # Not started: no attempt, no start time; only the reason, and a look again.
+    for key in ("attempt", "restarts", "startTime"):
+        st.pop(key, None)
+    p.requeue(CAPACITY_RECHECK_SECONDS)
+    return True
 
 
 CREATE_REFUSALS = (ATTEMPT_REFUSED, NAME_CONFLICT)

@@ -83,6 +83,10 @@ def validations(kind: str) -> list[dict[str, str]]:
          "'spec.data uses ' + variables.dataSources.filter(s, !params.spec.limits.allowedDataSources.exists(p, "
          f"s.startsWith(p))).join(', ') + ': ' + {who} + ' allows limits.allowedDataSources ' + "
          "params.spec.limits.allowedDataSources.join(', ') + '; use data under one of those prefixes'"),
+        ("allowedClaims", "variables.claims.all(n, n in params.spec.limits.allowedClaims)",
+         "'spec mounts the claim(s) ' + variables.claims.filter(n, !(n in params.spec.limits.allowedClaims))"
+         f".join(', ') + ': ' + {who} + ' allows limits.allowedClaims ' + "
+         "params.spec.limits.allowedClaims.join(', ') + '; mount one of those claims'"),
         ("maxActiveDeadlineSeconds", "variables.deadline > 0 && variables.deadline <= "
          "params.spec.limits.maxActiveDeadlineSeconds",
          "'spec.runPolicy.activeDeadlineSeconds is ' + (variables.deadline > 0 ? string(variables.deadline) : "
@@ -113,6 +117,11 @@ def variables(kind: str) -> list[dict[str, str]]:
         {"name": "method", "expression": "(has(object.spec.method) && has(object.spec.method.type)) ? "
                                          "object.spec.method.type : 'lora'"},
         {"name": "deadline", "expression": _value("runPolicy.activeDeadlineSeconds", "0")},
+        {"name": "claims", "expression": f"({_has('object.spec', 'output.claimName')} ? [object.spec.output.claimName] "
+                                         f": ({_has('params.spec.template', 'output.claimName')} ? "
+                                         "[params.spec.template.output.claimName] : [])) + "
+                                         f"{_value('pod.volumes', '[]')}.filter(v, has(v.claimName))"
+                                         ".map(v, v.claimName)"},
         {"name": "dataSources", "expression": f"{_sources('train')} + (has(object.spec.data.validation) ? "
                                               f"{_sources('validation')} : [])"},
     ]
