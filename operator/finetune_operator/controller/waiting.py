@@ -5,6 +5,7 @@ events, looked at only while they wait), and the partial gang torn down after sc
 from datetime import datetime
 from typing import Any
 
+from ..api import constants as c
 from ..api.validation import ValidatedJob
 from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import capacity, queueing
@@ -62,7 +63,8 @@ def never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
                             [t.model_dump(by_alias=True, exclude_none=True) for t in pod.tolerations], d.gpus_per_node)
     where = "the nodes its pods may use (nodeSelector, tolerations)" if pod.node_selector or pod.tolerations else \
         "the cluster's nodes"
-    wait = job.spec.run_policy.capacity_shortage == "wait"
+    # A job queued through Kueue holds nothing while Kueue keeps it suspended, and Kueue says why it waits.
+    wait = job.spec.run_policy.capacity_shortage == "wait" and c.LABEL_KUEUE_QUEUE not in job.labels
     then = (f"nothing is created and no GPU held until they can (looked at again every "
             f"{CAPACITY_RECHECK_SECONDS:.0f} s; runPolicy.capacityShortage: create lets a cluster autoscaler see its "
             "pods)") if wait else (
