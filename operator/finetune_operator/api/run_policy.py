@@ -87,8 +87,8 @@ class RunPolicy(ApiModel):
         "node can hold one of its pods (Unschedulable), on its first look. wait: nothing is created and no GPU is "
         "held; the capacity is looked at again every 30 s and the gang starts once it fits. create: the attempt is "
         "created anyway, so that a cluster autoscaler sees its pending pods and adds nodes (the partial gang holds "
-        "its GPUs until scheduleTimeoutSeconds, retried scheduleRetryLimit times). Jobs queued through Kueue are created "
-        "either way: Kueue keeps them suspended, holding nothing, and says why.",
+        "its GPUs until scheduleTimeoutSeconds, retried scheduleRetryLimit times). Jobs queued through Kueue are "
+        "created either way: Kueue keeps them suspended, holding nothing, and says why.",
     )
     stall_timeout_seconds: int | None = Field(
         default=1800, ge=60,
