@@ -176,23 +176,25 @@ def all_crds_yaml() -> str:
     return "---\n".join(crd_yaml(make()) for make in CRD_FILES.values())
 
 
+def _default_into_description(node: dict[str, Any]) -> None:
+    """A node's default, if any, said in its description instead of applied by the apiserver."""
+    if "default" in node:
+        shown = yaml.safe_dump(node.pop("default"), default_flow_style=True, width=1000).strip()
+        node["description"] = f"{node.get('description', '').rstrip()} Default: {shown.removesuffix('...').strip()}."\
+            .strip()
+
+
 def _defaults_to_descriptions(node: dict[str, Any]) -> None:
     """Moves each property's default into its description (items keep theirs: a list is replaced whole)."""
     for prop in (node.get("properties") or {}).values():
-        if "default" in prop:
-            default = prop.pop("default")
-            shown = yaml.safe_dump(default, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
-            prop["description"] = f"{prop.get('description', '').rstrip()} Default: {shown}.".strip()
+        _default_into_description(prop)
         _defaults_to_descriptions(prop)
 
 
 def _partial(node: dict[str, Any]) -> None:
     """Every field optional and no defaults: a template holds only what the admin wrote."""
     node.pop("required", None)
-    if "default" in node:
-        default = node.pop("default")
-        shown = yaml.safe_dump(default, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
-        node["description"] = f"{node.get('description', '').rstrip()} Default: {shown}.".strip()
+    _default_into_description(node)
     for prop in (node.get("properties") or {}).values():
         _partial(prop)
 

@@ -270,11 +270,9 @@ def apply_layers(obj: dict[str, Any], layers: list[dict[str, Any]]) -> Resolved:
         template = merge(template, template_of(runtime))
         limits.append((kind, name, spec.limits))
     top = layers[-1]
-    merged, locked = obj, list[FieldError]()
-    for kind, name, rule in limits:
-        merged_once, found = effective_job(obj, kind, name, template, rule)
-        merged, locked = merged_once, locked + found
-    errors += locked
+    merged, _ = effective_job(obj, top["kind"], top["metadata"]["name"], template, RuntimeLimits())
+    for kind, name, rule in limits:  # each layer's locks, said in its own name
+        errors += effective_job(obj, kind, name, template, rule)[1]
     try:
         job = validate_job(merged)
     except InvalidSpec:
