@@ -4,6 +4,7 @@ and a FineTuneJob never adopts, rewrites or deletes an object it did not create 
 and one Event, nothing is written)."""
 
 import json
+import re
 import subprocess
 import time
 
@@ -46,6 +47,14 @@ def user_roles(control_plane, kubectl):
 def identity_policy(control_plane, kubectl):
     """The chart's admission policy on the identity a FineTuneJob runs as."""
     docs = chart_objects(control_plane, kubectl, "admission-policy-identity.yaml")
+    yield docs
+    delete_all(kubectl, docs)
+
+
+@pytest.fixture(scope="module")
+def trainer_pods_policy(control_plane, kubectl):
+    """The chart's admission policy on who may start what runs as the trainer identity."""
+    docs = chart_objects(control_plane, kubectl, "admission-policy-trainer-pods.yaml")
     yield docs
     delete_all(kubectl, docs)
 
@@ -224,6 +233,73 @@ def test_a_user_who_may_not_create_pods_cannot_run_a_job_as_another_service_acco
     # Someone who may create pods may name it.
     sneaky["metadata"]["name"] = "allowed"
     as_tenant(kubectl, "eddie", "apply", "-f", "-", input=json.dumps(sneaky))
+
+
+def _pod(name: str, namespace: str, **spec) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}], **spec}}
+
+
+def _job(name: str, namespace: str, **spec) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}],
+                                           **spec}}}}
+
+
+def test_a_tenant_who_may_create_pods_cannot_start_one_as_another_jobs_trainer(kubectl, user_roles,
+                                                                               trainer_pods_policy, namespace):
+    """The trainer-status policy reads which job a trainer token belongs to from its pod's name. A user with `edit`
+    (who may create pods and Jobs) starts a pod named like job victim's pod under the trainer identity, to forge
+    victim's progress: refused, as is every other way to run as that identity (the deprecated serviceAccount field,
+    an ownerReference to victim's attempt, a Job or CronJob of their own). The operator's Jobs still get their pods,
+    created by the Job controller."""
+    kubectl.run("create", "serviceaccount", "finetunejob-trainer", "-n", namespace)
+    bind(kubectl, namespace, "eddie", "edit")
+    wait_can(kubectl, "eddie", namespace, "create", "pods")
+    trainer = {"serviceAccountName": "finetunejob-trainer"}
+    forged = _pod("victim-a1-0-x7k2p", namespace, **trainer)
+    deadline = time.monotonic() + 30  # the policy is enforced once the apiserver has loaded it
+    while (refused := as_tenant(kubectl, "eddie", "create", "-f", "-", input=json.dumps(forged),
+                                check=False)).returncode == 0:
+        kubectl.run("delete", "pod", forged["metadata"]["name"], "-n", namespace, "--grace-period=0", "--force")
+        assert time.monotonic() < deadline, "the trainer-pods policy was never enforced"
+        time.sleep(1)
+    assert "only the pods of a FineTuneJob run as the trainer identity" in refused.stderr, refused.stderr
+    assert "eddie may not start one" in refused.stderr
+
+    # The operator (impersonated here, with a Role of its own) creates victim's attempt; the Job controller its pod.
+    creators = trainer_pods_policy[0]["spec"]["validations"][1]["expression"]
+    operator = re.search(r"system:serviceaccount:[^']+", creators)[0]
+    kubectl.run("create", "rolebinding", "operator-edit", "--clusterrole=edit", f"--user={operator}", "-n", namespace)
+    wait_can(kubectl, operator, namespace, "create", "jobs.batch")
+    attempt = _job("victim-a1", namespace, **trainer)
+    as_tenant(kubectl, operator, "create", "-f", "-", input=json.dumps(attempt))
+    deadline = time.monotonic() + 30
+    while not (pods := kubectl.json("get", "pods", "-n", namespace, "-l", "job-name=victim-a1")["items"]):
+        assert time.monotonic() < deadline, kubectl.run("describe", "job", "victim-a1", "-n", namespace).stdout
+        time.sleep(0.5)
+    assert pods[0]["spec"]["serviceAccountName"] == "finetunejob-trainer"
+    job_uid = kubectl.json("get", "job", "victim-a1", "-n", namespace)["metadata"]["uid"]
+
+    owned = {"apiVersion": "batch/v1", "kind": "Job", "name": "victim-a1", "uid": job_uid, "controller": True}
+    attempts = {
+        "deprecated-field": _pod("victim-a1-0-aaaaa", namespace, serviceAccount="finetunejob-trainer"),
+        "owner-reference": {**_pod("victim-a1-0-bbbbb", namespace, **trainer),
+                            "metadata": {"name": "victim-a1-0-bbbbb", "namespace": namespace,
+                                         "ownerReferences": [owned]}},
+        "job": _job("victim-a2", namespace, **trainer),
+        "cronjob": {"apiVersion": "batch/v1", "kind": "CronJob",
+                    "metadata": {"name": "victim", "namespace": namespace},
+                    "spec": {"schedule": "* * * * *",
+                             "jobTemplate": {"spec": _job("x", namespace, **trainer)["spec"]}}},
+    }
+    for how, obj in attempts.items():
+        refused = as_tenant(kubectl, "eddie", "create", "-f", "-", input=json.dumps(obj), check=False)
+        assert refused.returncode != 0, how
+        assert "trainer identity" in refused.stderr and "eddie" in refused.stderr, (how, refused.stderr)
+    # Nothing else is in the way: eddie's own pods and Jobs under any other identity.
+    as_tenant(kubectl, "eddie", "create", "-f", "-", input=json.dumps(_pod("victim-a1-0-ccccc", namespace)))
+    as_tenant(kubectl, "eddie", "create", "-f", "-", input=json.dumps(_job("mine", namespace)))
 
 
 @pytest.mark.parametrize("field", [
