@@ -113,3 +113,36 @@ def test_a_reconcile_pass_hung_on_a_dead_connection_fails_the_liveness_probe(kub
         proxy.frozen.clear()
         op.stop()
         proxy.close()
+
+
+def test_a_watch_on_a_connection_lost_without_a_reset_is_given_up_and_watched_again(kubectl, control_plane,
+                                                                                    namespace, tmp_path):
+    """Every connection the operator holds goes silent for good (a NAT that forgot the flow: no reset, no error),
+    new ones work. A job submitted then is not seen while the dead watch lasts; once the client's own timeout ends
+    the stream (FINETUNE_WATCH_SECONDS plus at least 10 s), kopf lists and watches again on a new connection and
+    reconciles it. Without that timeout the operator would wait on the dead stream for ever, healthy to every
+    probe (its event loop runs, no pass is stuck)."""
+    from finetune_operator.controller.settings import watch_client_timeout
+
+    server_timeout = 5
+    give_up = watch_client_timeout(server_timeout)
+    proxy = FreezableProxy(control_plane.api_port)
+    op = replica(control_plane, namespace, A, tmp_path, server=f"https://127.0.0.1:{proxy.port}",
+                 env={"FINETUNE_WATCH_SECONDS": str(server_timeout)}, leader_elect=False).start()
+    try:
+        submit(kubectl, namespace, "before")
+        wait_phase(kubectl, namespace, "before", "Running", op, timeout=90)
+        # Right after the server ended the watch streams and kopf opened new ones: all of them die young.
+        time.sleep(server_timeout + 1)
+        assert proxy.partition() > 0
+        cut = time.monotonic()
+        submit(kubectl, namespace, "after")
+        while time.monotonic() - cut < give_up - 3:  # the dead stream hears nothing of it
+            assert not (kubectl.json("get", "ftj", "after", "-n", namespace).get("status") or {}).get("phase"), \
+                "reconciled while the watch was dead: something else than the watch found it"
+            time.sleep(0.5)
+        wait_phase(kubectl, namespace, "after", "Running", op, timeout=give_up + 60)
+        assert health(op)[0] == 200
+    finally:
+        op.stop()
+        proxy.close()

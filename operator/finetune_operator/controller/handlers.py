@@ -21,7 +21,7 @@ from .cache import finetunejob_of_job, slim_finetunejob, slim_workload, slim_wor
 from .health import HEALTH
 from .kube import Kube
 from .runner import GATHER_SECONDS, INDEXES, Controller, Key
-from .settings import settings_from_env
+from .settings import settings_from_env, watch_client_timeout
 
 EVENT_MESSAGE_LIMIT = 1024  # what `kubectl describe` shows whole
 
@@ -53,10 +53,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.event_name_prefix = f"{c.APP_NAME}-"
     # kopf logs every handler call at INFO: tens of thousands of lines a minute for a thousand gangs starting.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    settings.watching.server_timeout = 600
-    # A watch stream on a dead connection (no reset) would stay silent for ever: the client gives up a minute
+    settings.watching.server_timeout = ours.watch_seconds
+    # A watch stream on a dead connection (no reset) would stay silent for ever: the client gives up a little
     # after the server would have closed it, and kopf lists and watches again.
-    settings.watching.client_timeout = 660
+    settings.watching.client_timeout = watch_client_timeout(ours.watch_seconds)
     settings.watching.connect_timeout = 30
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = NoDiffBase(prefix=c.GROUP)

@@ -58,6 +58,23 @@ def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: 
     return f"{obj['kind']} {meta.get('name')} exists and is not this job's ({whose})"
 
 
+# (connect, read) seconds. The client waits for ever by default, and a pooled connection lost without a reset (a
+# NAT or load balancer that forgot it) would hang a reconcile pass for good; a read timeout drops that connection
+# and the pass is retried on a new one. No request of ours streams or waits for the server on purpose.
+REQUEST_TIMEOUT: tuple[float, float] = (10.0, 30.0)
+
+
+def bound_requests(api_client: client.ApiClient, timeout: tuple[float, float]) -> None:
+    """Every request of this client without a timeout of its own gets `timeout`."""
+    rest = api_client.rest_client
+    request = rest.request
+
+    def bounded(method: str, url: str, *args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        return request(method, url, *args, _request_timeout=_request_timeout or timeout, **kwargs)
+
+    rest.request = bounded
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient):
         self.dyn = DynamicClient(api_client)
@@ -93,7 +110,9 @@ class Kube:
     def _pooled(cls, configuration: client.Configuration, connections: int) -> "Kube":
         """One pooled connection per worker thread (the client's default pool of 4 would serialise passes)."""
         configuration.connection_pool_maxsize = connections
-        return cls(client.ApiClient(configuration))
+        api_client = client.ApiClient(configuration)
+        bound_requests(api_client, REQUEST_TIMEOUT)
+        return cls(api_client)
 
     def _runtimes(self, kind: str) -> Any:
         """The runtime kind's resource, or None while its CRD is not installed (a chart before runtimes). Looked up

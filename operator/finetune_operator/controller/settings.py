@@ -23,6 +23,9 @@ class Settings(BaseModel):
     stuck_pass_seconds: float = Field(default=300.0, gt=0, description="A reconcile pass running longer than this "
                                       "fails the liveness probe (a pass is a few API calls: a hung connection, not "
                                       "work), so the kubelet restarts the operator.")
+    watch_seconds: int = Field(default=600, ge=1, le=3600, description="How long the apiserver keeps one watch "
+                                 "stream open; the operator gives up on a silent stream a tenth later (at least 10 s "
+                                 "later): a connection lost without a reset, then listed and watched again.")
     network_policy: bool = Field(default=False, description="Give each gang a NetworkPolicy: ingress only from the "
                                  "pods of the same FineTuneJob.")
 
@@ -35,7 +38,13 @@ ENVIRONMENT: dict[str, str] = {
     "workers": c.ENV_OPERATOR_WORKERS,
     "network_policy": c.ENV_OPERATOR_NETWORK_POLICY,
     "stuck_pass_seconds": c.ENV_OPERATOR_STUCK_RECONCILE,
+    "watch_seconds": c.ENV_OPERATOR_WATCH_SECONDS,
 }
+
+
+def watch_client_timeout(server_timeout: float) -> float:
+    """A watch stream that outlives the server's own timeout by this much is on a dead connection."""
+    return server_timeout + max(10.0, server_timeout / 10)
 
 
 class InvalidSettings(ValueError):
