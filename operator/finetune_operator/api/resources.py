@@ -73,6 +73,11 @@ class ResourcesSpec(ApiModel):
         description="Dense peak TFLOP/s of one GPU at the training precision, for status.progress.mfu; only needed "
         "for a GPU the trainer's datasheet table does not list (H100, H200, A100, L40S, ... are known).",
     )
+    gpu_memory_gib: float | None = Field(
+        default=None, gt=0, le=4096, alias="gpuMemoryGiB",
+        description="Memory of one GPU in GiB, for the memory fit check (preflight); unset: read from the "
+        "nvidia.com/gpu.product node selector when it names a known GPU, else the check only reports its estimate.",
+    )
     shm_size: str = Field(
         default="8Gi",
         pattern=QUANTITY_PATTERN,
