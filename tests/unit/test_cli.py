@@ -275,3 +275,22 @@ def test_the_summary_says_what_reached_the_bucket_and_what_did_not(tmp_path):
     behind = describe_result(0, {"steps": 30, "finalLoss": 1.0, "model": "final", "uploaded": {
         "uri": "s3://b/run", "completeStep": 10, "checkpointsNotUploaded": [20, 30]}}, tmp_path)
     assert "checkpoints up to step 10); not uploaded: checkpoint(s) at step 20, 30 (kept here)" in behind
+
+
+def test_validate_and_render_print_the_memory_estimate_from_a_model_config(capsys):
+    """The 2x8 ZeRO-3 LoRA example of Llama-3.1-8B (config.json as published): the table per GPU, the verdict
+    against the H100s its node selector names, and the same as data in -o json. Without a config the text says how
+    to get one."""
+    example = str(ROOT / "examples" / "llama-lora-zero3-2x8.yaml")
+    config = str(ROOT / "tests" / "data" / "model_configs" / "llama-3.1-8b.json")
+    assert main(["validate", example, "--model-config", config]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "memory per GPU (16 processes, " in out and "activations" in out and "needed" in out
+    assert main(["validate", example, "--model-config", config, "-o", "json"]) == EXIT_OK
+    memory = json.loads(capsys.readouterr().out)["results"][0]["memoryEstimate"]
+    assert memory["largestTerm"] in memory["terms"] and memory["neededGiB"] > memory["peakGiB"] > 0
+    assert main(["validate", example]) == EXIT_OK
+    assert "pass --model-config FILE" in capsys.readouterr().out
+    assert main(["render", example, "--model-config", config]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "memory per GPU" in captured.err and "memory per GPU" not in captured.out  # stdout stays YAML

@@ -472,6 +472,21 @@ def test_preflight_runs_before_any_gpu_is_requested_then_attempt_one_starts():
     assert running.status["phase"] == "Running" and running.delete_workloads == ["test-job-a0"]
 
 
+def test_the_preflights_memory_estimate_reaches_the_status():
+    spec = job(**{"spec.runPolicy.preflight": True})
+    status = plan(spec, observe()).status
+    estimate = {"peakGiB": 31.1, "neededGiB": 33.4, "largestTerm": "activations", "terms": {"activations": 12.0},
+                "capacityGiB": 79.6, "fits": True}
+    done = pod(0, "Succeeded", 0, message=json.dumps({"exitCode": 0, "reason": "Succeeded",
+                                                      "memoryEstimate": estimate}))
+    done["metadata"]["labels"] = {c.LABEL_ATTEMPT: "0"}
+    passed = plan(spec, observe(status, [preflight_workload(complete=True)], [done]))
+    assert passed.status["preflight"] == "Passed" and passed.status["memoryEstimate"] == estimate
+    # An older trainer image's preflight says nothing of memory: nothing is written.
+    done["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = '{"exitCode": 0}'
+    assert "memoryEstimate" not in plan(spec, observe(status, [preflight_workload(complete=True)], [done])).status
+
+
 def test_a_failed_preflight_fails_the_job_with_the_trainers_reason_and_no_attempt():
     spec = job(**{"spec.runPolicy.preflight": True})
     status = plan(spec, observe()).status

@@ -54,3 +54,21 @@ def test_an_unusable_resume_checkpoint_is_a_config_error(tiny_model_dir, tmp_pat
     code, summary = run(tiny_model_dir, tmp_path, monkeypatch,
                         **{"spec.checkpoints.resume": str(tmp_path / "checkpoint-7")})
     assert code == exit_codes.CONFIG_ERROR and "unusable checkpoint" in summary["message"]
+
+
+def test_a_job_that_cannot_fit_its_gpus_is_refused_with_the_numbers_and_what_fits(tiny_model_dir, tmp_path,
+                                                                                   monkeypatch):
+    """64 sequences of 2048 tokens a micro-batch on a 2 GiB GPU: exit 78 before any GPU is held, with the predicted
+    need, the largest term, and the cheapest change that fits (estimated again)."""
+    gpu = {"spec.distributed": {"numNodes": 1, "gpusPerNode": 1}, "spec.resources.gpuMemoryGiB": 2,
+           "spec.training.perDeviceTrainBatchSize": 64, "spec.data.maxLength": 2048, "spec.data.packing": True}
+    code, summary = run(tiny_model_dir, tmp_path, monkeypatch, **gpu)
+    assert code == exit_codes.CONFIG_ERROR and summary["reason"] == "InvalidConfig", summary
+    message = summary["message"]
+    assert message.startswith("preflight: memory: does not fit: needs ") and " of 2 GiB (spec.resources" in message
+    assert "largest term: " in message and "what fits: " in message, message
+    code, summary = run(tiny_model_dir, tmp_path, monkeypatch, **{**gpu, "spec.resources.gpuMemoryGiB": 40})
+    assert code == 0, summary
+    memory = summary["memoryEstimate"]
+    assert memory["fits"] is True and memory["capacityGiB"] == 40 and 0 < memory["neededGiB"] < 40
+    assert memory["largestTerm"] in memory["terms"]

@@ -95,7 +95,8 @@ def termination_message(summary: dict) -> str:
     text = json.dumps(summary, default=str)
     if len(text) <= MAX_TERMINATION_MESSAGE:
         return text
-    kept = {k: summary.get(k) for k in ("exitCode", "reason", "message", "steps", "finalLoss") if k in summary}
+    kept = {k: summary.get(k) for k in ("exitCode", "reason", "message", "steps", "finalLoss", "memoryEstimate")
+            if k in summary}
     limit = MAX_TERMINATION_MESSAGE - len(json.dumps({**kept, "message": ""}, default=str)) - 64
     kept["message"] = exit_codes.short(str(kept.get("message") or ""), max(limit, 80))
     return json.dumps(kept, default=str)

@@ -5,7 +5,9 @@ or anywhere with `python -m finetune_trainer.preflight --config trainer.json`.
 - every data source is readable and its first rows give trainable examples (read as a stream: a Hub dataset or a
   large file is not downloaded whole);
 - the output directory is writable; a checkpoint named in checkpoints.resume verifies;
-- with output.push, the Hub repository exists or the token creates it (a refused token: exit 77).
+- with output.push, the Hub repository exists or the token creates it (a refused token: exit 77);
+- the predicted peak memory per GPU fits the GPU (finetune_operator.fit): a spec that cannot fit is exit 78 with the
+  numbers and the cheapest change that fits.
 
 Exit codes and the termination message follow the trainer's contract (78 config, 65 data, 77 push refused), so the
 operator fails the job with the same reasons a first attempt would have, minus the GPUs it would have held.
@@ -37,7 +39,7 @@ log = logging.getLogger("finetune_trainer.preflight")
 ROWS_PER_SOURCE = 64
 
 
-def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
+def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     from transformers import AutoConfig
 
     from finetune_trainer.training.model import check_attention, check_lengths, load_tokenizer
@@ -54,7 +56,28 @@ def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the model config of {m.name}: {exc}") from exc
     check_lengths(cfg.spec, config)
-    return {"modelType": config.model_type, "vocabSize": len(tokenizer)}, tokenizer
+    # The trainer grows the embeddings to the tokenizer (resize_embeddings): the estimate counts what will train.
+    shape = {**config.to_dict(), "vocab_size": max(getattr(config, "vocab_size", 0) or 0, len(tokenizer))}
+    return {"modelType": config.model_type, "vocabSize": len(tokenizer)}, tokenizer, shape
+
+
+def check_memory(cfg: TrainerConfig, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Predicted peak memory per GPU against the GPU's (spec.resources.gpuMemoryGiB or the product label): a spec
+    that cannot fit is refused here (78) with the numbers and the cheapest change that fits, before any GPU is held;
+    above 90% is a warning. None for a model whose config the estimate cannot read."""
+    from finetune_operator.fit import UnknownShape, check_fit
+
+    try:
+        verdict = check_fit(cfg.spec, config)
+    except UnknownShape as exc:
+        log.warning("memory fit check skipped: %s", exc)
+        return None
+    log.info("%s\n%s", verdict.message(), verdict.estimate.table(verdict.capacity_gib))
+    if not verdict.fits:
+        raise ConfigError(f"memory: {verdict.message()}")
+    if verdict.tight:
+        log.warning("memory: %s", verdict.message())
+    return verdict.to_status()
 
 
 def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) -> dict[str, Any]:
@@ -95,7 +118,7 @@ def run(config_path: str) -> dict[str, Any]:
     objectstore.configure(cfg.spec.s3, cfg.cache)
     if cfg.spec.output.uri:  # the bucket exists and takes writes with these credentials (else 77)
         objectstore.check_bucket(cfg.spec.output.uri)
-    model, tokenizer = check_model(cfg)
+    model, tokenizer, shape = check_model(cfg)
     data = cfg.spec.data
     sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer) for i, s in enumerate(data.train)]
     sources += [check_source(s, f"data.validation[{i}]", cfg, tokenizer) for i, s in enumerate(data.validation or [])]
@@ -105,7 +128,9 @@ def run(config_path: str) -> dict[str, Any]:
         from finetune_trainer.outputs.hub import check_access
 
         hub = check_access(cfg)
-    return {"reason": "Succeeded", "preflight": {**model, "rowsChecked": ROWS_PER_SOURCE, "sources": sources, **hub}}
+    memory = check_memory(cfg, shape)
+    return {"reason": "Succeeded", "preflight": {**model, "rowsChecked": ROWS_PER_SOURCE, "sources": sources, **hub},
+            **({"memoryEstimate": memory} if memory else {})}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -132,6 +132,21 @@ class RuntimeSnapshot(ApiModel):
                                      "layers merged): the defaults under its spec.")
 
 
+class MemoryEstimateStatus(ApiModel):
+    peak_gib: float = Field(alias="peakGiB", ge=0, description="Predicted torch peak allocation per GPU, GiB.")
+    needed_gib: float = Field(alias="neededGiB", ge=0, description="What one GPU must hold: the peak, allocator "
+                              "fragmentation and the CUDA context, GiB.")
+    largest_term: str = Field(max_length=64, description="The largest term (weights, gradients, optimizer states, "
+                              "activations, logits and loss, ...).")
+    terms: dict[str, float] = Field(default_factory=dict, description="Every term, GiB per GPU.")
+    capacity_gib: float | None = Field(default=None, alias="capacityGiB", ge=0, description="Memory of one GPU the "
+                                       "estimate was compared with (spec.resources.gpuMemoryGiB or the product "
+                                       "label), GiB.")
+    fits: bool | None = Field(default=None, description="neededGiB within capacityGiB.")
+    suggestion: str | None = Field(default=None, max_length=1024, description="The cheapest change that fits, "
+                                   "when it does not.")
+
+
 class FineTuneJobStatus(ApiModel):
     phase: Phase | None = Field(default=None, description="Pending, Queued, Running, Restarting, Suspended, "
                                 "Succeeded or Failed.")
@@ -176,3 +191,6 @@ class FineTuneJobStatus(ApiModel):
                                             "when it started.")
     preflight: Literal["Running", "Passed", "Failed"] | None = Field(
         default=None, description="The preflight check's outcome (spec.runPolicy.preflight).")
+    memory_estimate: MemoryEstimateStatus | None = Field(
+        default=None, alias="memoryEstimate", description="Predicted memory per GPU, from the preflight (the "
+        "model's config.json and the spec): refused before any GPU is held when it cannot fit.")

@@ -23,6 +23,7 @@ from ..api.transformers_names import TRANSFORMERS_VERSION
 from ..api.validation import ValidatedJob, advice, validate_job
 from ..render import RenderContext, render_all, render_trainer_identity
 from .manifests import STDIN, ManifestError, dump_documents, load_documents, load_yaml
+from .memory import MODEL_CONFIG_HELP, memory_text, memory_verdict
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 EXIT_RUN_INVALID = exit_codes.CONFIG_ERROR
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text",
                    help="text (default), or one json/yaml document listing each job's result")
     v.add_argument("--runtime", action="append", default=[], metavar="FILE", help=RUNTIME_HELP)
+    v.add_argument("--model-config", metavar="FILE", help=MODEL_CONFIG_HELP)
     v.set_defaults(func=_validate)
     r = sub.add_parser("render", help="print every child object of a FineTuneJob (like `helm template`)")
     r.add_argument("file", metavar="FILE", help=f"a YAML file; {STDIN} reads standard input")
@@ -60,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                    help="a YAML stream (default), or a JSON List as `kubectl get -o json` prints")
     r.add_argument("--runtime", action="append", default=[], metavar="FILE", help=RUNTIME_HELP)
+    r.add_argument("--model-config", metavar="FILE", help=MODEL_CONFIG_HELP + "; printed to standard error")
     r.set_defaults(func=_render)
     run = sub.add_parser("run", help="run a FineTuneJob on this machine (processes instead of pods)")
     run.add_argument("file", metavar="FILE")
@@ -89,9 +92,11 @@ def _validate(args: argparse.Namespace) -> int:
                 if args.output == "text":
                     print(f"{path}: {name}: INVALID\n{exc.summary()}", file=sys.stderr)
                 continue
-            results.append({"file": path, "name": job.name, "valid": True, **summary(job)})
+            verdict, why = memory_verdict(job.spec, args.model_config)
+            memory = {"memoryEstimate": verdict.to_status()} if verdict else {}
+            results.append({"file": path, "name": job.name, "valid": True, **summary(job), **memory})
             if args.output == "text":
-                print(f"{path}: {job.name}: valid\n{describe(job)}")
+                print(f"{path}: {job.name}: valid\n{describe(job)}\n{memory_text(verdict) if verdict else why}")
     if args.output != "text":
         sys.stdout.write(_dump({"results": results}, args.output))
     return status
@@ -179,6 +184,9 @@ def _render(args: argparse.Namespace) -> int:
             if obj not in objects:  # shared by every job of the namespace: once in the stream
                 objects.append(obj)
         objects += render_all(job.spec, ctx)
+        verdict, why = memory_verdict(job.spec, args.model_config)
+        if verdict is not None or args.model_config:
+            print(f"{job.name}: {memory_text(verdict) if verdict else why}", file=sys.stderr)
     if args.output == "json":
         sys.stdout.write(_dump({"apiVersion": "v1", "kind": "List", "items": objects}, "json"))
     else:

@@ -31,6 +31,7 @@ from .observed import (
     job_failed,
     job_succeeded,
     parse_time,
+    preflight_report,
     ready_pods,
     succeeded_pods,
 )
@@ -212,6 +213,9 @@ def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) ->
     check = next((w for w in obs.workloads if attempt_of(w) == 0), None)
     if check is not None and job_succeeded(check):
         st["preflight"] = "Passed"
+        memory = preflight_report(obs.pods).get("memoryEstimate")
+        if memory:
+            st["memoryEstimate"] = memory
         p.delete_workloads.append(check["metadata"]["name"])
         _start_attempt(p, job, obs, settings)
     elif check is not None and job_failed(check):

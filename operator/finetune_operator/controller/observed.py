@@ -70,6 +70,19 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def preflight_report(pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The passed preflight pod's summary (its termination message, JSON); {} when there is none to read."""
+    for pod in pods:
+        term = _terminated(pod) if attempt_of(pod) == 0 else None
+        if term is not None and term.get("exitCode") == 0:
+            try:
+                report = json.loads(term.get("message") or "{}")
+            except json.JSONDecodeError:
+                return {}
+            return report if isinstance(report, dict) else {}
+    return {}
+
+
 MESSAGE_LIMIT = 3000  # a trainer's termination message is at most 4 KiB of JSON
 # A pod stopped from outside (deleted, evicted, preempted by the scheduler, its node drained): the gang restarts
 # from the newest checkpoint, counted in status.disruptions, not against backoffLimit.

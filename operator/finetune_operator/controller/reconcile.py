@@ -27,7 +27,7 @@ from .expectations import Expectations
 from .kube import Kube, NameConflict
 from .lifecycle import plan
 from .merge_patch import merge_patch
-from .observed import ATTEMPT_REFUSED, NAME_CONFLICT, attempt_of, job_failed, pod_ended
+from .observed import ATTEMPT_REFUSED, NAME_CONFLICT, attempt_of, job_failed, job_succeeded, pod_ended
 from .planning import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, only_cosmetic
 from .runtimes import resolve
 from .settings import Settings
@@ -125,8 +125,11 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
         # to stop, or a gang waits (why); everything else is in the Job's status. One list then, instead of a
         # watch on every pod of the cluster.
         current_failed = any(job_failed(w) for w in view.workloads if attempt_of(w) in looked_at)
-        pods = kube.list_pods(view.namespace, view.name) if current_failed or waiting or status.get(
-            "phase") == "Restarting" else []
+        # A preflight that just passed: its pod's termination message carries the memory estimate for the status.
+        preflight_passed = status.get("preflight") == "Running" and any(
+            job_succeeded(w) for w in view.workloads if attempt_of(w) == 0)
+        pods = kube.list_pods(view.namespace, view.name) if current_failed or waiting or preflight_passed or \
+            status.get("phase") == "Restarting" else []
     events = kube.list_job_events(view.namespace, current["metadata"]["name"]) if waiting and current else []
     # A new job asking for GPUs: does any node have that many? (A Warning at once instead of a wait.)
     gpus = job.spec.distributed.gpus_per_node if not isinstance(job, InvalidSpec) else 0
