@@ -151,3 +151,17 @@ def test_a_tight_fit_warns_and_no_capacity_only_reports():
                                             ("NVIDIA-H100-NVL", 93.6), ("Unknown-GPU", None)])
 def test_gpu_memory_from_the_product_label(label, gib):
     assert gpu_memory_gib(label) == gib
+
+
+def test_the_comparison_benchmark_runs_and_the_other_estimators_ignore_what_we_count(tmp_path):
+    """benchmarks/memory_estimates.py, whole (it is small): accelerate's figure is one per model whatever the
+    configuration, DeepSpeed's appears for the ZeRO rows only; ours changes with what changes memory."""
+    from benchmarks.memory_estimates import main
+
+    out = tmp_path / "rows.json"
+    assert main(["--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    llama8 = [r for r in rows if r["model"] == "llama-3.1-8b"]
+    assert len({round(r["accelerate_gb"], 3) for r in llama8}) == 1
+    assert len({round(r["ours_needed_gb"], 1) for r in llama8}) == len(llama8)
+    assert all((r["deepspeed_states_gb"] is not None) == ("ZeRO" in r["configuration"]) for r in rows)
