@@ -36,5 +36,8 @@ def test_the_suite_runs_every_case_in_smoke_mode(tmp_path):
     assert all(r["status"] == "skipped" and r["why"] for n, r in results.items() if n not in ran)
     assert results["ours"]["figures"]["tokensPerSecondPerGpu"] > 0 and results["ours"]["figures"]["loss"] > 0
     assert 0 < results["first_step"]["figures"]["secondsToFirstStep"] < 120
+    # The memory fit estimate of the very job each case ran (compared with the device's peak once one is lent).
+    assert results["ours"]["figures"]["predictedPeakGiB"] > 0
+    assert results["lora_8b_shaped"]["figures"]["predictedPeakGiB"] > 0
     table = (tmp_path / "results.md").read_text()
     assert "| ours | ok |" in table and "MFU >= 50%" in table
