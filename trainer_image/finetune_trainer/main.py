@@ -140,7 +140,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         ProgressCallback,
     )
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
-                                cfg.spec.resources.peak_tflops_per_gpu)
+                                cfg.spec.resources.peak_tflops_per_gpu, attempt=cfg.attempt)
     watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, _vocab_size(model))
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()

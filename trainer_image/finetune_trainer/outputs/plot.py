@@ -1,8 +1,7 @@
-"""loss.png at the end of a run: training and validation loss against the step, the learning rate on a second axis.
-
-Drawn with Pillow (locked in requirements/trainer.lock as TensorBoard's dependency), so the trainer needs no
-plotting library; the data comes from progress.jsonl, the records the status is made of.
-"""
+"""loss.png at the end of a run, drawn with matplotlib from progress.jsonl (the records the status is made of):
+training and validation loss against the step, the learning rate on a second axis, each resume and gang restart
+marked where it started; a second panel for preference objectives (reward margin and accuracy) when the records
+carry them."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-WIDTH, HEIGHT = 960, 540
-LEFT, RIGHT, TOP, BOTTOM = 80, 90, 50, 60
-TRAIN, EVAL, RATE, AXIS, GRID = (31, 119, 180), (255, 127, 14), (120, 120, 120), (40, 40, 40), (225, 225, 225)
+TRAIN, EVAL, RATE, MARGIN, ACCURACY, RESTART = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c", "#9467bd", "#d62728"
+SIZE_INCHES, DPI = (9.6, 5.4), 100  # 960 x 540, the size a README or a notebook shows whole
 
 
 def read_progress(path: Path) -> list[dict[str, Any]]:
@@ -25,55 +23,84 @@ def read_progress(path: Path) -> list[dict[str, Any]]:
     return [r for r in records if isinstance(r.get("step"), int)]
 
 
-def write_loss_plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
-    """Writes the plot; None when there is nothing to draw (no step logged a loss)."""
-    from PIL import Image, ImageDraw
+def restarts(records: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(step, label) where a process took over the run: a gang restart (a new attempt) or a resume (the same
+    attempt, or a local run, started again from a checkpoint). Records carry the attempt and the step their
+    process started at."""
+    marks: list[tuple[int, str]] = []
+    segment: tuple[Any, Any] | None = None
+    for r in records:
+        current = (r.get("attempt"), r.get("startStep"))
+        if current == (None, None):
+            continue
+        if segment is not None and current != segment:
+            step = int(r.get("startStep") or 0)
+            attempt = r.get("attempt")
+            marks.append((step, f"restart (attempt {attempt})" if attempt is not None and attempt != segment[0]
+                          else f"resumed at step {step}"))
+        segment = current
+    return marks
 
-    train = _series(records, "loss")
-    evaluation = _series(records, "evalLoss")
-    rate = _series(records, "learningRate")
+
+def loss_figure(records: Sequence[dict[str, Any]], title: str) -> Any:
+    """The figure (matplotlib.figure.Figure), or None when no step logged a finite loss."""
+    from matplotlib.figure import Figure
+
+    train, evaluation, rate = (_series(records, k) for k in ("loss", "evalLoss", "learningRate"))
+    margin, accuracy = _series(records, "rewardsMargin"), _series(records, "rewardsAccuracy")
     if not train and not evaluation:
         return None
-    steps = [s for s, _ in train + evaluation + rate]
-    x_axis = _Axis(min(steps), max(steps), LEFT, WIDTH - RIGHT)
-    losses = [v for _, v in train + evaluation]
-    y_loss = _Axis(min(losses), max(losses), HEIGHT - BOTTOM, TOP)
-    image = Image.new("RGB", (WIDTH, HEIGHT), "white")
-    draw = ImageDraw.Draw(image)
-    for value in y_loss.ticks():
-        y = y_loss.at(value)
-        draw.line([(LEFT, y), (WIDTH - RIGHT, y)], fill=GRID)
-        draw.text((LEFT - 8, y), _label(value), fill=AXIS, anchor="rm")
-    for value in x_axis.ticks():
-        x = x_axis.at(value)
-        draw.line([(x, HEIGHT - BOTTOM), (x, HEIGHT - BOTTOM + 5)], fill=AXIS)
-        draw.text((x, HEIGHT - BOTTOM + 8), _label(value), fill=AXIS, anchor="mt")
-    draw.rectangle([(LEFT, TOP), (WIDTH - RIGHT, HEIGHT - BOTTOM)], outline=AXIS)
+    preference = bool(margin or accuracy)
+    figure = Figure(figsize=SIZE_INCHES, dpi=DPI, layout="constrained")
+    axes = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1)) if preference else [figure.subplots()]
+    loss_axis = axes[0]
+    loss_axis.set_title(title)
+    loss_axis.set_ylabel("loss")
+    loss_axis.grid(True, color="#e1e1e1")
+    lines = []
+    if train:
+        lines += loss_axis.plot(*zip(*train, strict=True), color=TRAIN, linewidth=2, label="training loss")
+    if evaluation:
+        lines += loss_axis.plot(*zip(*evaluation, strict=True), color=EVAL, linewidth=2, marker="o", markersize=4,
+                                label="validation loss")
     if rate:
-        y_rate = _Axis(0.0, max(v for _, v in rate), HEIGHT - BOTTOM, TOP)
-        for value in y_rate.ticks():
-            draw.text((WIDTH - RIGHT + 8, y_rate.at(value)), f"{value:.1e}", fill=RATE, anchor="lm")
-        _polyline(draw, [(x_axis.at(s), y_rate.at(v)) for s, v in rate], RATE, width=1)
-    _polyline(draw, [(x_axis.at(s), y_loss.at(v)) for s, v in train], TRAIN, width=2)
-    _polyline(draw, [(x_axis.at(s), y_loss.at(v)) for s, v in evaluation], EVAL, width=2)
-    for s, v in evaluation:
-        x, y = x_axis.at(s), y_loss.at(v)
-        draw.ellipse([(x - 3, y - 3), (x + 3, y + 3)], fill=EVAL)
-    draw.text((WIDTH / 2, 20), title, fill=AXIS, anchor="mm")
-    draw.text((WIDTH / 2, HEIGHT - 18), "step", fill=AXIS, anchor="mm")
-    legend = [("training loss", TRAIN, train), ("validation loss", EVAL, evaluation), ("learning rate", RATE, rate)]
-    shown = [(name, color) for name, color, series in legend if series]
-    width = sum(40 + int(draw.textlength(name)) for name, _ in shown)
-    draw.rectangle([(LEFT + 4, TOP + 4), (LEFT + 14 + width, TOP + 24)], fill="white", outline=GRID)
-    x = LEFT + 10
-    for name, color, series in legend:
-        if series:
-            draw.line([(x, TOP + 14), (x + 24, TOP + 14)], fill=color, width=3)
-            draw.text((x + 30, TOP + 14), name, fill=AXIS, anchor="lm")
-            x += 40 + int(draw.textlength(name))
+        rate_axis = loss_axis.twinx()
+        rate_axis.set_ylabel("learning rate", color=RATE)
+        rate_axis.tick_params(axis="y", colors=RATE)
+        rate_axis.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        lines += rate_axis.plot(*zip(*rate, strict=True), color=RATE, linewidth=1, label="learning rate")
+    for step, label in restarts(records):
+        for axis in axes:
+            axis.axvline(step, color=RESTART, linestyle="--", linewidth=1)
+        loss_axis.annotate(label, (step, 1), xycoords=("data", "axes fraction"), xytext=(3, -3),
+                           textcoords="offset points", va="top", fontsize=8, color=RESTART, rotation=90)
+    loss_axis.legend(handles=lines, loc="upper right", framealpha=0.9)
+    if preference:
+        pref = axes[1]
+        pref.grid(True, color="#e1e1e1")
+        pref.set_ylabel("reward margin")
+        handles = []
+        if margin:
+            handles += pref.plot(*zip(*margin, strict=True), color=MARGIN, linewidth=2, label="chosen - rejected")
+        if accuracy:
+            acc_axis = pref.twinx()
+            acc_axis.set_ylim(0, 1.05)
+            acc_axis.set_ylabel("accuracy", color=ACCURACY)
+            handles += acc_axis.plot(*zip(*accuracy, strict=True), color=ACCURACY, linewidth=2,
+                                     label="preference accuracy")
+        pref.legend(handles=handles, loc="lower right", framealpha=0.9)
+    axes[-1].set_xlabel("step")
+    return figure
+
+
+def write_loss_plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Writes the plot; None when there is nothing to draw (no step logged a loss)."""
+    figure = loss_figure(records, title)
+    if figure is None:
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".png.tmp")
-    image.save(tmp, format="PNG")
+    figure.savefig(tmp, format="png", dpi=DPI)
     tmp.replace(path)
     return path
 
@@ -83,36 +110,6 @@ def _series(records: Iterable[dict[str, Any]], key: str) -> list[tuple[int, floa
     points: dict[int, float] = {}
     for r in records:
         value = r.get(key)
-        if isinstance(value, int | float) and math.isfinite(value):
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             points[r["step"]] = float(value)
     return sorted(points.items())
-
-
-def _polyline(draw: Any, points: list[tuple[float, float]], color: tuple[int, int, int], width: int) -> None:
-    if len(points) > 1:
-        draw.line(points, fill=color, width=width, joint="curve")
-    elif points:
-        x, y = points[0]
-        draw.ellipse([(x - 2, y - 2), (x + 2, y + 2)], fill=color)
-
-
-class _Axis:
-    def __init__(self, low: float, high: float, start: float, end: float):
-        if high - low < 1e-12:
-            low, high = low - 0.5, high + 0.5
-        pad = (high - low) * 0.05
-        self.low, self.high, self.start, self.end = low - pad, high + pad, start, end
-
-    def at(self, value: float) -> float:
-        return self.start + (value - self.low) / (self.high - self.low) * (self.end - self.start)
-
-    def ticks(self, count: int = 5) -> list[float]:
-        raw = (self.high - self.low) / count
-        magnitude = 10 ** math.floor(math.log10(raw))
-        step = min((m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw), default=10 * magnitude)
-        first = math.ceil(self.low / step) * step
-        return [first + i * step for i in range(count + 2) if first + i * step <= self.high]
-
-
-def _label(value: float) -> str:
-    return f"{value:.4g}"

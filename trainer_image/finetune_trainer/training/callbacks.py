@@ -38,8 +38,9 @@ class ProgressCallback(TrainerCallback):
     """On rank 0: appends one JSON record per log step and forwards it to the FineTuneJob status."""
 
     def __init__(self, output_dir: Path, reporter: StatusReporter | None = None, precision: str = "fp32",
-                 peak_tflops: float | None = None):
+                 peak_tflops: float | None = None, attempt: int | None = None):
         self.path = output_dir / c.PROGRESS_FILE
+        self.attempt = attempt  # with startStep in every record: loss.png marks where a restart or resume began
         self.reporter = reporter
         self.precision, self.peak_tflops = precision, peak_tflops
         self.counts: throughput.ParameterCounts | None = None
@@ -87,6 +88,7 @@ class ProgressCallback(TrainerCallback):
             "mfu": round(utilization, 4) if utilization is not None else None,
             "peakMemoryGiB": _peak_memory_gib(), "tokensSeen": tokens, "eta": format_eta(eta),
             "checkpoint": self.checkpoint, **({"upload": self.upload} if self.upload is not None else {}),
+            "attempt": self.attempt, "startStep": self.start_step,
         }
         self.last_record = record
         with self.path.open("a", encoding="utf-8") as f:
