@@ -383,7 +383,7 @@ def loss_plot(cfg: TrainerConfig) -> dict[str, str]:
     try:
         title = f"{cfg.job_name}: {cfg.spec.model.name} ({cfg.spec.method.type})"
         path = write_loss_plot(read_progress(cfg.output_dir / c.PROGRESS_FILE), cfg.output_dir / "loss.png", title)
-    except (OSError, ValueError, ImportError) as exc:  # ImportError: an image without Pillow
+    except (OSError, ValueError, ImportError) as exc:  # ImportError: an image without matplotlib
         log.warning("loss.png not written: %s", exc)
         return {}
     return {"lossPlot": str(path)} if path is not None else {}
