@@ -24,9 +24,11 @@ def test_the_readme_is_a_front_door_that_starts_with_the_two_commands():
     assert "./hack/test.sh" in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
 
 
-@pytest.mark.parametrize("name", [*PAGES, "cli.md"])
+@pytest.mark.parametrize("name", [*PAGES, "cli.md", "metrics.md"])
 def test_reference_pages_are_generated(name):
-    page = PAGES[name]() if name in PAGES else cli_reference()
+    from finetune_operator.controller.metrics_reference import metrics_reference
+
+    page = PAGES[name]() if name in PAGES else cli_reference() if name == "cli.md" else metrics_reference()
     assert (ROOT / "docs" / "reference" / name).read_text() == page, "run ./hack/generate.sh"
 
 

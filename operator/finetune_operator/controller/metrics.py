@@ -12,13 +12,14 @@ RECONCILE_SECONDS = Histogram("finetunejob_reconcile_duration_seconds", "Duratio
 RESTARTS = Counter("finetunejob_gang_restarts_total", "Gang restarts started, by reason.", ["reason"])
 API_ERRORS = Counter("finetunejob_api_errors_total", "Reconcile passes that failed on an API call.", ["status"])
 JOBS = Gauge("finetunejob_jobs", "FineTuneJobs seen by this operator, by phase.", ["phase"])
-WAITING = Gauge("finetunejob_jobs_waiting", "Pending FineTuneJobs by why their gang waits (Unschedulable, "
-                "QuotaExceeded, ImagePullFailed, CreateContainerError, PodFailedToStart).", ["reason"])
+WAITING = Gauge("finetunejob_jobs_waiting", "Pending FineTuneJobs by why their gang waits.", ["reason"])
 # status.goodput's increments as this operator writes them (a restarted operator starts the counters again).
 GPU_HOURS = Counter("finetunejob_gpu_hours_total", "GPU-hours of ended running periods of gangs.")
 RESTART_DOWNTIME = Counter("finetunejob_restart_downtime_seconds_total",
                            "Seconds from failures until the gang ran again.")
 STEPS_REDONE = Counter("finetunejob_steps_redone_total", "Optimizer steps done again after restarts.")
+# Every metric we serve, in the order docs/reference/metrics.md lists them (controller/metrics_reference.py).
+COLLECTORS = (JOBS, WAITING, RECONCILE_SECONDS, RESTARTS, API_ERRORS, GPU_HOURS, RESTART_DOWNTIME, STEPS_REDONE)
 
 
 def count_goodput(before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
