@@ -39,8 +39,9 @@ def metrics_reference() -> str:
         labels = ", ".join(
             f"`{label}`" + (f" ({', '.join(LABEL_VALUES[(family.name, label)])})"
                             if (family.name, label) in LABEL_VALUES else "")
-            for label in collector._labelnames)
-        used = sorted({title for title, expr in panels if re.search(rf"\b{family.name}(_bucket|_sum|_count|_total)?\b", expr)})
+            for label in collector._labelnames)  # prometheus_client has no public accessor for them
+        reads = re.compile(rf"\b{family.name}(_bucket|_sum|_count|_total)?\b")
+        used = sorted({title for title, expr in panels if reads.search(expr)})
         kind = family.type + (" (`_bucket`, `_sum`, `_count`)" if family.type == "histogram" else "")
         lines.append(f"| `{name}` | {kind} | {labels} | {family.documentation} | {', '.join(used)} |")
     return "\n".join(lines) + "\n"
