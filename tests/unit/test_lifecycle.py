@@ -482,6 +482,12 @@ def test_the_preflights_memory_estimate_reaches_the_status():
     done["metadata"]["labels"] = {c.LABEL_ATTEMPT: "0"}
     passed = plan(spec, observe(status, [preflight_workload(complete=True)], [done]))
     assert passed.status["preflight"] == "Passed" and passed.status["memoryEstimate"] == estimate
+    assert not [e for e in passed.events if e.reason == "MemoryTight"]  # 42% of the GPU
+    tight = {**estimate, "neededGiB": 75.2}
+    done["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = json.dumps({"memoryEstimate": tight})
+    warned = plan(spec, observe(status, [preflight_workload(complete=True)], [done]))
+    [event] = [e for e in warned.events if e.reason == "MemoryTight"]
+    assert event.type == "Warning" and "75.2 GiB per GPU of 79.6 GiB (94%" in event.message
     # An older trainer image's preflight says nothing of memory: nothing is written.
     done["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = '{"exitCode": 0}'
     assert "memoryEstimate" not in plan(spec, observe(status, [preflight_workload(complete=True)], [done])).status

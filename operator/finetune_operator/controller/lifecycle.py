@@ -15,6 +15,7 @@ from ..api import exit_codes
 from ..api.errors import InvalidSpec
 from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
+from ..fit import WARN_FRACTION
 from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import goodput, queueing
 from .conditions import set_conditions
@@ -216,6 +217,13 @@ def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) ->
         memory = preflight_report(obs.pods).get("memoryEstimate")
         if memory:
             st["memoryEstimate"] = memory
+            capacity = memory.get("capacityGiB")
+            if capacity and memory.get("neededGiB", 0) > WARN_FRACTION * capacity:
+                p.events.append(Event("Warning", "MemoryTight", (
+                    f"predicted {memory['neededGiB']} GiB per GPU of {capacity} GiB "
+                    f"({100 * memory['neededGiB'] / capacity:.0f}%; largest term: {memory.get('largestTerm')}): a "
+                    "longer batch than the preflight saw could run out of memory; gradient checkpointing or a "
+                    "smaller micro-batch leave room")))
         p.delete_workloads.append(check["metadata"]["name"])
         _start_attempt(p, job, obs, settings)
     elif check is not None and job_failed(check):
