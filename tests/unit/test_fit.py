@@ -165,3 +165,15 @@ def test_the_comparison_benchmark_runs_and_the_other_estimators_ignore_what_we_c
     assert len({round(r["accelerate_gb"], 3) for r in llama8}) == 1
     assert len({round(r["ours_needed_gb"], 1) for r in llama8}) == len(llama8)
     assert all((r["deepspeed_states_gb"] is not None) == ("ZeRO" in r["configuration"]) for r in rows)
+
+
+def test_dpo_counts_both_answers_and_the_reference_model_of_a_full_fine_tune():
+    shape = ModelShape.from_config(config("llama-3.1-8b"))
+    pairs = {"spec.method.objective": "dpo", "spec.data.format": "preference"}
+    sft, dpo = estimate(spec(), shape), estimate(spec(**pairs), shape)
+    assert dpo.tokens_per_micro_batch == 2 * sft.tokens_per_micro_batch
+    assert dpo.terms["activations"] == pytest.approx(2 * sft.terms["activations"])
+    assert dpo.terms["reference model"] == 2 * shape.parameters
+    precomputed = estimate(spec(**pairs, **{"spec.method.preference": {"precomputeRefLogProbs": True}}), shape)
+    assert "reference model" not in precomputed.terms
+    assert "reference model" not in estimate(spec(**pairs, **{"spec.method.type": "lora"}), shape).terms

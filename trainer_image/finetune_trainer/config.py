@@ -51,12 +51,27 @@ def load_config(path: str | Path) -> TrainerConfig:
         raise ConfigError(f"invalid trainer config {path}: {exc}") from exc
 
 
+def preference_arguments(cfg: TrainerConfig) -> dict[str, Any]:
+    """DPOConfig's own fields from spec.method.preference and spec.data (TRL tokenizes the pairs itself)."""
+    pref = cfg.spec.method.preference
+    return {"beta": pref.beta, "loss_type": [pref.loss_type], "label_smoothing": pref.label_smoothing,
+            "precompute_ref_log_probs": pref.precompute_ref_log_probs, "max_length": cfg.spec.data.max_length}
+
+
 def training_arguments(cfg: TrainerConfig):
-    """transformers.TrainingArguments from the rendered kwargs; unknown keys are an error, not ignored."""
+    """transformers.TrainingArguments (trl.DPOConfig for method.objective dpo) from the rendered kwargs; unknown
+    keys are an error, not ignored."""
     from transformers import HfArgumentParser, TrainingArguments
 
+    kind: Any = TrainingArguments
+    kwargs = dict(cfg.training_arguments)
+    if cfg.spec.method.objective == "dpo":
+        from trl import DPOConfig
+
+        kind = DPOConfig
+        kwargs.update(preference_arguments(cfg))
     try:
-        (args,) = HfArgumentParser(TrainingArguments).parse_dict(cfg.training_arguments, allow_extra_keys=False)
+        (args,) = HfArgumentParser(kind).parse_dict(kwargs, allow_extra_keys=False)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"TrainingArguments rejected the config: {exc}") from exc
     return args

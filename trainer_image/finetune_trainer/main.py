@@ -70,6 +70,10 @@ def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
     from finetune_trainer.data import prepare
     from finetune_trainer.data.preparing import PreparingHeartbeat, rank_zero_first
 
+    if cfg.spec.method.objective != "sft":  # pairs, checked here and tokenized by TRL's trainer
+        from finetune_trainer.data.preference import prepare_preference
+
+        return prepare_preference(cfg.spec.data, tokenizer, args.seed)
     if cfg.spec.data.streaming:
         from finetune_trainer.data.streaming import prepare_streaming
 
@@ -163,7 +167,18 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
                                  cfg.output_dir, cfg.spec.distributed.shards_parameters, stop)
         callbacks.append(samples)
 
-    class FineTuneTrainer(Trainer):
+    base: Any = Trainer
+    kwargs: dict[str, Any] = {"data_collator": make_collator(tokenizer, cfg.spec.data.packing,
+                                                             cfg.spec.model.attn_implementation)}
+    if cfg.spec.method.objective == "dpo":
+        # TRL's DPOTrainer, with our callbacks, checkpoints and exit codes. A LoRA model needs no second copy: the
+        # reference is the base with the adapter disabled; a full fine-tune gets TRL's frozen copy (or none with
+        # precomputeRefLogProbs).
+        from trl import DPOTrainer
+
+        base, kwargs = DPOTrainer, {}
+
+    class FineTuneTrainer(base):
         def log(self, logs: dict[str, float], *rest, **kwargs) -> None:
             # Perplexity next to every validation loss: in TensorBoard, progress.jsonl, the status and the summary.
             if "eval_loss" in logs:
@@ -179,10 +194,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
                 return
             super()._run_epoch(*args, **kwargs)
 
-    trainer = FineTuneTrainer(
-        model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
-        data_collator=make_collator(tokenizer, cfg.spec.data.packing, cfg.spec.model.attn_implementation),
-        processing_class=tokenizer, callbacks=callbacks)
+    trainer = FineTuneTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
+                              processing_class=tokenizer, callbacks=callbacks, **kwargs)
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
@@ -280,6 +293,10 @@ def run(config_path: str) -> dict[str, Any]:
     warnings = Warnings(reporter, journal=cfg.output_dir / c.NOTICES_FILE if args.process_index == 0 else None)
     advice.folded_system(cfg.spec, data.stats, warnings)
     advice.truncated(cfg.spec, data.stats, warnings)
+    # spec.training.seed covers the weights' init too: new rows of a grown vocabulary, LoRA's A matrices.
+    from transformers import set_seed
+
+    set_seed(args.seed)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
     add_stop_ids(_base_model(model), trained_stop_ids(cfg.spec, tokenizer))
@@ -334,6 +351,7 @@ def run(config_path: str) -> dict[str, Any]:
         "trainLoss": result.training_loss if attempt["attemptSteps"] > 0 else None,
         "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
         "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,
+        **preference_summary(trainer.state.log_history),
         **early_stopping(cfg, trainer),
         **({"adapterInitFrom": cfg.spec.method.lora.init_from} if cfg.spec.method.lora.init_from else {}),
         **({"samples": [{**r, "completion": r["completion"][:500]} for r in samples.last]}
@@ -374,6 +392,14 @@ def run(config_path: str) -> dict[str, Any]:
             (cfg.output_dir / SUMMARY_FILE).write_text(json.dumps(failed, default=str))
             raise
     return summary
+
+
+def preference_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last logged rewards of a preference objective (dpo), as the summary names them; {} for sft."""
+    from finetune_trainer.training.callbacks import REWARD_LOGS
+
+    last = next((h for h in reversed(log_history) if "rewards/margins" in h), None)
+    return {} if last is None else {name: last[key] for key, name in REWARD_LOGS.items() if key in last}
 
 
 def loss_plot(cfg: TrainerConfig) -> dict[str, str]:

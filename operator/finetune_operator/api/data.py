@@ -8,7 +8,7 @@ from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
 from .volumes import AbsolutePath
 
-DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text"]
+DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text", "preference"]
 FileType = Literal["json", "jsonl", "parquet", "csv", "text"]
 
 MAX_INLINE_ROWS = 1000
@@ -73,8 +73,12 @@ class ColumnMapping(ApiModel):
         default=None, max_length=256, description="sharegpt: list of turns with from/value."
     )
     messages: str | None = Field(default=None, max_length=256, description="messages: list of role/content turns.")
-    prompt: str | None = Field(default=None, max_length=256, description="prompt_completion: prompt column.")
+    prompt: str | None = Field(default=None, max_length=256, description="prompt_completion and preference: prompt "
+                               "column.")
     completion: str | None = Field(default=None, max_length=256, description="prompt_completion: completion column.")
+    chosen: str | None = Field(default=None, max_length=256, description="preference: the preferred answer's "
+                               "column (text, or a list of role/content messages).")
+    rejected: str | None = Field(default=None, max_length=256, description="preference: the other answer's column.")
     text: str | None = Field(default=None, max_length=256, description="text: raw text column.")
 
 
@@ -90,7 +94,8 @@ class DataSpec(ApiModel):
     )
     format: DataFormat = Field(
         description="Row format: alpaca (instruction/input/output), sharegpt (conversations from/value), messages "
-        "(role/content, chat template), prompt_completion, or text (continued pretraining)."
+        "(role/content, chat template), prompt_completion, text (continued pretraining), or preference (prompt, "
+        "chosen, rejected as text or as conversations: method.objective dpo)."
     )
     columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column renames for the format.")
     max_train_samples: int | None = Field(default=None, ge=1, description="Use at most this many training rows.")

@@ -43,12 +43,38 @@ class FreezeSpec(ApiModel):
     )
 
 
+Objective = Literal["sft", "dpo"]
+# TRL's DPO loss variants (DPOConfig.loss_type) that need nothing but preference pairs.
+DpoLoss = Literal["sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "apo_zero",
+                  "apo_down", "sigmoid_norm"]
+
+
+class PreferenceSpec(ApiModel):
+    beta: float = Field(default=0.1, gt=0, le=100, description="How far the policy may move from the reference "
+                        "model (the KL penalty's inverse temperature); lower lets it move further.")
+    loss_type: DpoLoss = Field(default="sigmoid", description="DPO loss variant, as TRL names it: sigmoid (the DPO "
+                               "paper's), ipo, hinge, robust (noisy labels, with labelSmoothing), exo_pair, "
+                               "nca_pair, bco_pair, sppo_hard, apo_zero, apo_down, sigmoid_norm.")
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5, description="Assumed fraction of flipped preference "
+                                   "labels (conservative DPO; robust and sigmoid losses).")
+    precompute_ref_log_probs: bool = Field(default=False, description="Compute the reference model's "
+                                           "log-probabilities once before training, so a full fine-tune does not "
+                                           "hold a second model during it (LoRA needs no copy: the reference is the "
+                                           "base with the adapter disabled).")
+
+
 class MethodSpec(ApiModel):
     type: MethodType = Field(
         default="lora",
         description="full: every weight; lora: adapters on a frozen base; qlora: lora on a 4-bit base (GPU only); "
         "freeze: only the last layers.",
     )
+    objective: Objective = Field(
+        default="sft", description="sft: supervised fine-tuning or continued pretraining (the data's format says "
+        "which); dpo: Direct Preference Optimization on preference pairs (data.format preference), through TRL's "
+        "DPOTrainer.")
+    preference: PreferenceSpec = Field(default_factory=PreferenceSpec, description="Settings of the preference "
+                                       "objectives (dpo).")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora and qlora.")
     freeze: FreezeSpec = Field(default_factory=FreezeSpec, description="Settings for the freeze method.")
     neftune_noise_alpha: float | None = Field(

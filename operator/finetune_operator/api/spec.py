@@ -197,6 +197,26 @@ def _data_rules(spec: Any) -> list[FieldError]:
     return errors
 
 
+def _objective_rules(spec: Any) -> list[FieldError]:
+    """A preference objective trains on preference pairs, and pairs only train a preference objective."""
+    objective, data = spec.method.objective, spec.data
+    if objective == "sft" and data.format == "preference":
+        return [FieldError("method.objective", objective, "data.format preference holds chosen/rejected pairs, "
+                           "which supervised fine-tuning cannot train on", "set method.objective: dpo")]
+    if objective == "sft":
+        return []
+    errors = []
+    if data.format != "preference":
+        errors.append(FieldError("data.format", data.format, f"method.objective {objective} trains on preference "
+                                 "pairs", "set data.format: preference (prompt, chosen, rejected columns)"))
+    for field, value, why in (("data.packing", data.packing, "a pair is scored whole, never packed with others"),
+                              ("data.streaming", data.streaming, "pairs are checked and tokenized before training")):
+        if value:
+            errors.append(FieldError(field, value, f"not with method.objective {objective}: {why}",
+                                     f"remove {field.split('.')[1]}"))
+    return errors
+
+
 def _early_stopping_rules(spec: Any) -> list[FieldError]:
     """load_best_model_at_end needs a checkpoint at every evaluation (transformers refuses it otherwise)."""
     if spec.evaluation.early_stopping is None:
@@ -299,6 +319,7 @@ RULES = (
     Rule(("method", "output"), _output_rules),
     Rule(("distributed", "model", "training"), _hardware_rules),
     Rule(("data", "training"), _data_rules),
+    Rule(("method", "data", "training"), _objective_rules),
     Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),
     Rule(("output", "pod", "tracking"), _credential_rules),
     Rule(("data", "pod", "output"), _cache_rules),

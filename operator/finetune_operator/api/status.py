@@ -36,6 +36,14 @@ class Progress(ApiModel):
     percent: int | None = Field(default=None, ge=0, le=100, description="step / maxSteps, in percent.")
     loss: float | None = Field(default=None, description="Latest training loss.")
     eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
+    rewards_margin: float | None = Field(default=None, description="Preference objectives: mean implicit reward "
+                                         "of chosen minus rejected answers (latest step).")
+    rewards_accuracy: float | None = Field(default=None, ge=0, le=1, description="Preference objectives: share of "
+                                           "pairs whose chosen answer gets the higher reward.")
+    rewards_chosen: float | None = Field(default=None, description="Preference objectives: mean implicit reward "
+                                         "of the chosen answers.")
+    rewards_rejected: float | None = Field(default=None, description="Preference objectives: mean implicit reward "
+                                           "of the rejected answers.")
     eval_perplexity: float | None = Field(default=None, ge=0, description="exp(evalLoss): the validation "
                                           "perplexity per token.")
     learning_rate: float | None = Field(default=None, description="Current learning rate.")

@@ -34,7 +34,7 @@ def metrics_reference() -> str:
              "the leader's view. The dashboard panels that read each metric are listed with it.", "",
              "| metric | type | labels | description | dashboard panels |", "|---|---|---|---|---|"]
     for collector in metrics.COLLECTORS:
-        family = collector.describe()[0]
+        family = next(iter(collector.describe()))
         name = family.name + ("_total" if family.type == "counter" else "")
         labels = ", ".join(
             f"`{label}`" + (f" ({', '.join(LABEL_VALUES[(family.name, label)])})"

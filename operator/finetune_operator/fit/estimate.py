@@ -193,7 +193,13 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
             terms["DDP gradient buckets"] = grads  # DDP all-reduces through buckets the size of the gradients
 
     seq = sequence_length(spec)
-    tokens = spec.training.per_device_train_batch_size * seq
+    # DPO scores a pair's chosen and rejected answers in one batch: twice the sequences of the micro-batch.
+    pairs = 2 if spec.method.objective == "dpo" else 1
+    tokens = spec.training.per_device_train_batch_size * seq * pairs
+    if pairs == 2 and spec.method.type in ("full", "freeze") and not spec.method.preference.precompute_ref_log_probs:
+        # TRL's frozen reference model, a second copy in the training precision, sharded like the weights by ZeRO-3.
+        shard = world if dist.strategy == "deepspeed" and (dist.deepspeed or DeepSpeedSpec()).zero_stage == 3 else 1
+        terms["reference model"] = shape.parameters * compute / shard
     lora = spec.method.lora
     kind = method_kind(spec.method.type, lora.dropout)
     lora_args = (lora.r, shape.lora_targets(lora.target_modules)) if kind != "full" else (0, 0)

@@ -34,6 +34,11 @@ def format_eta(seconds: float | None) -> str | None:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+# TRL's preference metrics -> our progress record and status.progress.
+REWARD_LOGS = {"rewards/margins": "rewardsMargin", "rewards/accuracies": "rewardsAccuracy",
+               "rewards/chosen": "rewardsChosen", "rewards/rejected": "rewardsRejected"}
+
+
 class ProgressCallback(TrainerCallback):
     """On rank 0: appends one JSON record per log step and forwards it to the FineTuneJob status."""
 
@@ -90,6 +95,10 @@ class ProgressCallback(TrainerCallback):
             "checkpoint": self.checkpoint, **({"upload": self.upload} if self.upload is not None else {}),
             "attempt": self.attempt, "startStep": self.start_step,
         }
+        for key, name in REWARD_LOGS.items():  # preference objectives (TRL's DPOTrainer logs them per step)
+            value = logs.get(key, self.last_record.get(name))
+            if value is not None:
+                record[name] = value
         self.last_record = record
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
@@ -133,7 +142,8 @@ def status_progress(record: dict[str, Any]) -> dict[str, Any]:
                 "tokensPerSecondPerDevice": None if per_device is None else round(per_device),
                 "mfu": record.get("mfu"),
                 "peakMemoryGiB": None if record.get("peakMemoryGiB") is None else round(record["peakMemoryGiB"], 2),
-                "eta": record["eta"], "updatedAt": record["time"]}
+                "eta": record["eta"], "updatedAt": record["time"],
+                **{name: _significant(record.get(name)) for name in REWARD_LOGS.values()}}
     return {k: v for k, v in progress.items() if v is not None}
 
 

@@ -1,0 +1,108 @@
+"""Preference pairs (data.format preference): prompt, chosen and rejected, as text or as conversations (lists of
+role/content messages), in the layout TRL's DPOTrainer reads (TRL applies the chat template to conversations and
+tokenizes). Every row is checked before training, with the file and row of a bad one (exit 65): a missing answer,
+an answer that is not text or messages, chosen and rejected the same, a prompt that leaves no room for an answer
+within data.maxLength."""
+
+from typing import Any
+
+from finetune_operator.api.data import ColumnMapping, DataSpec
+from finetune_trainer.data.formats import content_text
+from finetune_trainer.data.loading import Part, load_rows
+from finetune_trainer.data.prepared import PreparedData
+from finetune_trainer.errors import ConfigError, DataError
+
+Turns = list[dict[str, str]]
+
+
+def _turns(value: Any, where: str) -> Turns:
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where} is {type(value).__name__ if value is not None else 'null'}: expected text or a "
+                        "non-empty list of role/content messages")
+    turns = []
+    for j, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise DataError(f"{where}, message {j + 1}: expected {{\"role\": ..., \"content\": ...}}")
+        turns.append({"role": message["role"], "content": content_text(message.get("content"),
+                                                                         f"{where}, message {j + 1}")})
+    return turns
+
+
+def preference_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any]:
+    """One row -> {prompt, chosen, rejected}, all text or all conversations (text answers to a conversational
+    prompt become one assistant message; a text prompt to conversational answers one user message)."""
+    names = {k: getattr(columns, k) or k for k in ("prompt", "chosen", "rejected")}
+    values = {}
+    for key, column in names.items():
+        value = row.get(column)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            present = sorted(k for k in row if not k.startswith("_"))
+            raise DataError(f"{where} has no '{column}' ({key}) value (columns: {present}); map it with "
+                            f"data.columns.{key}")
+        values[key] = value
+    conversational = any(isinstance(v, list) for v in values.values())
+    if conversational:
+        out = {}
+        for key, value in values.items():
+            role = "user" if key == "prompt" else "assistant"
+            out[key] = ([{"role": role, "content": value}] if isinstance(value, str) else
+                        _turns(value, f"{where}, {names[key]}"))
+    else:
+        bad = [k for k, v in values.items() if not isinstance(v, str | int | float)]
+        if bad:
+            raise DataError(f"{where}, {names[bad[0]]}: a {type(values[bad[0]]).__name__}, expected text or messages")
+        out = {k: str(v) for k, v in values.items()}
+    if out["chosen"] == out["rejected"]:
+        raise DataError(f"{where}: chosen and rejected are the same answer, so there is nothing to prefer; fix or "
+                        "drop the row")
+    return out
+
+
+def prompt_tokens(prompt: Any, tokenizer: Any) -> int:
+    if isinstance(prompt, list):
+        return len(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True))
+    return len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
+def _rows(parts: list[Part], data: DataSpec, tokenizer: Any, limit: int | None) -> tuple[list[dict], int]:
+    rows: list[dict[str, Any]] = []
+    seen = 0
+    for part in parts:
+        for i, row in enumerate(part.rows):
+            if limit is not None and len(rows) >= limit:
+                return rows, seen
+            seen += 1
+            where = f"{part.name}, row {i + 1}"
+            pair = preference_row(row, data.columns, where)
+            if isinstance(pair["prompt"], list) and tokenizer.chat_template is None:
+                raise ConfigError(f"{where} is a conversation but the tokenizer has no chat template; set "
+                                  "model.tokenizer to one that has, or give the pairs as text")
+            n = prompt_tokens(pair["prompt"], tokenizer)
+            if n >= data.max_length:
+                raise DataError(f"{where}: the prompt is {n} tokens, data.maxLength is {data.max_length}: no token "
+                                "of either answer would be trained; raise data.maxLength or shorten the prompt")
+            rows.append(pair)
+    return rows, seen
+
+
+def prepare_preference(data: DataSpec, tokenizer: Any, seed: int) -> PreparedData:
+    """Checked pairs as datasets (train, and validation from data.validation or the split percentage)."""
+    import datasets
+
+    train_rows, seen = _rows(load_rows(data.train, data), data, tokenizer, data.max_train_samples)
+    if not train_rows:
+        raise DataError("the preference data has no rows")
+    train = datasets.Dataset.from_list(train_rows)
+    evaluation = None
+    stats: dict[str, dict[str, int]] = {"train": {"rows": seen, "pairs": len(train_rows)}}
+    if data.validation:
+        eval_rows, eval_seen = _rows(load_rows(data.validation, data), data, tokenizer, data.max_eval_samples)
+        evaluation = datasets.Dataset.from_list(eval_rows)
+        stats["validation"] = {"rows": eval_seen, "pairs": len(eval_rows)}
+    elif data.validation_split_percentage > 0:
+        split = train.train_test_split(test_size=data.validation_split_percentage / 100, seed=seed)
+        train, evaluation = split["train"], split["test"]
+        if data.max_eval_samples is not None:
+            evaluation = evaluation.select(range(min(len(evaluation), data.max_eval_samples)))
+        stats["train"]["pairs"], stats["validation"] = len(train), {"pairs": len(evaluation)}
+    return PreparedData(train=train, eval=evaluation, stats=stats)
