@@ -72,3 +72,14 @@ def test_a_job_that_cannot_fit_its_gpus_is_refused_with_the_numbers_and_what_fit
     memory = summary["memoryEstimate"]
     assert memory["fits"] is True and memory["capacityGiB"] == 40 and 0 < memory["neededGiB"] < 40
     assert memory["largestTerm"] in memory["terms"]
+
+
+def test_preference_pairs_are_checked_as_the_trainer_checks_them(tiny_model_dir, tmp_path, monkeypatch):
+    pairs = [{"prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": f"B{i}."} for i in range(5)]
+    dpo = {"spec.method.objective": "dpo", "spec.data": {"format": "preference", "train": [{"inline": pairs}]}}
+    code, summary = run(tiny_model_dir, tmp_path, monkeypatch, **dpo)
+    assert code == 0 and summary["preflight"]["sources"][0]["kept"] == 5, summary
+    bad = [*pairs[:2], {"prompt": "Q?", "chosen": "Same.", "rejected": "Same."}]
+    code, summary = run(tiny_model_dir, tmp_path, monkeypatch,
+                        **{**dpo, "spec.data": {"format": "preference", "train": [{"inline": bad}]}})
+    assert code == exit_codes.DATA_ERROR and "row 3: chosen and rejected are the same answer" in summary["message"]
