@@ -55,7 +55,7 @@ class PreferenceSpec(ApiModel):
     loss_type: DpoLoss = Field(default="sigmoid", description="DPO loss variant, as TRL names it: sigmoid (the DPO "
                                "paper's), ipo, hinge, robust (noisy labels, with labelSmoothing), exo_pair, "
                                "nca_pair, bco_pair, sppo_hard, apo_zero, apo_down, sigmoid_norm.")
-    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5, description="Assumed fraction of flipped preference "
+    label_smoothing: float = Field(default=0.0, ge=0, le=0.49, description="Assumed fraction of flipped preference "
                                    "labels (conservative DPO; robust and sigmoid losses).")
     precompute_ref_log_probs: bool = Field(default=False, description="Compute the reference model's "
                                            "log-probabilities once before training, so a full fine-tune does not "
