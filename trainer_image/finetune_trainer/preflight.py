@@ -85,15 +85,11 @@ def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) 
     parts = [Part(p.name, p.rows.take(ROWS_PER_SOURCE)) for p in load_source(source, data, streaming=True)]
     stats = TokenizeStats()
     if data.format == "preference":  # the pairs as the trainer checks them, prompt lengths included
-        from finetune_trainer.data.preference import preference_row, prompt_tokens
+        from finetune_trainer.data.preference import checked_pair
 
         for part in parts:
             for i, row in enumerate(part.rows):
-                at = f"{part.name}, row {i + 1}"
-                pair = preference_row(row, data.columns, at)
-                if prompt_tokens(pair["prompt"], tokenizer) >= data.max_length:
-                    raise DataError(f"{at}: the prompt is longer than data.maxLength ({data.max_length}); no "
-                                    "token of either answer would be trained")
+                checked_pair(row, data, tokenizer, f"{part.name}, row {i + 1}")
                 stats.rows += 1
                 stats.kept += 1
         if stats.rows == 0:

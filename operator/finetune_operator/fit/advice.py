@@ -51,15 +51,15 @@ def _zero3(spec: FineTuneJobSpec) -> bool:
 
 
 def _offload(spec: FineTuneJobSpec) -> bool:
+    """Optimizer states to CPU memory under DeepSpeed: the job's own ZeRO stage (at least 2, 3 with more than one
+    process), ZeRO-3 when it ran another strategy."""
     d = spec.distributed
-    ds = d.deepspeed or DeepSpeedSpec()
-    if d.strategy != "deepspeed" or ds.offload_optimizer != "none":
-        d.strategy, d.fsdp = "deepspeed", None
-        ds = DeepSpeedSpec(zero_stage=3)
-    if ds.offload_optimizer != "none":
+    ds = (d.deepspeed or DeepSpeedSpec()) if d.strategy == "deepspeed" else None
+    if ds is not None and ds.offload_optimizer != "none":
         return False
-    d.deepspeed = DeepSpeedSpec(zero_stage=max(ds.zero_stage, 2 if d.world_size < 2 else 3),
-                                offload_optimizer="cpu")
+    stage = ds.zero_stage if ds is not None else 3
+    d.strategy, d.fsdp = "deepspeed", None
+    d.deepspeed = DeepSpeedSpec(zero_stage=max(stage, 2 if d.world_size < 2 else 3), offload_optimizer="cpu")
     return True
 
 

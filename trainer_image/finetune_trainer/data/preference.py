@@ -64,6 +64,19 @@ def prompt_tokens(prompt: Any, tokenizer: Any) -> int:
     return len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
+def checked_pair(row: dict[str, Any], data: DataSpec, tokenizer: Any, where: str) -> dict[str, Any]:
+    """preference_row, then what needs the tokenizer: a chat template for conversations, room for an answer."""
+    pair = preference_row(row, data.columns, where)
+    if isinstance(pair["prompt"], list) and tokenizer.chat_template is None:
+        raise ConfigError(f"{where} is a conversation but the tokenizer has no chat template; set "
+                          "model.tokenizer to one that has, or give the pairs as text")
+    n = prompt_tokens(pair["prompt"], tokenizer)
+    if n >= data.max_length:
+        raise DataError(f"{where}: the prompt is {n} tokens, data.maxLength is {data.max_length}: no token "
+                        "of either answer would be trained; raise data.maxLength or shorten the prompt")
+    return pair
+
+
 def _rows(parts: list[Part], data: DataSpec, tokenizer: Any, limit: int | None) -> tuple[list[dict], int]:
     rows: list[dict[str, Any]] = []
     seen = 0
@@ -72,16 +85,7 @@ def _rows(parts: list[Part], data: DataSpec, tokenizer: Any, limit: int | None) 
             if limit is not None and len(rows) >= limit:
                 return rows, seen
             seen += 1
-            where = f"{part.name}, row {i + 1}"
-            pair = preference_row(row, data.columns, where)
-            if isinstance(pair["prompt"], list) and tokenizer.chat_template is None:
-                raise ConfigError(f"{where} is a conversation but the tokenizer has no chat template; set "
-                                  "model.tokenizer to one that has, or give the pairs as text")
-            n = prompt_tokens(pair["prompt"], tokenizer)
-            if n >= data.max_length:
-                raise DataError(f"{where}: the prompt is {n} tokens, data.maxLength is {data.max_length}: no token "
-                                "of either answer would be trained; raise data.maxLength or shorten the prompt")
-            rows.append(pair)
+            rows.append(checked_pair(row, data, tokenizer, f"{part.name}, row {i + 1}"))
     return rows, seen
 
 
