@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -97,14 +98,42 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir,
     assert summary["attemptTokens"] == summary["tokensSeen"] - tokens_at_checkpoint > 0
 
 
+def finished(proc: subprocess.Popen, workdir: Path, timeout: float) -> str:
+    """The CLI's output once it exits; past `timeout`, a failure that shows every node's log (a hang says where)."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out = proc.communicate()[0]
+        logs = {p.name: p.read_text()[-4000:] for p in sorted((workdir / "logs").glob("node-*.log"))}
+        pytest.fail(f"still running after {timeout}s\n{out}\n" + "\n".join(f"--- {n}\n{t}" for n, t in logs.items()))
+
+
 def test_two_nodes_on_one_machine(tiny_model_dir, tmp_path):
     proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set",
                     "spec.distributed.numNodes=2", "--set", "spec.training.maxSteps=6", "--output", str(tmp_path))
-    out, _ = proc.communicate(timeout=600)
+    out = finished(proc, tmp_path, 600)
     assert proc.returncode == 0, out
     assert "2 node(s) x 1 process(es) on this machine" in out
     result = json.loads((tmp_path / "logs" / "node-1.result.json").read_text())
     assert result["worldSize"] == 2 and result["modelWrapper"] == "DistributedDataParallel"
+
+
+def test_a_node_that_fails_stops_the_others_instead_of_leaving_them_in_the_rendezvous(tiny_model_dir, tmp_path):
+    """Node 0 cannot open the rendezvous store (its port is held by something that is not one): node 1 would wait
+    torch's whole rendezvous timeout (600 s) for it; the gang is stopped and the first failure reported instead."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(8)  # accepts connections into its backlog and never answers them
+        port = squatter.getsockname()[1]
+        started = time.monotonic()
+        proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set",
+                        "spec.distributed.numNodes=2", "--port", str(port), "--output", str(tmp_path))
+        out = finished(proc, tmp_path, 300)
+    assert proc.returncode not in (0, exit_codes.INTERRUPTED), out
+    assert "node 0 exited with" in out and "stopping the other node(s)" in out, out
+    assert "address already in use" in (tmp_path / "logs" / "node-0.log").read_text().lower()
+    assert time.monotonic() - started < 250
 
 
 def test_invalid_spec_and_bad_override(tmp_path):

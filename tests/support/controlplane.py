@@ -7,7 +7,6 @@ the tail of its log, so a broken environment is loud instead of a hang.
 
 from __future__ import annotations
 
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -18,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from finetune_operator.cli.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "finetunejob-test-admin-token"
@@ -46,12 +47,6 @@ def build_binaries() -> Path:
     proc = subprocess.run(["bash", str(ROOT / "hack" / "build-controlplane.sh")], check=True, text=True,
                           stdout=subprocess.PIPE)
     return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -294,3 +294,27 @@ def test_validate_and_render_print_the_memory_estimate_from_a_model_config(capsy
     assert main(["render", example, "--model-config", config]) == EXIT_OK
     captured = capsys.readouterr()
     assert "memory per GPU" in captured.err and "memory per GPU" not in captured.out  # stdout stays YAML
+
+
+def test_once_a_node_fails_the_others_get_a_grace_then_a_stop_then_a_kill(tmp_path):
+    """Real processes: node 0 fails at once; node 1 stops on SIGTERM (exit 143), node 2 ignores it and is killed.
+    The first failure is the one reported."""
+    import io
+    import subprocess
+    import sys
+
+    from finetune_operator.cli.local_run import Node, results, wait
+    from finetune_operator.cli.progress import ProgressLine
+
+    scripts = ["import sys; sys.exit(3)",
+               "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); time.sleep(60)",
+               "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
+    nodes = [Node(rank, subprocess.Popen([sys.executable, "-c", script]), tmp_path / f"node-{rank}.result.json",
+                  tmp_path / f"node-{rank}.log") for rank, script in enumerate(scripts)]
+    out = io.StringIO()
+    failed = wait(nodes, ProgressLine(tmp_path / "progress.jsonl", out, tmp_path / "notices.jsonl"), out,
+                  grace=1.0, kill_after=2.0)
+    assert [n.process.returncode for n in nodes] == [3, 143, -9]
+    assert failed == [0, 1, 2]
+    assert "node 0 exited with 3: stopping the other node(s)" in out.getvalue()
+    assert results(nodes, failed) == (3, {})

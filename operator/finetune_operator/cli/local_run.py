@@ -8,7 +8,6 @@ and stops; running the same command again resumes from it.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,10 +21,16 @@ from ..api.validation import ValidatedJob
 from ..render import RenderContext
 from ..render.configmap import config_files
 from ..render.env import trainer_env
+from .ports import free_port
 from .processes import OutputBusy, OutputLock, die_with_parent, kill_tree
 from .progress import ProgressLine
 
 POLL_SECONDS = 0.5
+# A node that failed leaves the others waiting in a collective or in the rendezvous (torch's default: 600 s). They
+# get this long to fail on their own (their reasons are often the telling ones), then a stop as for Ctrl-C, and a
+# kill after as long again as a checkpoint may take.
+GANG_GRACE_SECONDS = 10.0
+GANG_KILL_SECONDS = 120.0
 
 
 @dataclass
@@ -60,12 +65,6 @@ def gpu_shortfall(job: ValidatedJob, available: int) -> str | None:
             f"node's processes need that many GPUs and on this machine {have}; fix: --set "
             "spec.distributed.gpusPerNode=0 to train on the CPU (with cpuProcessesPerNode processes per node), "
             "or run it on a cluster")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare(job: ValidatedJob, workdir: Path) -> tuple[Path, RenderContext]:
@@ -130,12 +129,35 @@ def stop(nodes: list[Node], out: TextIO) -> None:
             node.process.send_signal(signal.SIGTERM)
 
 
-def wait(nodes: list[Node], progress: ProgressLine, out: TextIO) -> None:
+def wait(nodes: list[Node], progress: ProgressLine, out: TextIO, grace: float = GANG_GRACE_SECONDS,
+         kill_after: float = GANG_KILL_SECONDS) -> list[int]:
+    """Until every node has exited; the ranks of the nodes that failed, in the order they did. A gang is all or
+    nothing (as the operator restarts a whole gang): once one node failed, the others are stopped."""
     interrupted = False
+    failed: list[int] = []
+    failed_at = stopped_at = None
+    killed = False
     while True:
         try:  # the check too: a Ctrl-C lands wherever the loop is, and must always stop the nodes gracefully
-            if all(n.process.poll() is not None for n in nodes):
+            for node in nodes:
+                code = node.process.poll()
+                if code not in (None, 0) and node.rank not in failed:
+                    failed.append(node.rank)
+                    failed_at = failed_at or time.monotonic()
+            running = [n for n in nodes if n.process.poll() is None]
+            if not running:
                 break
+            if failed_at is not None and stopped_at is None and time.monotonic() - failed_at >= grace:
+                stopped_at = time.monotonic()
+                first = nodes[failed[0]]
+                print(f"\nnode {first.rank} exited with {first.process.returncode}: stopping the other node(s), "
+                      "which cannot go on without it", file=out, flush=True)
+                for node in running:
+                    node.process.send_signal(signal.SIGTERM)
+            if stopped_at is not None and not killed and time.monotonic() - stopped_at >= kill_after:
+                killed = True
+                for node in running:
+                    kill_tree(node.process.pid)
             progress.poll()
             time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
@@ -147,16 +169,19 @@ def wait(nodes: list[Node], progress: ProgressLine, out: TextIO) -> None:
                 stop(nodes, out)
     progress.poll()
     progress.close()
+    return failed
 
 
-def results(nodes: list[Node]) -> tuple[int, dict[str, Any]]:
-    """The most telling exit code over the nodes (permanent causes first), with node 0's summary."""
+def results(nodes: list[Node], failed_first: list[int] | None = None) -> tuple[int, dict[str, Any]]:
+    """The most telling exit code over the nodes (permanent causes first, then the node that failed first: the
+    others were most likely stopped because of it), with that node's summary (node 0's on success)."""
     codes = [n.process.returncode for n in nodes]
     summaries = [json.loads(n.result_file.read_text()) if n.result_file.exists() else {} for n in nodes]
     for code in codes:
         if exit_codes.is_permanent(code):
             return code, next(s for s, c in zip(summaries, codes, strict=True) if c == code)
-    failed = [(c, s) for c, s in zip(codes, summaries, strict=True) if c != 0]
+    order = [*(failed_first or []), *(n.rank for n in nodes)]
+    failed = [(codes[rank], summaries[rank]) for rank in order if codes[rank] != 0]
     return failed[0] if failed else (0, summaries[0])
 
 
@@ -232,9 +257,9 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
         print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "
               f"output in {workdir / 'output'}", file=out, flush=True)
         output = workdir / "output"
-        wait(nodes, ProgressLine(output / c.PROGRESS_FILE, out, output / c.NOTICES_FILE), out)
+        failed = wait(nodes, ProgressLine(output / c.PROGRESS_FILE, out, output / c.NOTICES_FILE), out)
     finally:
         lock.release()
-    code, summary = results(nodes)
+    code, summary = results(nodes, failed)
     print(describe_result(code, summary, workdir), file=out, flush=True)
     return code
