@@ -5,7 +5,6 @@ what happened (finetune_operator.api.exit_codes). Started by torchrun, once per 
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -29,7 +28,11 @@ from finetune_trainer.errors import (
     stop_cause,
 )
 from finetune_trainer.outputs import checkpoints
+from finetune_trainer.outputs.final_model import save_final
+from finetune_trainer.outputs.summary import early_stopping, loss_plot, peak_memory, preference_summary, sharding
 from finetune_trainer.training import advice
+from finetune_trainer.training.model import base_model
+from finetune_trainer.training.trainer import build_trainer
 
 log = logging.getLogger("finetune_trainer")
 SUMMARY_FILE = "summary.json"  # the run's summary beside the model in output.uri
@@ -73,7 +76,7 @@ def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
     if cfg.spec.method.objective != "sft":  # pairs, checked here and tokenized by TRL's trainer
         from finetune_trainer.data.preference import prepare_preference
 
-        return prepare_preference(cfg.spec.data, tokenizer, args.seed)
+        return prepare_preference(cfg.spec.data, tokenizer, args.seed, cfg.spec.method.objective)
     if cfg.spec.data.streaming:
         from finetune_trainer.data.streaming import prepare_streaming
 
@@ -133,134 +136,6 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
                           "checkpoints.resume: never, or give the job another name or output.subPath")
 
 
-def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, warnings):
-    from transformers import Trainer
-
-    from finetune_trainer.data.collators import make_collator
-    from finetune_trainer.training.callbacks import (
-        CheckpointMarkerCallback,
-        DivergenceWatch,
-        GracefulStop,
-        ProgressCallback,
-    )
-    progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
-                                cfg.spec.resources.peak_tflops_per_gpu, attempt=cfg.attempt)
-    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, _vocab_size(model))
-    # The marker callback runs first so the progress record of a save already names the new checkpoint.
-    stop = GracefulStop()
-    producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
-    # With output.uri, status.checkpoint names a checkpoint once it is complete in the bucket (remote_output).
-    marked = CheckpointMarkerCallback(cfg.output_dir, None if cfg.spec.output.uri else progress, producer)
-    callbacks = [marked, progress, watchdog, stop]
-    early = cfg.spec.evaluation.early_stopping
-    if early is not None:
-        from transformers import EarlyStoppingCallback
-
-        callbacks.append(EarlyStoppingCallback(early.patience, early.threshold))
-
-    evaluation = cfg.spec.evaluation
-    samples = None
-    if evaluation.prompts:
-        from finetune_trainer.training.samples import SampleCallback
-
-        samples = SampleCallback(list(evaluation.prompts), evaluation.generation, cfg.spec.data, tokenizer,
-                                 cfg.output_dir, cfg.spec.distributed.shards_parameters, stop)
-        callbacks.append(samples)
-
-    base: Any = Trainer
-    kwargs: dict[str, Any] = {"data_collator": make_collator(tokenizer, cfg.spec.data.packing,
-                                                             cfg.spec.model.attn_implementation)}
-    if cfg.spec.method.objective == "dpo":
-        # TRL's DPOTrainer, with our callbacks, checkpoints and exit codes. A LoRA model needs no second copy: the
-        # reference is the base with the adapter disabled; a full fine-tune gets TRL's frozen copy (or none with
-        # precomputeRefLogProbs).
-        from trl import DPOTrainer
-
-        base, kwargs = DPOTrainer, {}
-
-    class FineTuneTrainer(base):
-        def log(self, logs: dict[str, float], *rest, **kwargs) -> None:
-            # Perplexity next to every validation loss: in TensorBoard, progress.jsonl, the status and the summary.
-            if "eval_loss" in logs:
-                logs["eval_perplexity"] = perplexity(logs["eval_loss"])
-            super().log(logs, *rest, **kwargs)
-
-        def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
-            # transformers trains one step past max_steps when it resumes a checkpoint saved at max_steps in mid-epoch
-            # (its skip-ahead runs a step before any stop check): an attempt that resumes a finished run, e.g. to
-            # retry its push, would train on and overwrite the model.
-            if 0 < self.state.max_steps <= self.state.global_step:
-                self.control.should_training_stop = True
-                return
-            super()._run_epoch(*args, **kwargs)
-
-    trainer = FineTuneTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
-                              processing_class=tokenizer, callbacks=callbacks, **kwargs)
-    if samples is not None:
-        samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
-                                    if type(cb).__name__ == "TensorBoardCallback"), None)
-    return trainer, progress, watchdog, stop, samples
-
-
-def _vocab_size(model) -> int | None:
-    """The output vocabulary, whose uniform guess (ln V) bounds the divergence guard's early loss."""
-    size = getattr(_base_model(model).config, "vocab_size", None)
-    return size if isinstance(size, int) else None
-
-
-def perplexity(loss: float) -> float:
-    """exp(mean token cross-entropy); inf rather than an overflow for a diverged loss."""
-    return math.exp(loss) if loss < 700 else math.inf
-
-
-def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
-    """The final model (adapter for LoRA) under final/, plus merged/ when asked; weights verified non-empty; the
-    generation config stops where the data taught the model to stop."""
-    final = cfg.output_dir / "final"
-    # Inference wants the KV cache (training turned it off): the saved config must not say use_cache: false.
-    trainer.model.config.use_cache = True
-    base = _base_model(trainer.model)
-    trainer.save_model(str(final))  # gathers ZeRO-3 / FSDP weights (16-bit gather is set in the presets)
-    paths = {"model": str(final)}
-    if trainer.args.should_save:
-        tokenizer.save_pretrained(final)
-        if getattr(base, "generation_config", None) is not None:  # an adapter's directory has none of its own:
-            base.generation_config.save_pretrained(final)  # the base's, with the trained stops (run())
-        files = checkpoints.weight_files(final)
-        if not files or any(f.stat().st_size == 0 for f in files):
-            raise TrainerError(f"the final model in {final} has no or empty weights")
-        if cfg.spec.output.merge_adapter and cfg.spec.method.type in ("lora", "qlora"):
-            paths["merged"] = str(merge_adapter(cfg, final, tokenizer))
-    trainer.accelerator.wait_for_everyone()
-    return paths
-
-
-def _base_model(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
-    """Reloads base + adapter from disk on CPU and merges: works the same whatever sharding trained them."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    m = cfg.spec.model
-    from finetune_trainer.training.model import source
-
-    name = source(m.name)
-    base = AutoModelForCausalLM.from_pretrained(name, revision=m.revision if name == m.name else None,
-                                                trust_remote_code=m.trust_remote_code, dtype="auto")
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    target = cfg.output_dir / "merged"
-    merged.config.use_cache = True
-    from finetune_trainer.training.model import add_stop_ids, trained_stop_ids
-
-    add_stop_ids(merged, trained_stop_ids(cfg.spec, tokenizer))
-    merged.save_pretrained(target)
-    tokenizer.save_pretrained(target)  # merged/ is a whole model: AutoTokenizer must load from it too
-    return target
-
-
 def run(config_path: str) -> dict[str, Any]:
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (
@@ -299,7 +174,7 @@ def run(config_path: str) -> dict[str, Any]:
     set_seed(args.seed)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
-    add_stop_ids(_base_model(model), trained_stop_ids(cfg.spec, tokenizer))
+    add_stop_ids(base_model(model), trained_stop_ids(cfg.spec, tokenizer))
     trainable, total = trainable_parameters(model)
     trainer, progress, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter, warnings)
     if remote is not None:  # the bucket's newest complete checkpoint, here before the first step
@@ -392,56 +267,6 @@ def run(config_path: str) -> dict[str, Any]:
             (cfg.output_dir / SUMMARY_FILE).write_text(json.dumps(failed, default=str))
             raise
     return summary
-
-
-def preference_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
-    """The last logged rewards of a preference objective (dpo), as the summary names them; {} for sft."""
-    from finetune_trainer.training.callbacks import REWARD_LOGS
-
-    last = next((h for h in reversed(log_history) if "rewards/margins" in h), None)
-    return {} if last is None else {name: last[key] for key, name in REWARD_LOGS.items() if key in last}
-
-
-def loss_plot(cfg: TrainerConfig) -> dict[str, str]:
-    """loss.png in the output directory, from progress.jsonl; a plot that cannot be drawn never fails a run."""
-    from finetune_trainer.outputs.plot import read_progress, write_loss_plot
-
-    try:
-        title = f"{cfg.job_name}: {cfg.spec.model.name} ({cfg.spec.method.type})"
-        path = write_loss_plot(read_progress(cfg.output_dir / c.PROGRESS_FILE), cfg.output_dir / "loss.png", title)
-    except (OSError, ValueError, ImportError) as exc:  # ImportError: an image without matplotlib
-        log.warning("loss.png not written: %s", exc)
-        return {}
-    return {"lossPlot": str(path)} if path is not None else {}
-
-
-def early_stopping(cfg: TrainerConfig, trainer) -> dict[str, Any]:
-    """Whether early stopping ended the run and which checkpoint became the final model."""
-    if cfg.spec.evaluation.early_stopping is None:
-        return {}
-    state = trainer.state
-    return {"stoppedEarly": state.global_step < state.max_steps, "bestCheckpoint": state.best_model_checkpoint,
-            "bestEvalLoss": state.best_metric}
-
-
-def peak_memory() -> dict[str, float]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return {}
-    return {"peakMemoryGiB": torch.cuda.max_memory_allocated() / 2**30}
-
-
-def sharding(trainer) -> dict[str, Any]:
-    """What really ran: the ZeRO stage and, under ZeRO-3, the fraction of parameters this rank holds."""
-    engine = trainer.model_wrapped
-    if not hasattr(engine, "zero_optimization_stage"):
-        return {}
-    out: dict[str, Any] = {"zeroStage": engine.zero_optimization_stage()}
-    params = [p for p in trainer.model.parameters() if hasattr(p, "ds_numel")]
-    if params:
-        out["localParameterFraction"] = sum(p.ds_tensor.numel() for p in params) / sum(p.ds_numel for p in params)
-    return out
 
 
 def write_result(code: int, summary: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ def load_tokenizer(spec: FineTuneJobSpec):
         # Safe only because padding is masked by the attention mask and labels, never by token id: the real EOS
         # keeps its label, so the model still learns to stop.
         tokenizer.pad_token = tokenizer.eos_token
-    if tokenizer.chat_template is None and spec.data.format in ("sharegpt", "messages", "preference"):
+    if tokenizer.chat_template is None and spec.data.format in ("sharegpt", "messages", "preference", "unpaired"):
         # Conversations need a template: ours (ChatML turns closed by the real EOS) is set on the tokenizer, so
         # final/ carries the template the model was trained with and inference renders the same text.
         from finetune_trainer.data.chat import DEFAULT_CHAT_TEMPLATE
@@ -233,3 +233,8 @@ def add_stop_ids(model, stop_ids: list[int]) -> list[int]:
     if merged != current:
         config.eos_token_id = merged[0] if len(merged) == 1 else merged
     return merged
+
+
+def base_model(model: Any) -> Any:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -1,0 +1,104 @@
+"""The Trainer of a job: transformers' for SFT, TRL's for a preference objective, with our callbacks (progress,
+checkpoint markers, divergence, graceful stop, samples) and a perplexity beside every validation loss."""
+
+import math
+from typing import Any
+
+from finetune_trainer.config import TrainerConfig
+from finetune_trainer.outputs import checkpoints
+from finetune_trainer.training import advice
+from finetune_trainer.training.model import base_model
+
+
+def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, warnings):
+    from transformers import Trainer
+
+    from finetune_trainer.data.collators import make_collator
+    from finetune_trainer.training.callbacks import (
+        CheckpointMarkerCallback,
+        DivergenceWatch,
+        GracefulStop,
+        ProgressCallback,
+    )
+    progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
+                                cfg.spec.resources.peak_tflops_per_gpu, attempt=cfg.attempt)
+    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, _vocab_size(model))
+    # The marker callback runs first so the progress record of a save already names the new checkpoint.
+    stop = GracefulStop()
+    producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
+    # With output.uri, status.checkpoint names a checkpoint once it is complete in the bucket (remote_output).
+    marked = CheckpointMarkerCallback(cfg.output_dir, None if cfg.spec.output.uri else progress, producer)
+    callbacks = [marked, progress, watchdog, stop]
+    early = cfg.spec.evaluation.early_stopping
+    if early is not None:
+        from transformers import EarlyStoppingCallback
+
+        callbacks.append(EarlyStoppingCallback(early.patience, early.threshold))
+
+    evaluation = cfg.spec.evaluation
+    samples = None
+    if evaluation.prompts:
+        from finetune_trainer.training.samples import SampleCallback
+
+        samples = SampleCallback(list(evaluation.prompts), evaluation.generation, cfg.spec.data, tokenizer,
+                                 cfg.output_dir, cfg.spec.distributed.shards_parameters, stop)
+        callbacks.append(samples)
+
+    base: Any = Trainer
+    kwargs: dict[str, Any] = {"data_collator": make_collator(tokenizer, cfg.spec.data.packing,
+                                                             cfg.spec.model.attn_implementation)}
+    if cfg.spec.method.objective != "sft":
+        # TRL's trainer, with our callbacks, checkpoints and exit codes, and its own collator. DPO and KTO on a LoRA
+        # model need no second copy (the reference is the base with the adapter disabled, or a frozen copy of the
+        # adapter); a full fine-tune gets TRL's frozen copy (or none with precomputeRefLogProbs); ORPO and SimPO
+        # have no reference.
+        from finetune_trainer.training.objectives import trl_classes
+
+        base, kwargs = trl_classes(cfg.spec.method.objective)[1], {}
+
+    class FineTuneTrainer(base):
+        def log(self, logs: dict[str, float], *rest, **kwargs) -> None:
+            # Perplexity next to every validation loss: in TensorBoard, progress.jsonl, the status and the summary.
+            if "eval_loss" in logs:
+                logs["eval_perplexity"] = perplexity(logs["eval_loss"])
+            super().log(logs, *rest, **kwargs)
+
+        def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+            # TRL's pair collator (ORPO, CPO) has no input_ids, so transformers counts nothing: count both answers'
+            # tokens (each with its prompt), as DPO's concatenated batch does.
+            masks = [inputs[k] for k in ("chosen_attention_mask", "rejected_attention_mask") if k in inputs]
+            if "input_ids" in inputs or not masks or self.args.include_num_input_tokens_seen == "no":
+                super()._track_num_input_tokens(inputs)
+                return
+            import torch
+
+            seen = torch.as_tensor(sum(int(m.sum()) for m in masks), device=self.args.device, dtype=torch.int64)
+            self.state.num_input_tokens_seen += self.accelerator.gather(seen).sum().item()
+
+        def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+            # transformers trains one step past max_steps when it resumes a checkpoint saved at max_steps in mid-epoch
+            # (its skip-ahead runs a step before any stop check): an attempt that resumes a finished run, e.g. to
+            # retry its push, would train on and overwrite the model.
+            if 0 < self.state.max_steps <= self.state.global_step:
+                self.control.should_training_stop = True
+                return
+            super()._run_epoch(*args, **kwargs)
+
+    trainer = FineTuneTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
+                              processing_class=tokenizer, callbacks=callbacks, **kwargs)
+    if samples is not None:
+        samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
+                                    if type(cb).__name__ == "TensorBoardCallback"), None)
+    return trainer, progress, watchdog, stop, samples
+
+
+def _vocab_size(model) -> int | None:
+    """The output vocabulary, whose uniform guess (ln V) bounds the divergence guard's early loss."""
+    size = getattr(base_model(model).config, "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def perplexity(loss: float) -> float:
+    """exp(mean token cross-entropy); inf rather than an overflow for a diverged loss."""
+    return math.exp(loss) if loss < 700 else math.inf
+
