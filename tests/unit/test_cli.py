@@ -318,3 +318,15 @@ def test_once_a_node_fails_the_others_get_a_grace_then_a_stop_then_a_kill(tmp_pa
     assert failed == [0, 1, 2]
     assert "node 0 exited with 3: stopping the other node(s)" in out.getvalue()
     assert results(nodes, failed) == (3, {})
+
+
+def test_validate_says_what_a_preference_objective_trains_on(tmp_path, capsys):
+    doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-dpo.yaml").read_text())
+    for objective, says in [("dpo", "(lora, dpo on pairs)"),
+                            ("kto", "(lora, kto on pairs, each one desirable and one undesirable example)"),
+                            ("orpo", "(lora, orpo on pairs, no reference model)")]:
+        doc["spec"]["method"].update(objective=objective, preference={"beta": 0.1})
+        job = tmp_path / f"{objective}.yaml"
+        job.write_text(yaml.safe_dump(doc))
+        assert main(["validate", str(job)]) == EXIT_OK
+        assert says in capsys.readouterr().out

@@ -1,5 +1,6 @@
-"""Preference pairs (data.format preference): every bad row is a DataError naming its file and row; text and
-conversations in TRL's layout; the spec's objective and format go together."""
+"""Preference data (data.format preference: pairs; unpaired: KTO's labelled examples): every bad row is a DataError
+naming its file and row; text and conversations in TRL's layout; the spec's objective, format and preference
+settings go together."""
 
 import json
 
@@ -7,7 +8,7 @@ import pytest
 
 from finetune_operator.api.errors import InvalidSpec
 from finetune_operator.api.validation import validate_job
-from finetune_trainer.data.preference import preference_row, prepare_preference
+from finetune_trainer.data.preference import for_kto, preference_row, prepare_preference, unpaired_row
 from finetune_trainer.errors import DataError
 from tests.builders import make_job
 
@@ -89,3 +90,82 @@ def test_resuming_with_another_objective_is_refused(tmp_path):
     assert checkpoints.incompatibility(directory, sft, keys=checkpoints.MODEL_KEYS) is None
     why = checkpoints.incompatibility(directory, dpo, keys=checkpoints.MODEL_KEYS)
     assert why is not None and "method" in why
+
+
+@pytest.mark.parametrize(("label", "expected"), [(True, True), (False, False), (1, True), (0, False), ("true", True),
+                                                 ("False", False), (" yes ", True), ("no", False), ("1", True)])
+def test_an_unpaired_label_is_read_however_the_file_spells_it(label, expected):
+    columns = validate_job(make_job()).spec.data.columns
+    row = unpaired_row({"prompt": "Q?", "completion": "A.", "label": label}, columns, "f, row 1")
+    assert row == {"prompt": "Q?", "completion": "A.", "label": expected}
+
+
+@pytest.mark.parametrize(("others", "label", "says"), [(True, None, "is None"), ("true", "maybe", "is 'maybe'"),
+                                                      (1, 2, "is 2")])
+def test_a_label_that_is_not_a_yes_or_a_no_is_a_data_error_with_its_row(tiny_tokenizer, others, label, says):
+    rows = [{"prompt": f"Q{i}?", "completion": "A.", "label": others} for i in range(3)]
+    bad = {"prompt": "Q?", "completion": "A.", **({"label": label} if label is not None else {})}
+    s = validate_job(make_job({"spec.method.objective": "kto", "spec.data": {
+        "format": "unpaired", "maxLength": 64, "train": [{"inline": [*rows, bad]}]}})).spec
+    with pytest.raises(DataError, match="row 4") as err:
+        prepare_preference(s.data, tiny_tokenizer, seed=42, objective="kto")
+    assert says in str(err.value) and "data.columns.label" in str(err.value)
+
+
+def test_a_column_whose_type_changes_is_a_data_error_naming_the_row_not_pyarrows(tmp_path, tiny_tokenizer):
+    """true in one row and "maybe" in the next: for inline rows pyarrow refuses the whole table ("Could not
+    convert ... to boolean"), naming neither row nor column; a file's column datasets reads as text."""
+    rows = [{"prompt": "Q?", "completion": "A.", "label": True}, {"prompt": "Q?", "completion": "B.", "label": False},
+            {"prompt": "Q?", "completion": "C.", "label": "maybe"}]
+    s = validate_job(make_job({"spec.method.objective": "kto", "spec.data": {
+        "format": "unpaired", "maxLength": 64, "train": [{"inline": rows}]}})).spec
+    with pytest.raises(DataError, match=r"inline rows, row 3: 'label' is text where row 1 has true/false"):
+        prepare_preference(s.data, tiny_tokenizer, seed=42, objective="kto")
+    path = tmp_path / "feedback.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = validate_job(make_job({"spec.method.objective": "kto", "spec.data": {
+        "format": "unpaired", "maxLength": 64, "train": [{"path": str(path)}]}})).spec
+    with pytest.raises(DataError, match=r"feedback.jsonl, row 3: 'label' \(label\) is 'maybe'"):
+        prepare_preference(s.data, tiny_tokenizer, seed=42, objective="kto")  # datasets reads the column as text
+
+
+def test_kto_gets_each_pair_as_one_of_each_kind_in_mixed_batches(tiny_tokenizer):
+    """TRL's KTOTrainer samples in order: pairs unpaired as all chosen then all rejected (or a file sorted by label)
+    would train whole batches of one kind. Ours are shuffled once, with the seed: the same order every attempt."""
+    s = spec(**{"spec.method.objective": "kto"})
+    data = prepare_preference(s.data, tiny_tokenizer, seed=42, objective="kto")
+    assert set(data.train.column_names) == {"prompt", "completion", "label"} and len(data.train) == 20
+    assert sum(data.train["label"]) == 10 and data.stats["train"] == {"rows": 10, "pairs": 10, "examples": 20}
+    batches = [data.train["label"][i:i + 4] for i in range(0, 20, 4)]
+    assert sum(1 for b in batches if 0 < sum(b) < 4) >= 3  # most batches of 4 hold both kinds
+    again = prepare_preference(s.data, tiny_tokenizer, seed=42, objective="kto")
+    assert data.train["completion"] == again.train["completion"]
+    pairs = prepare_preference(s.data, tiny_tokenizer, seed=42)  # dpo: the pairs as they were
+    assert pairs.train["prompt"] == [p["prompt"] for p in PAIRS]
+    unpaired = for_kto(data.train, seed=1)  # already unpaired: shuffled only
+    assert sorted(unpaired["completion"]) == sorted(data.train["completion"])
+
+
+def test_each_objective_takes_its_own_data_and_settings_and_every_error_is_named_at_once():
+    unpaired = {"format": "unpaired", "train": [{"inline": [{"prompt": "Q?", "completion": "A.", "label": True}]}]}
+    pairs = {"format": "preference", "train": [{"inline": PAIRS}]}
+    validate_job(make_job({"spec.method.objective": "kto", "spec.data": unpaired}))
+    validate_job(make_job({"spec.method.objective": "kto", "spec.data": pairs}))  # each pair: one of each kind
+    for objective in ("orpo", "simpo"):
+        validate_job(make_job({"spec.method.objective": objective, "spec.data": pairs}))
+    with pytest.raises(InvalidSpec, match="only kto trains on unpaired examples"):
+        validate_job(make_job({"spec.method.objective": "dpo", "spec.data": unpaired}))
+    with pytest.raises(InvalidSpec, match="set method.objective: kto"):
+        validate_job(make_job({"spec.data": unpaired}))
+    with pytest.raises(InvalidSpec) as err:
+        validate_job(make_job({"spec.method.objective": "orpo", "spec.data": pairs, "spec.method.preference": {
+            "lossType": "sigmoid", "precomputeRefLogProbs": True, "desirableWeight": 2.0, "simpoGamma": 1.0,
+            "labelSmoothing": 0.1}}))
+    errors = {e.path: e for e in err.value.errors}
+    assert set(errors) == {f"spec.method.preference.{f}" for f in ("lossType", "precomputeRefLogProbs",
+                                                                   "desirableWeight", "simpoGamma",
+                                                                   "labelSmoothing")}
+    assert "it has no reference model" in str(errors["spec.method.preference.precomputeRefLogProbs"])
+    with pytest.raises(InvalidSpec, match="use one of kto, apo_zero_unpaired"):
+        validate_job(make_job({"spec.method.objective": "kto", "spec.data": pairs,
+                               "spec.method.preference.lossType": "ipo"}))

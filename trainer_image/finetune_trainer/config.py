@@ -51,25 +51,18 @@ def load_config(path: str | Path) -> TrainerConfig:
         raise ConfigError(f"invalid trainer config {path}: {exc}") from exc
 
 
-def preference_arguments(cfg: TrainerConfig) -> dict[str, Any]:
-    """DPOConfig's own fields from spec.method.preference and spec.data (TRL tokenizes the pairs itself)."""
-    pref = cfg.spec.method.preference
-    return {"beta": pref.beta, "loss_type": [pref.loss_type], "label_smoothing": pref.label_smoothing,
-            "precompute_ref_log_probs": pref.precompute_ref_log_probs, "max_length": cfg.spec.data.max_length}
-
-
 def training_arguments(cfg: TrainerConfig):
-    """transformers.TrainingArguments (trl.DPOConfig for method.objective dpo) from the rendered kwargs; unknown
-    keys are an error, not ignored."""
+    """transformers.TrainingArguments (TRL's config of a preference objective: DPOConfig, KTOConfig...) from the
+    rendered kwargs; unknown keys are an error, not ignored."""
     from transformers import HfArgumentParser, TrainingArguments
 
     kind: Any = TrainingArguments
     kwargs = dict(cfg.training_arguments)
-    if cfg.spec.method.objective == "dpo":
-        from trl import DPOConfig
+    if cfg.spec.method.objective != "sft":
+        from finetune_trainer.training.objectives import objective_arguments, trl_classes
 
-        kind = DPOConfig
-        kwargs.update(preference_arguments(cfg))
+        kind = trl_classes(cfg.spec.method.objective)[0]
+        kwargs.update(objective_arguments(cfg.spec))
     try:
         (args,) = HfArgumentParser(kind).parse_dict(kwargs, allow_extra_keys=False)
     except (ValueError, TypeError) as exc:

@@ -84,7 +84,7 @@ def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) 
     data = cfg.spec.data
     parts = [Part(p.name, p.rows.take(ROWS_PER_SOURCE)) for p in load_source(source, data, streaming=True)]
     stats = TokenizeStats()
-    if data.format == "preference":  # the pairs as the trainer checks them, prompt lengths included
+    if data.format in ("preference", "unpaired"):  # the rows as the trainer checks them, prompt lengths included
         from finetune_trainer.data.preference import checked_pair
 
         for part in parts:

@@ -8,7 +8,7 @@ from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
 from .volumes import AbsolutePath
 
-DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text", "preference"]
+DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text", "preference", "unpaired"]
 FileType = Literal["json", "jsonl", "parquet", "csv", "text"]
 
 MAX_INLINE_ROWS = 1000
@@ -73,12 +73,15 @@ class ColumnMapping(ApiModel):
         default=None, max_length=256, description="sharegpt: list of turns with from/value."
     )
     messages: str | None = Field(default=None, max_length=256, description="messages: list of role/content turns.")
-    prompt: str | None = Field(default=None, max_length=256, description="prompt_completion and preference: prompt "
-                               "column.")
-    completion: str | None = Field(default=None, max_length=256, description="prompt_completion: completion column.")
+    prompt: str | None = Field(default=None, max_length=256, description="prompt_completion, preference and "
+                               "unpaired: prompt column.")
+    completion: str | None = Field(default=None, max_length=256, description="prompt_completion and unpaired: "
+                                   "completion column.")
     chosen: str | None = Field(default=None, max_length=256, description="preference: the preferred answer's "
                                "column (text, or a list of role/content messages).")
     rejected: str | None = Field(default=None, max_length=256, description="preference: the other answer's column.")
+    label: str | None = Field(default=None, max_length=256, description="unpaired: whether the completion is "
+                              "desirable (true/false, 1/0, yes/no).")
     text: str | None = Field(default=None, max_length=256, description="text: raw text column.")
 
 
@@ -94,8 +97,9 @@ class DataSpec(ApiModel):
     )
     format: DataFormat = Field(
         description="Row format: alpaca (instruction/input/output), sharegpt (conversations from/value), messages "
-        "(role/content, chat template), prompt_completion, text (continued pretraining), or preference (prompt, "
-        "chosen, rejected as text or as conversations: method.objective dpo)."
+        "(role/content, chat template), prompt_completion, text (continued pretraining), preference (prompt, "
+        "chosen, rejected as text or as conversations: method.objective dpo, kto, orpo or simpo) or unpaired "
+        "(prompt, completion, label: method.objective kto)."
     )
     columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column renames for the format.")
     max_train_samples: int | None = Field(default=None, ge=1, description="Use at most this many training rows.")

@@ -43,24 +43,39 @@ class FreezeSpec(ApiModel):
     )
 
 
-Objective = Literal["sft", "dpo"]
-# TRL's DPO loss variants (DPOConfig.loss_type) that need nothing but preference pairs.
-DpoLoss = Literal["sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "apo_zero",
-                  "apo_down", "sigmoid_norm"]
+Objective = Literal["sft", "dpo", "kto", "orpo", "simpo"]
+PREFERENCE_OBJECTIVES = ("dpo", "kto", "orpo", "simpo")
+REFERENCE_FREE = ("orpo", "simpo")  # no reference model: nothing to precompute, no second copy
+# TRL's loss variants that need nothing but the objective's data (DPOConfig.loss_type, KTOConfig.loss_type).
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "apo_zero",
+              "apo_down", "sigmoid_norm")
+KTO_LOSSES = ("kto", "apo_zero_unpaired")
+PreferenceLoss = Literal["sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard",
+                         "apo_zero", "apo_down", "sigmoid_norm", "kto", "apo_zero_unpaired"]
 
 
 class PreferenceSpec(ApiModel):
-    beta: float = Field(default=0.1, gt=0, le=100, description="How far the policy may move from the reference "
-                        "model (the KL penalty's inverse temperature); lower lets it move further.")
-    loss_type: DpoLoss = Field(default="sigmoid", description="DPO loss variant, as TRL names it: sigmoid (the DPO "
-                               "paper's), ipo, hinge, robust (noisy labels, with labelSmoothing), exo_pair, "
-                               "nca_pair, bco_pair, sppo_hard, apo_zero, apo_down, sigmoid_norm.")
-    label_smoothing: float = Field(default=0.0, ge=0, le=0.49, description="Assumed fraction of flipped preference "
-                                   "labels (conservative DPO; robust and sigmoid losses).")
-    precompute_ref_log_probs: bool = Field(default=False, description="Compute the reference model's "
+    beta: float = Field(default=0.1, gt=0, le=100, description="dpo and kto: how far the policy may move from the "
+                        "reference model (the KL penalty's inverse temperature; lower lets it move further). orpo: "
+                        "lambda, the weight of the odds-ratio term beside the SFT loss. simpo: the reward scale (the "
+                        "SimPO paper uses 2 to 10).")
+    loss_type: PreferenceLoss | None = Field(
+        default=None, description="The loss variant, as TRL names it. dpo: sigmoid (default, the DPO paper's), ipo, "
+        "hinge, robust (noisy labels, with labelSmoothing), exo_pair, nca_pair, bco_pair, sppo_hard, apo_zero, "
+        "apo_down, sigmoid_norm. kto: kto (default) or apo_zero_unpaired. orpo and simpo have one loss each.")
+    label_smoothing: float = Field(default=0.0, ge=0, le=0.49, description="dpo and simpo: assumed fraction of "
+                                   "flipped preference labels (conservative DPO; robust and sigmoid losses).")
+    precompute_ref_log_probs: bool = Field(default=False, description="dpo and kto: compute the reference model's "
                                            "log-probabilities once before training, so a full fine-tune does not "
                                            "hold a second model during it (LoRA needs no copy: the reference is the "
                                            "base with the adapter disabled).")
+    desirable_weight: float = Field(default=1.0, gt=0, le=100, description="kto: weight of the desirable "
+                                    "examples' loss; raise it (or lower undesirableWeight) when they are fewer, so "
+                                    "that weight x count is about equal for both (the KTO paper allows up to 4:3).")
+    undesirable_weight: float = Field(default=1.0, gt=0, le=100, description="kto: weight of the undesirable "
+                                      "examples' loss.")
+    simpo_gamma: float = Field(default=0.5, ge=0, le=10, description="simpo: the target reward margin (the paper's "
+                               "gamma over beta).")
 
 
 class MethodSpec(ApiModel):
@@ -71,10 +86,13 @@ class MethodSpec(ApiModel):
     )
     objective: Objective = Field(
         default="sft", description="sft: supervised fine-tuning or continued pretraining (the data's format says "
-        "which); dpo: Direct Preference Optimization on preference pairs (data.format preference), through TRL's "
-        "DPOTrainer.")
+        "which). Preference tuning, through TRL's trainers: dpo (Direct Preference Optimization, DPOTrainer) on "
+        "preference pairs; kto (KTOTrainer) on unpaired examples labelled desirable or not (data.format unpaired) "
+        "or on pairs (each pair gives one of each); orpo (odds-ratio preference optimization: SFT and preference "
+        "in one loss, no reference model) and simpo (length-normalised reward margin, no reference model; TRL's "
+        "CPOTrainer) on pairs.")
     preference: PreferenceSpec = Field(default_factory=PreferenceSpec, description="Settings of the preference "
-                                       "objectives (dpo).")
+                                       "objectives (dpo, kto, orpo, simpo); each field names those it applies to.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora and qlora.")
     freeze: FreezeSpec = Field(default_factory=FreezeSpec, description="Settings for the freeze method.")
     neftune_noise_alpha: float | None = Field(

@@ -198,22 +198,55 @@ def _data_rules(spec: Any) -> list[FieldError]:
 
 
 def _objective_rules(spec: Any) -> list[FieldError]:
-    """A preference objective trains on preference pairs, and pairs only train a preference objective."""
+    """A preference objective trains on its kind of data, and that data only trains a preference objective; a
+    preference setting the objective would ignore is an error, not silently dropped."""
     objective, data = spec.method.objective, spec.data
-    if objective == "sft" and data.format == "preference":
-        return [FieldError("method.objective", objective, "data.format preference holds chosen/rejected pairs, "
-                           "which supervised fine-tuning cannot train on", "set method.objective: dpo")]
     if objective == "sft":
+        if data.format in ("preference", "unpaired"):
+            fix = "set method.objective: dpo, orpo, simpo or kto" if data.format == "preference" else \
+                "set method.objective: kto"
+            return [FieldError("method.objective", objective, f"data.format {data.format} holds preference data, "
+                               "which supervised fine-tuning cannot train on", fix)]
         return []
     errors = []
-    if data.format != "preference":
-        errors.append(FieldError("data.format", data.format, f"method.objective {objective} trains on preference "
-                                 "pairs", "set data.format: preference (prompt, chosen, rejected columns)"))
-    for field, value, why in (("data.packing", data.packing, "a pair is scored whole, never packed with others"),
-                              ("data.streaming", data.streaming, "pairs are checked and tokenized before training")):
+    formats = ("preference", "unpaired") if objective == "kto" else ("preference",)
+    if data.format not in formats:
+        fix = ("set data.format: preference (prompt, chosen, rejected columns)" if objective != "kto" else
+               "set data.format: unpaired (prompt, completion, label) or preference (pairs)")
+        why = ("trains on preference pairs" if data.format != "unpaired" else
+               "trains on pairs; only kto trains on unpaired examples")
+        errors.append(FieldError("data.format", data.format, f"method.objective {objective} {why}", fix))
+    for field, value, why in (("data.packing", data.packing, "an example is scored whole, never packed with others"),
+                              ("data.streaming", data.streaming, "examples are checked and tokenized before "
+                               "training")):
         if value:
             errors.append(FieldError(field, value, f"not with method.objective {objective}: {why}",
                                      f"remove {field.split('.')[1]}"))
+    return errors + _preference_settings(spec.method)
+
+
+def _preference_settings(method: Any) -> list[FieldError]:
+    from .method import DPO_LOSSES, KTO_LOSSES, REFERENCE_FREE
+
+    pref, objective = method.preference, method.objective
+    where = "method.preference"
+    errors = []
+    losses = {"dpo": DPO_LOSSES, "kto": KTO_LOSSES}.get(objective, ())
+    if pref.loss_type is not None and pref.loss_type not in losses:
+        fix = (f"use one of {', '.join(losses)}" if losses else "remove lossType")
+        errors.append(FieldError(f"{where}.lossType", pref.loss_type,
+                                 f"not a loss of method.objective {objective}", fix))
+    unused = [("labelSmoothing", pref.label_smoothing, 0.0, ("dpo", "simpo")),
+              ("precomputeRefLogProbs", pref.precompute_ref_log_probs, False, ("dpo", "kto")),
+              ("desirableWeight", pref.desirable_weight, 1.0, ("kto",)),
+              ("undesirableWeight", pref.undesirable_weight, 1.0, ("kto",)),
+              ("simpoGamma", pref.simpo_gamma, 0.5, ("simpo",))]
+    for name, value, default, applies in unused:
+        if value != default and objective not in applies:
+            why = ("it has no reference model" if objective in REFERENCE_FREE and name == "precomputeRefLogProbs"
+                   else f"only {' and '.join(applies)} use it")
+            errors.append(FieldError(f"{where}.{name}", value, f"not with method.objective {objective}: {why}",
+                                     f"remove {name}"))
     return errors
 
 

@@ -145,7 +145,8 @@ def describe(job: ValidatedJob, local: bool = False) -> str:
     s, d, t = job.spec, job.spec.distributed, job.spec.training
     device = f"{d.gpus_per_node} GPU(s)" if d.gpus_per_node else f"{d.cpu_processes_per_node} CPU process(es)"
     lines = [
-        f"  model:      {s.model.name} ({s.method.type})",
+        f"  model:      {s.model.name} ({s.method.type}"
+        + (f", {s.method.objective} on {_objective_data(job)}" if s.method.objective != "sft" else "") + ")",
         f"  topology:   {d.num_nodes} node(s) x {device} = {d.world_size} process(es), {_strategy(job)}",
         f"  batch:      global batch size {s.global_batch_size} = {t.per_device_train_batch_size} per device x "
         f"{t.gradient_accumulation_steps} accumulation x {d.world_size} process(es)",
@@ -159,6 +160,14 @@ def describe(job: ValidatedJob, local: bool = False) -> str:
         lines.append(f"  push:       {p.repo} ({'private' if p.private else 'public'}, {when})")
     lines += [f"  warning:    {w}" for w in (advice(job.spec, pods=False) if local else job.warnings)]
     return "\n".join(lines)
+
+
+def _objective_data(job: ValidatedJob) -> str:
+    objective, data = job.spec.method.objective, job.spec.data.format
+    if objective == "kto" and data == "preference":
+        return "pairs, each one desirable and one undesirable example"
+    return {"preference": "pairs", "unpaired": "labelled examples"}.get(data, data) + (
+        ", no reference model" if objective in ("orpo", "simpo") else "")
 
 
 def _strategy(job: ValidatedJob) -> str:

@@ -193,10 +193,13 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
             terms["DDP gradient buckets"] = grads  # DDP all-reduces through buckets the size of the gradients
 
     seq = sequence_length(spec)
-    # DPO scores a pair's chosen and rejected answers in one batch: twice the sequences of the micro-batch.
-    pairs = 2 if spec.method.objective == "dpo" else 1
+    # DPO, ORPO and SimPO score a pair's chosen and rejected answers in one batch: twice the sequences of the
+    # micro-batch. KTO's second sequence (a mismatched completion for its KL estimate) runs without gradients.
+    objective = spec.method.objective
+    pairs = 2 if objective in ("dpo", "orpo", "simpo") else 1
     tokens = spec.training.per_device_train_batch_size * seq * pairs
-    if pairs == 2 and spec.method.type in ("full", "freeze") and not spec.method.preference.precompute_ref_log_probs:
+    if (objective in ("dpo", "kto") and spec.method.type in ("full", "freeze")
+            and not spec.method.preference.precompute_ref_log_probs):
         # TRL's frozen reference model, a second copy in the training precision, sharded like the weights by ZeRO-3.
         shard = world if dist.strategy == "deepspeed" and (dist.deepspeed or DeepSpeedSpec()).zero_stage == 3 else 1
         terms["reference model"] = shape.parameters * compute / shard

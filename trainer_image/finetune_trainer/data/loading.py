@@ -70,6 +70,9 @@ def load_source(source: DataSource, data: DataSpec, streaming: bool = False) -> 
     import datasets
 
     if source.inline is not None:
+        mixed = mixed_types(source.inline)
+        if mixed is not None:  # pyarrow's own error names neither the row nor the column
+            raise DataError(f"inline rows, {mixed}")
         rows = datasets.Dataset.from_list(list(source.inline))
         return [Part("inline rows", rows.to_iterable_dataset() if streaming else rows)]
     if source.hub is not None:
@@ -134,6 +137,36 @@ def _check_json_lines(path: str) -> None:
                 raise DataError(f"{path}, line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
             if not isinstance(value, dict):
                 raise DataError(f"{path}, line {number}: a row must be a JSON object, got {type(value).__name__}")
+
+
+def _kind(value: Any) -> str | None:
+    if value is None:
+        return None  # a missing value fits any column
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def mixed_types(rows: Any) -> str | None:
+    """Where a column first changes type (a table column has one: pyarrow refuses the file, without saying
+    where), as "row N: 'col' is text where earlier rows have true/false; ...", or None."""
+    seen: dict[str, tuple[str, int]] = {}
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            continue
+        for column, value in row.items():
+            kind = _kind(value)
+            if kind is None:
+                continue
+            first, where = seen.setdefault(column, (kind, number))
+            if first != kind:
+                return (f"row {number}: '{column}' is {kind} where row {where} has {first}; a column holds one "
+                        "type in every row (write them all the same way)")
+    return None
 
 
 def load_rows(sources: list[DataSource], data: DataSpec, streaming: bool = False) -> list[Part]:

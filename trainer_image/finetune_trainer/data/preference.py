@@ -1,8 +1,9 @@
-"""Preference pairs (data.format preference): prompt, chosen and rejected, as text or as conversations (lists of
-role/content messages), in the layout TRL's DPOTrainer reads (TRL applies the chat template to conversations and
-tokenizes). Every row is checked before training, with the file and row of a bad one (exit 65): a missing answer,
-an answer that is not text or messages, chosen and rejected the same, a prompt that leaves no room for an answer
-within data.maxLength."""
+"""Preference data, in the layouts TRL's trainers read (TRL applies the chat template to conversations and
+tokenizes): pairs (data.format preference: prompt, chosen, rejected) and unpaired examples (data.format unpaired:
+prompt, completion, label; KTO), as text or as conversations (lists of role/content messages). Every row is checked
+before training, with the file and row of a bad one (exit 65): a missing answer, an answer that is not text or
+messages, chosen and rejected the same, a label that is not a yes or a no, a prompt that leaves no room for an
+answer within data.maxLength."""
 
 from typing import Any
 
@@ -31,7 +32,36 @@ def _turns(value: Any, where: str) -> Turns:
 def preference_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any]:
     """One row -> {prompt, chosen, rejected}, all text or all conversations (text answers to a conversational
     prompt become one assistant message; a text prompt to conversational answers one user message)."""
-    names = {k: getattr(columns, k) or k for k in ("prompt", "chosen", "rejected")}
+    out = _texts(row, columns, ("prompt", "chosen", "rejected"), where)
+    if out["chosen"] == out["rejected"]:
+        raise DataError(f"{where}: chosen and rejected are the same answer, so there is nothing to prefer; fix or "
+                        "drop the row")
+    return out
+
+
+YES, NO = ("true", "1", "yes", "y", "desirable"), ("false", "0", "no", "n", "undesirable")
+
+
+def unpaired_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any]:
+    """One row -> {prompt, completion, label}, the label a bool (CSV and JSON spell it in many ways)."""
+    out = _texts(row, columns, ("prompt", "completion"), where)
+    column = columns.label or "label"
+    value = row.get(column)
+    spelled = str(value).strip().lower()
+    if value is True or value == 1 or (isinstance(value, str) and spelled in YES):
+        out["label"] = True
+    elif value is False or value == 0 or (isinstance(value, str) and spelled in NO):
+        out["label"] = False
+    else:
+        present = sorted(k for k in row if not k.startswith("_"))
+        raise DataError(f"{where}: '{column}' (label) is {value!r}; expected true or false (1/0, yes/no) saying "
+                        f"whether the completion is desirable (columns: {present}); map it with data.columns.label")
+    return out
+
+
+def _texts(row: dict[str, Any], columns: ColumnMapping, keys: tuple[str, ...], where: str) -> dict[str, Any]:
+    """The row's prompt and answers, all text or all conversations."""
+    names = {k: getattr(columns, k) or k for k in keys}
     values = {}
     for key, column in names.items():
         value = row.get(column)
@@ -52,9 +82,6 @@ def preference_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> d
         if bad:
             raise DataError(f"{where}, {names[bad[0]]}: a {type(values[bad[0]]).__name__}, expected text or messages")
         out = {k: str(v) for k, v in values.items()}
-    if out["chosen"] == out["rejected"]:
-        raise DataError(f"{where}: chosen and rejected are the same answer, so there is nothing to prefer; fix or "
-                        "drop the row")
     return out
 
 
@@ -65,15 +92,16 @@ def prompt_tokens(prompt: Any, tokenizer: Any) -> int:
 
 
 def checked_pair(row: dict[str, Any], data: DataSpec, tokenizer: Any, where: str) -> dict[str, Any]:
-    """preference_row, then what needs the tokenizer: a chat template for conversations, room for an answer."""
-    pair = preference_row(row, data.columns, where)
+    """preference_row (unpaired_row for data.format unpaired), then what needs the tokenizer: a chat template for
+    conversations, room for an answer."""
+    pair = (unpaired_row if data.format == "unpaired" else preference_row)(row, data.columns, where)
     if isinstance(pair["prompt"], list) and tokenizer.chat_template is None:
         raise ConfigError(f"{where} is a conversation but the tokenizer has no chat template; set "
                           "model.tokenizer to one that has, or give the pairs as text")
     n = prompt_tokens(pair["prompt"], tokenizer)
     if n >= data.max_length:
         raise DataError(f"{where}: the prompt is {n} tokens, data.maxLength is {data.max_length}: no token "
-                        "of either answer would be trained; raise data.maxLength or shorten the prompt")
+                        "of the answer would be trained; raise data.maxLength or shorten the prompt")
     return pair
 
 
@@ -89,24 +117,46 @@ def _rows(parts: list[Part], data: DataSpec, tokenizer: Any, limit: int | None) 
     return rows, seen
 
 
-def prepare_preference(data: DataSpec, tokenizer: Any, seed: int) -> PreparedData:
-    """Checked pairs as datasets (train, and validation from data.validation or the split percentage)."""
+def for_kto(dataset: Any, seed: int) -> Any:
+    """KTO's examples in an order whose batches mix desirable and undesirable ones. TRL's KTOTrainer samples in
+    order (its KL estimate pairs each example with its neighbour's completion), so data sorted by label, or pairs
+    unpaired as all chosen then all rejected, would train whole batches of one kind, and a pair's own answers would
+    be neighbours. Each pair gives one of each; then one shuffle with training.seed."""
+    import datasets
+
+    if "chosen" in dataset.column_names:
+        dataset = datasets.Dataset.from_list([
+            {"prompt": row["prompt"], "completion": row[key], "label": key == "chosen"}
+            for row in dataset for key in ("chosen", "rejected")])
+    return dataset.shuffle(seed=seed).flatten_indices()
+
+
+def prepare_preference(data: DataSpec, tokenizer: Any, seed: int, objective: str = "dpo") -> PreparedData:
+    """Checked pairs (or unpaired examples) as datasets (train, and validation from data.validation or the split
+    percentage); KTO's in an order it can train on (for_kto)."""
     import datasets
 
     train_rows, seen = _rows(load_rows(data.train, data), data, tokenizer, data.max_train_samples)
     if not train_rows:
-        raise DataError("the preference data has no rows")
+        raise DataError(f"the {data.format} data has no rows")
     train = datasets.Dataset.from_list(train_rows)
     evaluation = None
-    stats: dict[str, dict[str, int]] = {"train": {"rows": seen, "pairs": len(train_rows)}}
+    unit = "examples" if data.format == "unpaired" else "pairs"
+    stats: dict[str, dict[str, int]] = {"train": {"rows": seen, unit: len(train_rows)}}
     if data.validation:
         eval_rows, eval_seen = _rows(load_rows(data.validation, data), data, tokenizer, data.max_eval_samples)
         evaluation = datasets.Dataset.from_list(eval_rows)
-        stats["validation"] = {"rows": eval_seen, "pairs": len(eval_rows)}
+        stats["validation"] = {"rows": eval_seen, unit: len(eval_rows)}
     elif data.validation_split_percentage > 0:
         split = train.train_test_split(test_size=data.validation_split_percentage / 100, seed=seed)
         train, evaluation = split["train"], split["test"]
         if data.max_eval_samples is not None:
             evaluation = evaluation.select(range(min(len(evaluation), data.max_eval_samples)))
-        stats["train"]["pairs"], stats["validation"] = len(train), {"pairs": len(evaluation)}
+        stats["train"][unit], stats["validation"] = len(train), {unit: len(evaluation)}
+    if objective == "kto":
+        train = for_kto(train, seed)
+        evaluation = for_kto(evaluation, seed) if evaluation is not None else None
+        stats["train"]["examples"] = len(train)
+        if evaluation is not None:
+            stats["validation"]["examples"] = len(evaluation)
     return PreparedData(train=train, eval=evaluation, stats=stats)
