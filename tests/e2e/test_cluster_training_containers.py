@@ -1,4 +1,5 @@
-"""The whole user flow with our images as podman containers (tests/e2e/cluster_training.py holds the cases)."""
+"""The whole user flow with our images as podman containers (tests/e2e/cluster_training.py holds the cases; the
+bucket case is its own file, test_cluster_training_containers_bucket.py, so that it runs on another worker)."""
 
 import pytest
 
@@ -6,7 +7,6 @@ from tests.e2e.cluster_training import (  # noqa: F401 - the cases and their mod
     chart_operator,
     test_killed_node_gang_restarts_and_resumes_without_redoing_work,
     test_two_node_job_trains_and_reports,
-    test_two_nodes_without_any_volume_resume_a_killed_gang_from_the_bucket,
 )
 
 

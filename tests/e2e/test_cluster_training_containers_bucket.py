@@ -1,0 +1,14 @@
+"""Two nodes as podman containers with no volume at all: a killed gang resumes from the bucket alone
+(tests/e2e/cluster_training.py holds the case; a file of its own, the longest e2e case, so it has a worker)."""
+
+import pytest
+
+from tests.e2e.cluster_training import (  # noqa: F401 - the case and its module fixture, collected here
+    chart_operator,
+    test_two_nodes_without_any_volume_resume_a_killed_gang_from_the_bucket,
+)
+
+
+@pytest.fixture(scope="module", params=["containers"])
+def runtime(request):
+    return request.param
