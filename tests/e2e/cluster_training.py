@@ -8,6 +8,7 @@ test_cluster_training_processes.py with both as local processes from this checko
 the fast mode, for a machine without podman). Each module defines the `runtime` fixture."""
 
 import json
+import os
 import random
 import re
 import shutil
@@ -50,7 +51,10 @@ def chart_operator(runtime, control_plane, kubectl, tmp_path_factory):
         helm_install(control_plane, kubectl)
     token = kubectl.run("create", "token", f"{RELEASE}-operator", "-n", SYSTEM_NS, "--duration=2h").stdout.strip()
     if runtime == "containers":
-        op = OperatorContainer(deployment, token, control_plane, workdir, name=f"{RELEASE}-operator").start()
+        # A name per pytest-xdist worker: starting a container removes any of the same name, and two workers may
+        # each run a containers module at once (their own control planes, one podman).
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        op = OperatorContainer(deployment, token, control_plane, workdir, name=f"{RELEASE}-operator-{worker}").start()
     else:
         config = yaml.safe_load(control_plane.kubeconfig.read_text())
         config["users"] = [{"name": "admin", "user": {"token": token}}]
