@@ -1,13 +1,13 @@
-"""Our preference tuning against TRL's trainer called directly: seconds per optimizer step of the same objective,
-model, data, seed and hyper-parameters, both measured in this run (train_runtime of each, so start-up and model
-loading are left out of both). Ours is TRL's trainer inside our trainer, plus our callbacks (progress, status,
-checkpoint markers, divergence guard, graceful stop): the ratio says what they cost.
+"""Our preference tuning and reward modelling against TRL's trainer called directly: seconds per optimizer step of
+the same objective, model, data, seed and hyper-parameters, both measured in this run (train_runtime of each, so
+start-up and model loading are left out of both). Ours is TRL's trainer inside our trainer, plus our callbacks
+(progress, status, checkpoint markers, divergence guard, graceful stop): the ratio says what they cost.
 
 A ratio (TRL's seconds / ours) of 1.0 or more means ours is as fast. The model is a small Llama built here (CPU),
 with LoRA, as in the tiny examples; one run's step time varies by up to 25% on a shared CPU, so each side runs
 --repeats times, interleaved, and the medians are compared. Usage:
-  .venv/bin/python benchmarks/preference_step_time.py [--steps 100] [--repeats 3] [--objectives dpo,kto,orpo,simpo]
-                                                      [--out FILE]
+  .venv/bin/python benchmarks/preference_step_time.py [--steps 100] [--repeats 3]
+                                                      [--objectives dpo,kto,orpo,simpo,reward] [--out FILE]
 """
 
 import argparse
@@ -25,7 +25,7 @@ from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
 from tests.support.trl_reference import run_ours  # noqa: E402
 
 EXAMPLES = {"dpo": "tiny-cpu-dpo.yaml", "kto": "tiny-cpu-kto.yaml", "orpo": "tiny-cpu-dpo.yaml",
-            "simpo": "tiny-cpu-dpo.yaml"}
+            "simpo": "tiny-cpu-dpo.yaml", "reward": "tiny-cpu-reward.yaml"}
 
 
 def trl_in_a_fresh_process(doc: dict, model: Path, work: Path, steps: int) -> tuple[list[dict], float]:
@@ -47,7 +47,7 @@ def trl_in_a_fresh_process(doc: dict, model: Path, work: Path, steps: int) -> tu
 def measure(objective: str, model: Path, work: Path, steps: int) -> dict:
     # The same work on both sides: TRL's direct run saves no checkpoint and reports to no tracker.
     overrides: dict = {"checkpoints": {"saveStrategy": "no"}, "tracking": {"reportTo": []}}
-    if objective not in ("dpo", "kto"):
+    if objective not in ("dpo", "kto", "reward"):
         overrides["method"] = {"objective": objective, "preference": {"beta": 0.1}}
     doc, records, summary = run_ours(model, work / "ours", EXAMPLES[objective], steps, **overrides)
     theirs, trl_runtime = trl_in_a_fresh_process(doc, model, work, steps)
@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side, interleaved; medians reported")
-    parser.add_argument("--objectives", default="dpo,kto,orpo,simpo")
+    parser.add_argument("--objectives", default="dpo,kto,orpo,simpo,reward")
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args()
     objectives = args.objectives.split(",")

@@ -1,5 +1,6 @@
-"""Preference tuning (method.objective dpo, kto, orpo, simpo) through `finetune run`, each checked against TRL's
-trainer called directly on the same tiny model, data, seed and hyper-parameters: the same loss at every step."""
+"""Preference tuning (method.objective dpo, kto, orpo, simpo) and reward modelling (reward) through `finetune run`,
+each checked against TRL's trainer called directly on the same tiny model, data, seed and hyper-parameters: the same
+loss at every step."""
 
 
 import pytest
@@ -12,7 +13,8 @@ def assert_same_steps(ours, theirs):
     for mine, trl in zip(ours, theirs, strict=True):
         assert mine["loss"] == pytest.approx(trl["loss"], abs=1e-5), (mine["step"], mine["loss"], trl["loss"])
         for key, name in (("rewards/margins", "rewardsMargin"), ("rewards/accuracies", "rewardsAccuracy"),
-                          ("rewards/chosen", "rewardsChosen"), ("rewards/rejected", "rewardsRejected")):
+                          ("rewards/chosen", "rewardsChosen"), ("rewards/rejected", "rewardsRejected"),
+                          ("margin", "rewardsMargin"), ("accuracy", "rewardsAccuracy")):  # RewardTrainer's names
             if key in trl:
                 assert mine[name] == pytest.approx(trl[key], abs=1e-5), (mine["step"], name)
 
@@ -50,3 +52,32 @@ def test_each_objective_matches_trl_called_directly(objective, tiny_model_dir, t
     assert_same_steps(ours, theirs)
     assert ours[-1]["tokensSeen"] > 0  # TRL's pair collators have no input_ids; our trainer counts the answers
     assert summary["rewardsChosen"] == pytest.approx(ours[-1]["rewardsChosen"])
+
+
+def test_a_reward_model_matches_trl_called_directly_and_scores_chosen_above_rejected(tiny_model_dir, tmp_path):
+    """tiny-cpu-reward.yaml: RewardTrainer's loss, margin and accuracy at every step, as when TRL is called
+    directly; final/ (a SEQ_CLS adapter with its score head) and merged/ (a whole sequence-classification model,
+    which scores a batch: it knows its pad token) give the same scores, the chosen answers above the rejected."""
+    doc, ours, summary = run_ours(tiny_model_dir, tmp_path / "ours", "tiny-cpu-reward.yaml")
+    theirs, _ = run_trl_directly(doc, tiny_model_dir, tmp_path)
+    assert "accuracy" in theirs[0] and "margin" in theirs[0]
+    assert_same_steps(ours, theirs)
+    assert summary["rewardsAccuracy"] == ours[-1]["rewardsAccuracy"] and ours[-1]["rewardsMargin"] > 0
+
+    import torch
+    from peft import AutoPeftModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    output = tmp_path / "ours" / "run" / "output"
+    tokenizer = AutoTokenizer.from_pretrained(output / "merged")
+    pairs = doc["spec"]["data"]["train"][0]["inline"]
+    texts = [p["prompt"] + p[answer] + tokenizer.eos_token for p in pairs for answer in ("chosen", "rejected")]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        merged = AutoModelForSequenceClassification.from_pretrained(output / "merged").eval()
+        scores = merged(**batch).logits.squeeze(-1)
+        adapter = AutoPeftModelForSequenceClassification.from_pretrained(output / "final", num_labels=1).eval()
+        adapter.config.pad_token_id = tokenizer.pad_token_id  # an adapter's base config is the original model's
+        assert torch.allclose(adapter(**batch).logits.squeeze(-1), scores, atol=1e-4)
+    chosen, rejected = scores[0::2], scores[1::2]
+    assert int((chosen > rejected).sum()) >= len(pairs) - 1, (chosen, rejected)

@@ -36,25 +36,37 @@ def run_trl_directly(doc, model_dir, tmp_path, steps=STEPS):
     its train_runtime in seconds)."""
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, set_seed
 
     spec = doc["spec"]
-    objective, pref = spec["method"]["objective"], spec["method"]["preference"]
+    objective, pref = spec["method"]["objective"], spec["method"].get("preference", {})
     set_seed(42)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", attn_implementation="sdpa")
+    if objective == "reward":  # TRL's reward recipe: one output, the score, on the base model
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype="float32",
+                                                                   attn_implementation="sdpa")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", attn_implementation="sdpa")
     lora = spec["method"]["lora"]
+    task = "SEQ_CLS" if objective == "reward" else "CAUSAL_LM"
     model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+                                             target_modules="all-linear", task_type=task))
     training = spec["training"]
     common = dict(output_dir=str(tmp_path / "trl"), max_steps=steps, learning_rate=training["learningRate"],
                   lr_scheduler_type="cosine", per_device_train_batch_size=training["perDeviceTrainBatchSize"],
                   optim="adamw_torch", logging_steps=1, seed=42, use_cpu=True, report_to=[], save_strategy="no",
                   # TRL's own defaults differ from the spec's here: bf16 autocast and gradient checkpointing on.
-                  bf16=False, gradient_checkpointing=False, beta=pref["beta"], max_length=spec["data"]["maxLength"])
+                  bf16=False, gradient_checkpointing=False, max_length=spec["data"]["maxLength"])
+    if objective != "reward":
+        common["beta"] = pref["beta"]
     data = Dataset.from_list(spec["data"]["train"][0]["inline"])
-    if objective == "dpo":
+    if objective == "reward":
+        from trl import RewardConfig as Config
+        from trl import RewardTrainer as Trainer
+
+        args = Config(**common)
+    elif objective == "dpo":
         from trl import DPOConfig as Config
         from trl import DPOTrainer as Trainer
 

@@ -188,3 +188,18 @@ def test_orpo_and_simpo_count_both_answers_and_no_reference_kto_one_answer_and_a
     kto = estimate(spec(**{"spec.method.objective": "kto", "spec.data.format": "unpaired"}), shape)
     assert kto.tokens_per_micro_batch == sft.tokens_per_micro_batch  # its KL completion runs without gradients
     assert kto.terms["reference model"] == 2 * shape.parameters
+
+
+def test_a_reward_model_counts_both_answers_no_reference_and_no_vocabulary_logits():
+    """A reward model scores chosen and rejected in one batch, with no reference model; its head has one output,
+    so neither the LM head's weights nor vocabulary-sized logits are counted (Llama-3.1-8B: 128k vocabulary)."""
+    shape = ModelShape.from_config(config("llama-3.1-8b"))
+    pairs = {"spec.data.format": "preference", "spec.method.type": "full"}
+    dpo = estimate(spec(**pairs, **{"spec.method.objective": "dpo"}), shape)
+    reward = estimate(spec(**pairs, **{"spec.method.objective": "reward"}), shape)
+    assert reward.tokens_per_micro_batch == dpo.tokens_per_micro_batch and "reference model" not in reward.terms
+    assert reward.terms["activations"] == pytest.approx(dpo.terms["activations"])
+    head = shape.vocab * shape.hidden
+    assert reward.terms["logits and loss"] < dpo.terms["logits and loss"] - 4 * shape.vocab * dpo.tokens_per_micro_batch
+    assert dpo.terms["weights"] - reward.terms["weights"] == pytest.approx(head * (dpo.terms["weights"] /
+                                                                                   shape.parameters))

@@ -169,3 +169,25 @@ def test_each_objective_takes_its_own_data_and_settings_and_every_error_is_named
     with pytest.raises(InvalidSpec, match="use one of kto, apo_zero_unpaired"):
         validate_job(make_job({"spec.method.objective": "kto", "spec.data": pairs,
                                "spec.method.preference.lossType": "ipo"}))
+
+
+def test_a_reward_model_trains_on_pairs_and_refuses_what_it_would_ignore():
+    """objective reward: pairs only; beta (and every other objective's setting) and evaluation.prompts (a reward
+    model generates nothing) are errors with their paths, all at once; centerRewardsCoefficient is reward's own."""
+    pairs = {"format": "preference", "train": [{"inline": PAIRS}]}
+    unpaired = {"format": "unpaired", "train": [{"inline": [{"prompt": "Q?", "completion": "A.", "label": True}]}]}
+    validate_job(make_job({"spec.method.objective": "reward", "spec.data": pairs,
+                           "spec.method.preference.centerRewardsCoefficient": 0.01}))
+    with pytest.raises(InvalidSpec) as err:
+        validate_job(make_job({"spec.method.objective": "reward", "spec.data": pairs,
+                               "spec.method.preference": {"beta": 0.5, "lossType": "sigmoid"},
+                               "spec.evaluation.prompts": ["Score me"]}))
+    errors = {e.path: e for e in err.value.errors}
+    assert set(errors) == {"spec.method.preference.beta", "spec.method.preference.lossType",
+                           "spec.evaluation.prompts"}
+    assert "generates no samples" in str(errors["spec.evaluation.prompts"])
+    with pytest.raises(InvalidSpec, match="trains on pairs; only kto trains on unpaired examples"):
+        validate_job(make_job({"spec.method.objective": "reward", "spec.data": unpaired}))
+    with pytest.raises(InvalidSpec, match=r"centerRewardsCoefficient.*only reward uses it"):
+        validate_job(make_job({"spec.method.objective": "dpo", "spec.data": pairs,
+                               "spec.method.preference.centerRewardsCoefficient": 0.01}))

@@ -41,6 +41,25 @@ def test_lora_all_linear_freezes_the_base(tiny_model_dir):
     assert any("mlp.down_proj" in n for n in names) and not any("lm_head" in n for n in names)
 
 
+@pytest.mark.parametrize("method", ["freeze", "lora"])
+def test_a_reward_models_new_score_head_is_always_trained(method, tiny_model_dir):
+    """objective reward: the one-output head is new (seeded, not pretrained), so freeze trains it beside the last
+    layers and LoRA (peft's SEQ_CLS task) trains and saves it with the adapter."""
+    from finetune_trainer.training.model import model_class
+
+    spec = FineTuneJobSpec.model_validate({
+        "model": {"name": "/m"}, "data": {"format": "preference", "train": [{"path": "/d"}]},
+        "method": {"type": method, "objective": "reward", "freeze": {"trainableLayers": 1}}})
+    cls, extra = model_class(spec)
+    model = apply_method(cls.from_pretrained(tiny_model_dir, **extra), spec)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert model.config.num_labels == 1 and any(n.split(".")[-2] == "score" or ".score." in n for n in trainable)
+    if method == "freeze":
+        assert trainable == {"score.weight"} | {n for n in trainable if n.startswith("model.layers.1.")}
+    else:
+        assert all("lora_" in n or "score" in n for n in trainable)
+
+
 def test_a_failed_status_report_never_raises():
     reporter = StatusReporter("https://127.0.0.1:9", "token", "ns", "job", ssl.create_default_context(),
                               min_interval=0)

@@ -173,8 +173,9 @@ def run(config_path: str) -> dict[str, Any]:
 
     set_seed(args.seed)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
-    # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
-    add_stop_ids(base_model(model), trained_stop_ids(cfg.spec, tokenizer))
+    if cfg.spec.method.objective != "reward":  # a reward model does not generate
+        # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
+        add_stop_ids(base_model(model), trained_stop_ids(cfg.spec, tokenizer))
     trainable, total = trainable_parameters(model)
     trainer, progress, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter, warnings)
     if remote is not None:  # the bucket's newest complete checkpoint, here before the first step

@@ -43,9 +43,9 @@ class FreezeSpec(ApiModel):
     )
 
 
-Objective = Literal["sft", "dpo", "kto", "orpo", "simpo"]
-PREFERENCE_OBJECTIVES = ("dpo", "kto", "orpo", "simpo")
-REFERENCE_FREE = ("orpo", "simpo")  # no reference model: nothing to precompute, no second copy
+Objective = Literal["sft", "dpo", "kto", "orpo", "simpo", "reward"]
+PREFERENCE_OBJECTIVES = ("dpo", "kto", "orpo", "simpo", "reward")
+REFERENCE_FREE = ("orpo", "simpo", "reward")  # no reference model: nothing to precompute, no second copy
 # TRL's loss variants that need nothing but the objective's data (DPOConfig.loss_type, KTOConfig.loss_type).
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "apo_zero",
               "apo_down", "sigmoid_norm")
@@ -76,6 +76,9 @@ class PreferenceSpec(ApiModel):
                                       "examples' loss.")
     simpo_gamma: float = Field(default=0.5, ge=0, le=10, description="simpo: the target reward margin (the paper's "
                                "gamma over beta).")
+    center_rewards_coefficient: float | None = Field(
+        default=None, gt=0, le=1, description="reward: weight of a penalty on the mean squared reward, which keeps "
+        "the scores centred on zero (0.01 in the paper that proposed it, Eisenstein et al. 2023); unset: none.")
 
 
 class MethodSpec(ApiModel):
@@ -90,9 +93,12 @@ class MethodSpec(ApiModel):
         "preference pairs; kto (KTOTrainer) on unpaired examples labelled desirable or not (data.format unpaired) "
         "or on pairs (each pair gives one of each); orpo (odds-ratio preference optimization: SFT and preference "
         "in one loss, no reference model) and simpo (length-normalised reward margin, no reference model; TRL's "
-        "CPOTrainer) on pairs.")
+        "CPOTrainer) on pairs. reward: a reward model (RewardTrainer: the base model with a one-output "
+        "sequence-classification head, trained so that chosen scores above rejected) on pairs; its final model "
+        "scores text instead of generating it.")
     preference: PreferenceSpec = Field(default_factory=PreferenceSpec, description="Settings of the preference "
-                                       "objectives (dpo, kto, orpo, simpo); each field names those it applies to.")
+                                       "objectives (dpo, kto, orpo, simpo, reward); each field names those it "
+                                       "applies to.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora and qlora.")
     freeze: FreezeSpec = Field(default_factory=FreezeSpec, description="Settings for the freeze method.")
     neftune_noise_alpha: float | None = Field(

@@ -203,7 +203,7 @@ def _objective_rules(spec: Any) -> list[FieldError]:
     objective, data = spec.method.objective, spec.data
     if objective == "sft":
         if data.format in ("preference", "unpaired"):
-            fix = "set method.objective: dpo, orpo, simpo or kto" if data.format == "preference" else \
+            fix = "set method.objective: dpo, orpo, simpo, kto or reward" if data.format == "preference" else \
                 "set method.objective: kto"
             return [FieldError("method.objective", objective, f"data.format {data.format} holds preference data, "
                                "which supervised fine-tuning cannot train on", fix)]
@@ -225,6 +225,13 @@ def _objective_rules(spec: Any) -> list[FieldError]:
     return errors + _preference_settings(spec.method)
 
 
+def _reward_model_rules(spec: Any) -> list[FieldError]:
+    if spec.method.objective != "reward" or not spec.evaluation.prompts:
+        return []
+    return [FieldError("evaluation.prompts", f"{len(spec.evaluation.prompts)} prompt(s)", "method.objective "
+                       "reward trains a model that scores text; it generates no samples", "remove evaluation.prompts")]
+
+
 def _preference_settings(method: Any) -> list[FieldError]:
     from .method import DPO_LOSSES, KTO_LOSSES, REFERENCE_FREE
 
@@ -236,18 +243,24 @@ def _preference_settings(method: Any) -> list[FieldError]:
         fix = (f"use one of {', '.join(losses)}" if losses else "remove lossType")
         errors.append(FieldError(f"{where}.lossType", pref.loss_type,
                                  f"not a loss of method.objective {objective}", fix))
-    unused = [("labelSmoothing", pref.label_smoothing, 0.0, ("dpo", "simpo")),
+    unused = [("beta", pref.beta, 0.1, ("dpo", "kto", "orpo", "simpo")),
+              ("labelSmoothing", pref.label_smoothing, 0.0, ("dpo", "simpo")),
               ("precomputeRefLogProbs", pref.precompute_ref_log_probs, False, ("dpo", "kto")),
               ("desirableWeight", pref.desirable_weight, 1.0, ("kto",)),
               ("undesirableWeight", pref.undesirable_weight, 1.0, ("kto",)),
-              ("simpoGamma", pref.simpo_gamma, 0.5, ("simpo",))]
+              ("simpoGamma", pref.simpo_gamma, 0.5, ("simpo",)),
+              ("centerRewardsCoefficient", pref.center_rewards_coefficient, None, ("reward",))]
     for name, value, default, applies in unused:
         if value != default and objective not in applies:
             why = ("it has no reference model" if objective in REFERENCE_FREE and name == "precomputeRefLogProbs"
-                   else f"only {' and '.join(applies)} use it")
+                   else f"only {_listed(applies)} use{'s' if len(applies) == 1 else ''} it")
             errors.append(FieldError(f"{where}.{name}", value, f"not with method.objective {objective}: {why}",
                                      f"remove {name}"))
     return errors
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _early_stopping_rules(spec: Any) -> list[FieldError]:
@@ -353,6 +366,7 @@ RULES = (
     Rule(("distributed", "model", "training"), _hardware_rules),
     Rule(("data", "training"), _data_rules),
     Rule(("method", "data", "training"), _objective_rules),
+    Rule(("method", "evaluation"), _reward_model_rules),
     Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),
     Rule(("output", "pod", "tracking"), _credential_rules),
     Rule(("data", "pod", "output"), _cache_rules),

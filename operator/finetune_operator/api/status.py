@@ -37,7 +37,8 @@ class Progress(ApiModel):
     loss: float | None = Field(default=None, description="Latest training loss.")
     eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
     rewards_margin: float | None = Field(default=None, description="Preference objectives: mean implicit reward "
-                                         "of chosen minus rejected answers (latest step).")
+                                         "of chosen minus rejected answers (latest step); reward: the mean score "
+                                         "margin.")
     rewards_accuracy: float | None = Field(default=None, ge=0, le=1, description="Preference objectives: share of "
                                            "pairs whose chosen answer gets the higher reward.")
     rewards_chosen: float | None = Field(default=None, description="Preference objectives: mean implicit reward "

@@ -166,6 +166,8 @@ def _objective_data(job: ValidatedJob) -> str:
     objective, data = job.spec.method.objective, job.spec.data.format
     if objective == "kto" and data == "preference":
         return "pairs, each one desirable and one undesirable example"
+    if objective == "reward":
+        return "pairs: a reward model, the base with a one-output score head"
     return {"preference": "pairs", "unpaired": "labelled examples"}.get(data, data) + (
         ", no reference model" if objective in ("orpo", "simpo") else "")
 

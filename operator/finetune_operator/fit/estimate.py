@@ -7,7 +7,7 @@ training (the ZeRO paper's 2 + 2 + 12 bytes per parameter, partitioned by stage)
 trainable parameters to fp32 under mixed precision. Activations come from activations.py (measured). What the
 arithmetic cannot see is stated as constants: the CUDA context and library workspaces, allocator fragmentation."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api.distributed import DeepSpeedSpec, FsdpSpec
@@ -134,6 +134,9 @@ def _layer_params_gathered(shape: ModelShape, compute_bytes: int) -> float:
 
 
 def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
+    if spec.method.objective == "reward":
+        # A reward model has no LM head (its score head, hidden x 1, is negligible): the embedding counts once.
+        shape = replace(shape, tied_embeddings=True)
     dist = spec.distributed
     world = dist.world_size
     compute = 4 if spec.training.precision == "fp32" else 2
@@ -193,10 +196,11 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
             terms["DDP gradient buckets"] = grads  # DDP all-reduces through buckets the size of the gradients
 
     seq = sequence_length(spec)
-    # DPO, ORPO and SimPO score a pair's chosen and rejected answers in one batch: twice the sequences of the
-    # micro-batch. KTO's second sequence (a mismatched completion for its KL estimate) runs without gradients.
+    # DPO, ORPO, SimPO and a reward model score a pair's chosen and rejected answers in one batch: twice the
+    # sequences of the micro-batch. KTO's second sequence (a mismatched completion for its KL estimate) runs without
+    # gradients.
     objective = spec.method.objective
-    pairs = 2 if objective in ("dpo", "orpo", "simpo") else 1
+    pairs = 2 if objective in ("dpo", "orpo", "simpo", "reward") else 1
     tokens = spec.training.per_device_train_batch_size * seq * pairs
     if (objective in ("dpo", "kto") and spec.method.type in ("full", "freeze")
             and not spec.method.preference.precompute_ref_log_probs):
@@ -218,8 +222,10 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
     terms["activations"] = layer_acts * tokens
     # fp32 logits kept for the loss, counted in outside_bytes; in backward their gradient (fp32, and its 16-bit
     # cast) exists at once with them: for 128k-token vocabularies often the largest single allocation.
-    terms["logits and loss"] = (outside_bytes_per_token(shape, compute)
-                                + (4 + (2 if compute == 2 else 0)) * shape.vocab) * tokens
+    # A reward model's head has one output, not a vocabulary: its logits are nothing beside the layers.
+    head = replace(shape, vocab=1) if objective == "reward" else shape
+    terms["logits and loss"] = (outside_bytes_per_token(head, compute)
+                                + (4 + (2 if compute == 2 else 0)) * head.vocab) * tokens
     if dist.gpus_per_node > 0:
         terms["fragmentation"] = FRAGMENTATION * sum(terms.values())
         terms["cuda context"] = CUDA_CONTEXT_GIB * GIB

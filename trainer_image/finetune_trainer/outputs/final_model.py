@@ -34,20 +34,22 @@ def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
 def merge_adapter(cfg: TrainerConfig, adapter_dir: Path, tokenizer) -> Path:
     """Reloads base + adapter from disk on CPU and merges: works the same whatever sharding trained them."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+
+    from finetune_trainer.training.model import add_stop_ids, model_class, source, trained_stop_ids
 
     m = cfg.spec.model
-    from finetune_trainer.training.model import source
-
     name = source(m.name)
-    base = AutoModelForCausalLM.from_pretrained(name, revision=m.revision if name == m.name else None,
-                                                trust_remote_code=m.trust_remote_code, dtype="auto")
+    cls, extra = model_class(cfg.spec)
+    base = cls.from_pretrained(name, revision=m.revision if name == m.name else None,
+                               trust_remote_code=m.trust_remote_code, dtype="auto", **extra)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     target = cfg.output_dir / "merged"
     merged.config.use_cache = True
-    from finetune_trainer.training.model import add_stop_ids, trained_stop_ids
-
-    add_stop_ids(merged, trained_stop_ids(cfg.spec, tokenizer))
+    if cfg.spec.method.objective == "reward":
+        # A reward model finds each sequence's last token by the pad id: without it, it scores one text at a time.
+        merged.config.pad_token_id = tokenizer.pad_token_id
+    else:
+        add_stop_ids(merged, trained_stop_ids(cfg.spec, tokenizer))
     merged.save_pretrained(target)
     tokenizer.save_pretrained(target)  # merged/ is a whole model: AutoTokenizer must load from it too
     return target

@@ -34,9 +34,11 @@ def format_eta(seconds: float | None) -> str | None:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-# TRL's preference metrics -> our progress record and status.progress.
+# TRL's preference metrics -> our progress record and status.progress. RewardTrainer names a reward model's score
+# margin and accuracy (chosen scored above rejected) without the prefix.
 REWARD_LOGS = {"rewards/margins": "rewardsMargin", "rewards/accuracies": "rewardsAccuracy",
-               "rewards/chosen": "rewardsChosen", "rewards/rejected": "rewardsRejected"}
+               "rewards/chosen": "rewardsChosen", "rewards/rejected": "rewardsRejected",
+               "margin": "rewardsMargin", "accuracy": "rewardsAccuracy"}
 
 
 class ProgressCallback(TrainerCallback):
@@ -95,10 +97,12 @@ class ProgressCallback(TrainerCallback):
             "checkpoint": self.checkpoint, **({"upload": self.upload} if self.upload is not None else {}),
             "attempt": self.attempt, "startStep": self.start_step,
         }
-        for key, name in REWARD_LOGS.items():  # preference objectives (TRL's DPOTrainer logs them per step)
-            value = logs.get(key, self.last_record.get(name))
-            if value is not None:
-                record[name] = value
+        for key, name in REWARD_LOGS.items():  # preference objectives (TRL's trainers log them per step)
+            if logs.get(key) is not None:
+                record[name] = logs[key]
+        for name in REWARD_LOGS.values():  # an evaluation's record keeps the last training values
+            if name not in record and self.last_record.get(name) is not None:
+                record[name] = self.last_record[name]
         self.last_record = record
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")

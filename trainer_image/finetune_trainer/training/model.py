@@ -91,20 +91,34 @@ def quantization_config(spec: FineTuneJobSpec, use_cpu: bool):
                               bnb_4bit_compute_dtype=compute, bnb_4bit_quant_storage=compute)
 
 
-def load_model(spec: FineTuneJobSpec, use_cpu: bool, vocab_size: int | None = None):
-    from transformers import AutoModelForCausalLM
+def model_class(spec: FineTuneJobSpec) -> tuple[Any, dict[str, Any]]:
+    """The transformers class a job trains, and its extra from_pretrained arguments: a reward model is the base
+    with a one-output sequence-classification head (a new, seeded layer: `score` or `classifier`), the rest the
+    causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    if spec.method.objective == "reward":
+        return AutoModelForSequenceClassification, {"num_labels": 1}
+    return AutoModelForCausalLM, {}
+
+
+# The new head of a sequence-classification model, by the names transformers' architectures give it (as peft's).
+SCORE_HEADS = ("score", "classifier")
+
+
+def load_model(spec: FineTuneJobSpec, use_cpu: bool, vocab_size: int | None = None):
     m = spec.model
     check_attention(spec)
+    cls, extra = model_class(spec)
     kwargs: dict[str, Any] = {"revision": m.revision, "trust_remote_code": m.trust_remote_code,
-                              "attn_implementation": m.attn_implementation, "dtype": DTYPES[m.dtype]}
+                              "attn_implementation": m.attn_implementation, "dtype": DTYPES[m.dtype], **extra}
     quant = quantization_config(spec, use_cpu)
     if quant is not None:
         kwargs["quantization_config"] = quant
     name = source(m.name)
     kwargs["revision"] = _revision(name, m.revision)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        model = cls.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"cannot load model {m.name}: {exc}") from exc
     check_lengths(spec, model.config)
@@ -136,7 +150,8 @@ def apply_method(model, spec: FineTuneJobSpec, train_embeddings: bool = False):
         return model
     if method.type == "freeze":
         extra = [*method.freeze.extra_trainable_modules, *(embedding_module_names(model) if train_embeddings else [])]
-        return _freeze_all_but_last_layers(model, method.freeze.trainable_layers, extra)
+        heads = SCORE_HEADS if spec.method.objective == "reward" else ()  # the new head is always trained
+        return _freeze_all_but_last_layers(model, method.freeze.trainable_layers, extra, heads)
     from peft import prepare_model_for_kbit_training
 
     if method.type == "qlora":
@@ -159,11 +174,16 @@ def _new_adapter(model, spec: FineTuneJobSpec, train_embeddings: bool):
     to_save = list(dict.fromkeys([*lora.modules_to_save, *(embedding_module_names(model) if train_embeddings else [])]))
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
                         modules_to_save=to_save or None, use_rslora=lora.use_rslora,
-                        use_dora=lora.use_dora, task_type="CAUSAL_LM")
+                        use_dora=lora.use_dora, task_type=peft_task(spec))
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
         raise ConfigError(f"LoRA cannot be applied ({exc}); check method.lora.targetModules") from exc
+
+
+def peft_task(spec: FineTuneJobSpec) -> str:
+    """SEQ_CLS makes peft train and save the reward model's new head with the adapter (modules_to_save)."""
+    return "SEQ_CLS" if spec.method.objective == "reward" else "CAUSAL_LM"
 
 
 def _continue_adapter(model, spec: FineTuneJobSpec):
@@ -181,13 +201,14 @@ def _continue_adapter(model, spec: FineTuneJobSpec):
                           "made for this base model") from exc
 
 
-def _freeze_all_but_last_layers(model, n: int, extra: list[str]):
+def _freeze_all_but_last_layers(model, n: int, extra: list[str], heads: tuple[str, ...] = ()):
     layers = _decoder_layers(model)
     if layers is None:
         raise ConfigError("method freeze needs a model with a list of decoder layers (model.layers)")
     keep = {id(p) for layer in layers[-n:] for p in layer.parameters()}
     for name, param in model.named_parameters():
-        param.requires_grad = id(param) in keep or any(e in name for e in extra)
+        param.requires_grad = (id(param) in keep or any(e in name for e in extra)
+                               or name.split(".", 1)[0] in heads)
     return model
 
 

@@ -1,5 +1,6 @@
-"""The preference objectives: TRL's maintained trainers (and their configs) for method.objective, with the spec's
-settings as each one names them. Our SFT stays ours (transformers' Trainer with our data layer)."""
+"""The preference objectives and reward modelling: TRL's maintained trainers (and their configs) for
+method.objective, with the spec's settings as each one names them. Our SFT stays ours (transformers' Trainer with our
+data layer)."""
 
 import os
 from typing import Any
@@ -20,6 +21,10 @@ def trl_classes(objective: str) -> tuple[type, type]:
         from trl import KTOConfig, KTOTrainer
 
         return KTOConfig, KTOTrainer
+    if objective == "reward":
+        from trl import RewardConfig, RewardTrainer
+
+        return RewardConfig, RewardTrainer
     # Chosen knowingly and documented: the warning it prints at import would be noise in every pod's log.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if objective == "orpo":
@@ -36,6 +41,9 @@ def trl_classes(objective: str) -> tuple[type, type]:
 def objective_arguments(spec: FineTuneJobSpec) -> dict[str, Any]:
     """The config's own fields from spec.method.preference and spec.data (TRL tokenizes the examples itself)."""
     pref, objective = spec.method.preference, spec.method.objective
+    if objective == "reward":
+        # RewardTrainer drops a pair longer than max_length (the others truncate): counted and said in main.
+        return {"max_length": spec.data.max_length, "center_rewards_coefficient": pref.center_rewards_coefficient}
     args: dict[str, Any] = {"beta": pref.beta, "max_length": spec.data.max_length}
     loss = pref.loss_type or DEFAULT_LOSS.get(objective)
     if objective == "dpo":

@@ -22,7 +22,9 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     )
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
                                 cfg.spec.resources.peak_tflops_per_gpu, attempt=cfg.attempt)
-    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, _vocab_size(model))
+    # A reward model's loss is a pair's -log sigmoid(margin), not a guess over the vocabulary: no ln V stand-in.
+    reward = cfg.spec.method.objective == "reward"
+    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, None if reward else _vocab_size(model))
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
@@ -86,10 +88,28 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
 
     trainer = FineTuneTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
                               processing_class=tokenizer, callbacks=callbacks, **kwargs)
+    if reward:
+        dropped_pairs(cfg, data, trainer, warnings)
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
     return trainer, progress, watchdog, stop, samples
+
+
+def dropped_pairs(cfg: TrainerConfig, data, trainer, warn) -> None:
+    """TRL's RewardTrainer leaves out a pair whose chosen or rejected text (with its prompt) is longer than
+    data.maxLength, where the other objectives truncate: said once, and no pair left is a data error (65)."""
+    from finetune_trainer.errors import DataError
+
+    for part, before, after in (("training", data.train, trainer.train_dataset),
+                                ("validation", data.eval, trainer.eval_dataset)):
+        if before is None or after is None or len(after) == len(before):
+            continue
+        text = (f"{len(before) - len(after)} of {len(before)} {part} pair(s) are longer than data.maxLength="
+                f"{cfg.spec.data.max_length} tokens (prompt and answer) and were left out")
+        if len(after) == 0:
+            raise DataError(f"{text}: no {part} pair is left; raise data.maxLength")
+        warn("PairsDropped", f"{text}; raise data.maxLength to train on them")
 
 
 def _vocab_size(model) -> int | None:
