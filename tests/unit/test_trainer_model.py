@@ -112,3 +112,24 @@ def test_a_local_model_path_that_does_not_exist_says_so_not_the_hubs_repo_id_tex
     text = str(raised.value)
     assert f"spec.model.{field} is {missing}, a path, but no such file or directory exists here" in text
     assert "spec.pod.volumes" in text and "Repo id must be" not in text
+
+
+def test_pairs_the_reward_trainer_leaves_out_are_said_and_none_left_is_a_data_error():
+    """TRL's RewardTrainer filters pairs longer than max_length out of its datasets (the others truncate)."""
+    from types import SimpleNamespace
+
+    from finetune_trainer.errors import DataError
+    from finetune_trainer.training.trainer import dropped_pairs
+
+    cfg = SimpleNamespace(spec=SimpleNamespace(data=SimpleNamespace(max_length=64)))
+    said = []
+    data = SimpleNamespace(train=list(range(8)), eval=list(range(4)))
+    dropped_pairs(cfg, data, SimpleNamespace(train_dataset=list(range(8)), eval_dataset=list(range(4))),
+                  lambda *a: said.append(a))
+    assert said == []
+    dropped_pairs(cfg, data, SimpleNamespace(train_dataset=list(range(6)), eval_dataset=list(range(4))),
+                  lambda *a: said.append(a))
+    assert said == [("PairsDropped", "2 of 8 training pair(s) are longer than data.maxLength=64 tokens (prompt and "
+                     "answer) and were left out; raise data.maxLength to train on them")]
+    with pytest.raises(DataError, match="no validation pair is left; raise data.maxLength"):
+        dropped_pairs(cfg, data, SimpleNamespace(train_dataset=list(range(8)), eval_dataset=[]), lambda *a: None)
