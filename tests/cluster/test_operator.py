@@ -198,7 +198,9 @@ def test_deleting_the_finetunejob_removes_every_child(kubectl, operator, namespa
 
 
 def test_a_namespace_deleted_and_created_again_gets_its_trainer_identity_back(kubectl, operator, namespace):
-    submit(kubectl, namespace, "first-life")
+    # A short grace period: the namespace controller checks again for the pods it deleted only after their grace
+    # period (the default gives the trainer minutes to save a checkpoint), which is not what this test is about.
+    submit(kubectl, namespace, "first-life", **{"spec.pod.terminationGracePeriodSeconds": 2})
     running(kubectl, namespace, "first-life", operator)
     kubectl.run("delete", "namespace", namespace, "--wait=true", "--timeout=240s", timeout=260)  # slow on 2 busy cores
     kubectl.run("create", "namespace", namespace)

@@ -37,6 +37,22 @@ def helm_install(control_plane, kubectl, *values: str) -> dict:
     return kubectl.json("get", "deployment", f"{RELEASE}-operator", "-n", SYSTEM_NS)
 
 
+def ports_of_its_own(deployment: dict) -> dict:
+    """The Deployment with free ports for its container's health and metrics endpoints (in its args, env and
+    ports, probes follow by name). In a cluster each pod has its own network; `podman --network host` shares this
+    machine's, where the other containers module's operator may be listening at the same time."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    for port in container.get("ports", []):
+        old, new = port["containerPort"], free_port()
+        port["containerPort"] = new
+        container["args"] = [f"{a[:-len(str(old))]}{new}" if a.startswith("--") and a.endswith(f"={old}") else a
+                             for a in container.get("args", [])]
+        for env in container.get("env", []):
+            if env.get("value") == str(old):
+                env["value"] = str(new)
+    return deployment
+
+
 @pytest.fixture(scope="module")
 def chart_operator(runtime, control_plane, kubectl, tmp_path_factory):
     """helm install, then the operator under the chart's ServiceAccount: the chart's Deployment as a container from
@@ -54,7 +70,8 @@ def chart_operator(runtime, control_plane, kubectl, tmp_path_factory):
         # A name per pytest-xdist worker: starting a container removes any of the same name, and two workers may
         # each run a containers module at once (their own control planes, one podman).
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        op = OperatorContainer(deployment, token, control_plane, workdir, name=f"{RELEASE}-operator-{worker}").start()
+        op = OperatorContainer(ports_of_its_own(deployment), token, control_plane, workdir,
+                               name=f"{RELEASE}-operator-{worker}").start()
     else:
         config = yaml.safe_load(control_plane.kubeconfig.read_text())
         config["users"] = [{"name": "admin", "user": {"token": token}}]
