@@ -43,6 +43,40 @@ def test_columns_are_mapped():
     assert pair == {"prompt": "Q?", "chosen": "A.", "rejected": "B."}
 
 
+def test_llamafactorys_alpaca_and_sharegpt_pair_layouts_become_trls():
+    """LLaMA-Factory's preference datasets (dataset_info.json `ranking: true`) as they ship: the prompt becomes the
+    conversation our SFT builds from the same layout, the answers assistant turns."""
+    columns = validate_job(make_job()).spec.data.columns
+    alpaca = {"instruction": "Translate", "input": "hello", "chosen": "Bonjour.", "rejected": "Goodbye.",
+              "system": "Be brief.", "history": [["Hi", "Hello!"]]}
+    pair = preference_row(alpaca, columns, "f, row 1")
+    assert pair["prompt"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                              {"role": "assistant", "content": "Hello!"},
+                              {"role": "user", "content": "Translate\n\nhello"}]
+    assert pair["chosen"] == [{"role": "assistant", "content": "Bonjour."}]
+    plain = preference_row({"instruction": "Add 2 and 2", "chosen": "4", "rejected": "5"}, columns, "f, row 2")
+    assert plain["prompt"] == [{"role": "user", "content": "Add 2 and 2"}]
+    sharegpt = {"conversations": [{"from": "human", "value": "2 + 2?"}], "system": "Maths.",
+                "chosen": {"from": "gpt", "value": "4"}, "rejected": {"from": "gpt", "value": "5"}}
+    pair = preference_row(sharegpt, columns, "f, row 3")
+    assert pair == {"prompt": [{"role": "system", "content": "Maths."}, {"role": "user", "content": "2 + 2?"}],
+                    "chosen": [{"role": "assistant", "content": "4"}],
+                    "rejected": [{"role": "assistant", "content": "5"}]}
+    mapped = validate_job(make_job({"spec.data.columns": {"conversations": "turns", "chosen": "good",
+                                                          "rejected": "bad"}})).spec.data.columns
+    pair = preference_row({"turns": [{"from": "user", "value": "Q"}], "good": {"from": "gpt", "value": "A"},
+                           "bad": {"from": "gpt", "value": "B"}}, mapped, "f, row 4")
+    assert pair["rejected"] == [{"role": "assistant", "content": "B"}]
+    with pytest.raises(DataError, match=r"f, row 5: turn 1 has an unknown 'from': 'robot'"):
+        preference_row({"conversations": [{"from": "robot", "value": "Q"}], "chosen": {"from": "gpt", "value": "A"},
+                        "rejected": {"from": "gpt", "value": "B"}}, columns, "f, row 5")
+    with pytest.raises(DataError, match=r"f, row 6: 'chosen' is a turn without a 'value'"):
+        preference_row({"conversations": [{"from": "human", "value": "Q"}], "chosen": {"from": "gpt"},
+                        "rejected": {"from": "gpt", "value": "B"}}, columns, "f, row 6")
+    with pytest.raises(DataError, match="f, row 7: 'history' is not a list of"):
+        preference_row({**alpaca, "history": "Hi"}, columns, "f, row 7")
+
+
 @pytest.mark.parametrize(("row", "says"), [
     ({"prompt": "Q?", "rejected": "B."}, "has no 'chosen' (chosen) value"),
     ({"prompt": "Q?", "chosen": " ", "rejected": "B."}, "has no 'chosen' (chosen) value"),

@@ -98,8 +98,9 @@ class DataSpec(ApiModel):
     format: DataFormat = Field(
         description="Row format: alpaca (instruction/input/output), sharegpt (conversations from/value), messages "
         "(role/content, chat template), prompt_completion, text (continued pretraining), preference (prompt, "
-        "chosen, rejected as text or as conversations: method.objective dpo, kto, orpo, simpo or reward) or "
-        "unpaired (prompt, completion, label: method.objective kto)."
+        "chosen, rejected as text or as conversations, or LLaMA-Factory's alpaca and sharegpt pair layouts: "
+        "method.objective dpo, kto, orpo, simpo or reward) or unpaired (prompt, completion, label: "
+        "method.objective kto)."
     )
     columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column renames for the format.")
     max_train_samples: int | None = Field(default=None, ge=1, description="Use at most this many training rows.")

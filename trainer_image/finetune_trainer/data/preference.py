@@ -1,6 +1,7 @@
 """Preference data, in the layouts TRL's trainers read (TRL applies the chat template to conversations and
-tokenizes): pairs (data.format preference: prompt, chosen, rejected) and unpaired examples (data.format unpaired:
-prompt, completion, label; KTO), as text or as conversations (lists of role/content messages). Every row is checked
+tokenizes): pairs (data.format preference: prompt, chosen, rejected; or LLaMA-Factory's alpaca and sharegpt pair
+layouts) and unpaired examples (data.format unpaired: prompt, completion, label; KTO), as text or as conversations
+(lists of role/content messages). Every row is checked
 before training, with the file and row of a bad one (exit 65): a missing answer, an answer that is not text or
 messages, chosen and rejected the same, a label that is not a yes or a no, a prompt that leaves no room for an
 answer within data.maxLength."""
@@ -8,7 +9,7 @@ answer within data.maxLength."""
 from typing import Any
 
 from finetune_operator.api.data import ColumnMapping, DataSpec
-from finetune_trainer.data.formats import content_text
+from finetune_trainer.data.formats import alpaca_messages, content_text, sharegpt_messages
 from finetune_trainer.data.loading import Part, load_rows
 from finetune_trainer.data.prepared import PreparedData
 from finetune_trainer.errors import ConfigError, DataError
@@ -31,12 +32,56 @@ def _turns(value: Any, where: str) -> Turns:
 
 def preference_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any]:
     """One row -> {prompt, chosen, rejected}, all text or all conversations (text answers to a conversational
-    prompt become one assistant message; a text prompt to conversational answers one user message)."""
-    out = _texts(row, columns, ("prompt", "chosen", "rejected"), where)
+    prompt become one assistant message; a text prompt to conversational answers one user message). TRL's layout,
+    or LLaMA-Factory's alpaca and sharegpt ones."""
+    factory = llamafactory_pair(row, columns, where)
+    out = _texts(*(factory, ColumnMapping()) if factory is not None else (row, columns),
+                 ("prompt", "chosen", "rejected"), where)
     if out["chosen"] == out["rejected"]:
         raise DataError(f"{where}: chosen and rejected are the same answer, so there is nothing to prefer; fix or "
                         "drop the row")
     return out
+
+
+def llamafactory_pair(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any] | None:
+    """LLaMA-Factory's preference layouts (its dataset_info.json `ranking: true`) as TRL's: alpaca (instruction,
+    input, chosen and rejected as text, optional system and history of [query, response] pairs) and sharegpt
+    (conversations of from/value turns, chosen and rejected each one from/value turn, optional system). The prompt
+    is a conversation built as our SFT builds it from the same layout (the chat template then renders it as in
+    SFT). None for a row with a prompt column: TRL's layout."""
+    if (columns.prompt or "prompt") in row:
+        return None
+    chosen, rejected = row.get(columns.chosen or "chosen"), row.get(columns.rejected or "rejected")
+    conversations, instruction = columns.conversations or "conversations", columns.instruction or "instruction"
+    try:
+        if isinstance(row.get(conversations), list):
+            prompt = sharegpt_messages(row, columns)
+            chosen, rejected = (_sharegpt_answer(answer, name) for answer, name in
+                                ((chosen, columns.chosen or "chosen"), (rejected, columns.rejected or "rejected")))
+        elif instruction in row:
+            prompt = alpaca_messages({**row, columns.output or "output": ""}, columns)[:-1]
+            history = row.get("history") or []
+            if not isinstance(history, list) or not all(isinstance(h, list | tuple) and len(h) == 2
+                                                        for h in history):
+                raise DataError("'history' is not a list of [query, response] pairs")
+            past = [{"role": role, "content": str(text)} for query, response in history
+                    for role, text in (("user", query), ("assistant", response))]
+            system = [m for m in prompt if m["role"] == "system"]
+            prompt = system + past + [m for m in prompt if m["role"] != "system"]
+        else:
+            return None
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from exc
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def _sharegpt_answer(turn: Any, column: str) -> Any:
+    """A sharegpt answer: one {from, value} turn (a string or a list of turns passes through as they are)."""
+    if isinstance(turn, dict):
+        if "value" not in turn:
+            raise DataError(f"'{column}' is a turn without a 'value': {sorted(turn)}")
+        return [{"role": "assistant", "content": content_text(turn["value"], f"'{column}'")}]
+    return turn
 
 
 YES, NO = ("true", "1", "yes", "y", "desirable"), ("false", "0", "no", "n", "undesirable")
