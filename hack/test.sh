@@ -34,8 +34,7 @@ setup_seconds=$((SECONDS - started))
 s=$SECONDS
 workers="${FINETUNE_TEST_WORKERS:-3}"
 parallel=()
-# --no-loadscope-reorder: the modules go out in the order tests/conftest.py gives them (the longest first).
-if [[ "$workers" != 0 ]]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
+if [[ "$workers" != 0 ]]; then parallel=(-n "$workers" --dist loadfile); fi
 rc=0
 "$venv/bin/python" -m pytest -m "not gpu" "${parallel[@]}" --durations=30 "$@" || rc=$?  # the slowest tests
 tests_seconds=$((SECONDS - s))

@@ -25,14 +25,6 @@ FAKE_GPU_NODES = 2
 # running alone after everything else. (A module whose halves should run on two workers is two files:
 # tests/e2e/test_cluster_training_*.py; xdist's loadgroup does not group under pytest 9.)
 TIER_ORDER = ("e2e", "images", "cluster", "unit")
-# Within the e2e tier, the modules that run longest (4 to 9 minutes each on this project's 2-core machine: see the
-# slowest durations every run prints) start first, one per worker, instead of in the alphabet's order. This order
-# holds only because hack/test.sh passes --no-loadscope-reorder: by default xdist hands out the modules with the
-# most tests first, which put these few-but-long ones last, alone in a 17-minute tail.
-LONGEST_FIRST = ("test_cluster_training_containers_bucket.py", "test_cluster_training_containers.py",
-                 "test_gpu_kit.py", "test_trainer_runs.py", "test_benchmarks_run.py", "test_object_storage.py",
-                 "test_preference.py", "test_cluster_training_processes_suspend.py",
-                 "test_cluster_training_processes.py", "test_local_run.py")
 
 
 def _tier_of(item: pytest.Item) -> str:
@@ -47,9 +39,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
     rank = {t: i for i, t in enumerate(TIER_ORDER)}
-    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: (rank.get(_tier_of(item), len(TIER_ORDER)),
-                                 first.get(Path(str(item.fspath)).name, len(LONGEST_FIRST))))
+    items.sort(key=lambda item: rank.get(_tier_of(item), len(TIER_ORDER)))
 
 
 class Kubectl:
