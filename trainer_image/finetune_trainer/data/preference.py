@@ -9,7 +9,7 @@ answer within data.maxLength."""
 from typing import Any
 
 from finetune_operator.api.data import ColumnMapping, DataSpec
-from finetune_trainer.data.formats import alpaca_messages, content_text, sharegpt_messages
+from finetune_trainer.data.formats import _col, alpaca_messages, content_text, sharegpt_messages
 from finetune_trainer.data.loading import Part, load_rows
 from finetune_trainer.data.prepared import PreparedData
 from finetune_trainer.errors import ConfigError, DataError
@@ -49,17 +49,17 @@ def llamafactory_pair(row: dict[str, Any], columns: ColumnMapping, where: str) -
     (conversations of from/value turns, chosen and rejected each one from/value turn, optional system). The prompt
     is a conversation built as our SFT builds it from the same layout (the chat template then renders it as in
     SFT). None for a row with a prompt column: TRL's layout."""
-    if (columns.prompt or "prompt") in row:
+    if _col(columns, "prompt") in row:
         return None
-    chosen, rejected = row.get(columns.chosen or "chosen"), row.get(columns.rejected or "rejected")
-    conversations, instruction = columns.conversations or "conversations", columns.instruction or "instruction"
+    chosen, rejected = row.get(_col(columns, "chosen")), row.get(_col(columns, "rejected"))
+    conversations, instruction = _col(columns, "conversations"), _col(columns, "instruction")
     try:
         if isinstance(row.get(conversations), list):
             prompt = sharegpt_messages(row, columns)
-            chosen, rejected = (_sharegpt_answer(answer, name) for answer, name in
-                                ((chosen, columns.chosen or "chosen"), (rejected, columns.rejected or "rejected")))
+            chosen, rejected = (_sharegpt_answer(answer, _col(columns, key)) for answer, key in
+                                ((chosen, "chosen"), (rejected, "rejected")))
         elif instruction in row:
-            prompt = alpaca_messages({**row, columns.output or "output": ""}, columns)[:-1]
+            prompt = alpaca_messages({**row, _col(columns, "output"): ""}, columns)[:-1]
             history = row.get("history") or []
             if not isinstance(history, list) or not all(isinstance(h, list | tuple) and len(h) == 2
                                                         for h in history):
@@ -106,7 +106,7 @@ def unpaired_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> dic
 
 def _texts(row: dict[str, Any], columns: ColumnMapping, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     """The row's prompt and answers, all text or all conversations."""
-    names = {k: getattr(columns, k) or k for k in keys}
+    names = {k: _col(columns, k) for k in keys}
     values = {}
     for key, column in names.items():
         value = row.get(column)
