@@ -33,6 +33,7 @@ from finetune_trainer.outputs.summary import early_stopping, loss_plot, peak_mem
 from finetune_trainer.training import advice
 from finetune_trainer.training.model import base_model
 from finetune_trainer.training.trainer import build_trainer
+from finetune_trainer.unused_libraries import leave_out, unused_libraries
 
 log = logging.getLogger("finetune_trainer")
 SUMMARY_FILE = "summary.json"  # the run's summary beside the model in output.uri
@@ -41,6 +42,7 @@ SUMMARY_FILE = "summary.json"  # the run's summary beside the model in output.ur
 def setup(config_path: str):
     """Config -> (TrainerConfig, TrainingArguments). Building the arguments also initialises torch.distributed."""
     cfg = load_config(config_path)
+    leave_out(unused_libraries(cfg.spec))  # before transformers is imported: it looks for them at once
     require_gpus(cfg.spec.distributed.gpus_per_node)
     if cfg.spec.distributed.gpus_per_node == 0 and cfg.spec.distributed.deepspeed is not None:
         os.environ.setdefault(c.ENV_DS_ACCELERATOR, "cpu")
@@ -137,6 +139,7 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
 
 
 def run(config_path: str) -> dict[str, Any]:
+    cfg, args = setup(config_path)
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (
         add_stop_ids,
@@ -146,7 +149,6 @@ def run(config_path: str) -> dict[str, Any]:
         trained_stop_ids,
     )
 
-    cfg, args = setup(config_path)
     objectstore.configure(cfg.spec.s3, cfg.cache)
     if cfg.spec.output.push is not None and args.should_save:  # a refused token fails now, not after the run
         from finetune_trainer.outputs.hub import check_access
