@@ -3,7 +3,9 @@
 # caches outside the work tree; skips what is present. Prints one "name=directory" line per component.
 #   minio: an S3-compatible server (the object storage tests: data, models and checkpoints in buckets)
 #   kueue: Kueue's manager, with its CRDs copied from the same module (the Kueue tests)
-# Cold: ~5-10 min each on 2 cores (Go's build cache shared with the control plane); warm: instant.
+#   promql: promql-eval (hack/promql), Prometheus' PromQL engine over a test's scrapes (the dashboard test)
+# Cold: ~5-10 min each for MinIO and Kueue, ~1 min for promql-eval on 2 cores (Go's build cache shared with the
+# control plane); warm: instant.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.env
@@ -38,5 +40,16 @@ if [[ ! -x "$kueue/kueue" || ! -d "$kueue/crds" || ! -f "$kueue/webhooks.yaml" ]
   mkdir -p "$kueue" && mv "$kueue.tmp/kueue" "$kueue/kueue" && rmdir "$kueue.tmp"
   rm -rf "$kueue/crds" && mv "$kueue/crds.tmp" "$kueue/crds"
 fi
+# The source is ours (hack/promql): its files are the cache key.
+key="$(cat "$here/promql/go.mod" "$here/promql/go.sum" "$here/promql/"*.go | sha256sum | cut -c1-12)"
+promql="$cache/promql-eval-${key}"
+if [[ ! -x "$promql/promql-eval" ]]; then
+  echo "building promql-eval (Prometheus $(sed -n 's#^require github.com/prometheus/prometheus ##p' \
+    "$here/promql/go.mod")) into $promql" >&2
+  mkdir -p "$promql.tmp"
+  (cd "$here/promql" && go build -trimpath -o "$promql.tmp/promql-eval" .)
+  mkdir -p "$promql" && mv "$promql.tmp/promql-eval" "$promql/promql-eval" && rmdir "$promql.tmp"
+fi
 echo "minio=$minio"
 echo "kueue=$kueue"
+echo "promql=$promql"
