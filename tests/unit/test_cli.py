@@ -320,6 +320,36 @@ def test_once_a_node_fails_the_others_get_a_grace_then_a_stop_then_a_kill(tmp_pa
     assert results(nodes, failed) == (3, {})
 
 
+def test_a_node_that_dies_of_the_stop_it_was_sent_is_a_clean_interrupt(tmp_path):
+    """Ctrl-C in a node's first moments, before its launcher installed a handler: it dies of SIGTERM (-15). That is
+    the stop that was asked for (143, resumable), not a failure (the CLI said 241); a node killed by a SIGTERM
+    nobody here sent is still one."""
+    import io
+    import signal
+    import subprocess
+    import sys
+
+    from finetune_operator.api import exit_codes
+    from finetune_operator.cli.local_run import Node, results, stop
+
+    def node(rank: int) -> Node:
+        return Node(rank, subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
+                    tmp_path / f"node-{rank}.result.json", tmp_path / f"node-{rank}.log")
+
+    nodes = [node(0), node(1)]
+    stop(nodes, io.StringIO())
+    for n in nodes:
+        n.process.wait(timeout=30)
+    assert [n.process.returncode for n in nodes] == [-signal.SIGTERM] * 2
+    code, summary = results(nodes, [0, 1])
+    assert code == exit_codes.INTERRUPTED and summary["reason"] == "Interrupted"
+    assert "nothing to save yet" in summary["message"]
+    stranger = node(0)
+    stranger.process.send_signal(signal.SIGTERM)
+    stranger.process.wait(timeout=30)
+    assert results([stranger], [0]) == (-signal.SIGTERM, {})
+
+
 def test_validate_says_what_a_preference_objective_trains_on(tmp_path, capsys):
     doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-dpo.yaml").read_text())
     for objective, says in [("dpo", "(lora, dpo on pairs)"),

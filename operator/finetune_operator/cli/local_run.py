@@ -39,6 +39,7 @@ class Node:
     process: subprocess.Popen
     result_file: Path
     log_file: Path
+    stop_sent: bool = False  # this process asked the node to stop (Ctrl-C, or the gang stops after a failure)
 
 
 def visible_gpus(dev: Path = Path("/dev")) -> int:
@@ -126,6 +127,7 @@ def stop(nodes: list[Node], out: TextIO) -> None:
           flush=True)
     for node in nodes:
         if node.process.poll() is None:
+            node.stop_sent = True
             node.process.send_signal(signal.SIGTERM)
 
 
@@ -153,6 +155,7 @@ def wait(nodes: list[Node], progress: ProgressLine, out: TextIO, grace: float = 
                 print(f"\nnode {first.rank} exited with {first.process.returncode}: stopping the other node(s), "
                       "which cannot go on without it", file=out, flush=True)
                 for node in running:
+                    node.stop_sent = True
                     node.process.send_signal(signal.SIGTERM)
             if stopped_at is not None and not killed and time.monotonic() - stopped_at >= kill_after:
                 killed = True
@@ -172,11 +175,25 @@ def wait(nodes: list[Node], progress: ProgressLine, out: TextIO, grace: float = 
     return failed
 
 
+# A node stopped in its first moments, before its launcher installed a handler, dies of the signal itself.
+STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
+
+
+def exit_code(node: Node) -> int:
+    """The node's exit code; dying of the stop signal this process sent is the stop it asked for (143)."""
+    code = node.process.returncode
+    return exit_codes.INTERRUPTED if node.stop_sent and code in STOP_SIGNALS else code
+
+
 def results(nodes: list[Node], failed_first: list[int] | None = None) -> tuple[int, dict[str, Any]]:
     """The most telling exit code over the nodes (permanent causes first, then the node that failed first: the
     others were most likely stopped because of it), with that node's summary (node 0's on success)."""
-    codes = [n.process.returncode for n in nodes]
+    codes = [exit_code(n) for n in nodes]
     summaries = [json.loads(n.result_file.read_text()) if n.result_file.exists() else {} for n in nodes]
+    for node, summary in zip(nodes, summaries, strict=True):
+        if not summary and node.stop_sent and node.process.returncode in STOP_SIGNALS:
+            summary.update(reason=exit_codes.reason(exit_codes.INTERRUPTED),
+                           message="stopped while it started, before training: nothing to save yet")
     for code in codes:
         if exit_codes.is_permanent(code):
             return code, next(s for s, c in zip(summaries, codes, strict=True) if c == code)
