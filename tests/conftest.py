@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+# Three pytest-xdist workers share 2 cores, and most cases start training processes: each single-threaded, as the
+# cluster cases' pods already are (tests/support/pod_runner.py). Torch's default of one OpenMP thread per core made
+# the quick start's run take ~30% more CPU on this busy machine (threads spinning for each other), for nothing
+# the tests check. Set before anything imports torch; inherited by every process a test starts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node
 from tests.support.minio import MinIO, build_components
 
