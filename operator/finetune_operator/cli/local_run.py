@@ -179,10 +179,13 @@ def wait(nodes: list[Node], progress: ProgressLine, out: TextIO, grace: float = 
 STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
 
 
+def died_of_our_stop(node: Node) -> bool:
+    return node.stop_sent and node.process.returncode in STOP_SIGNALS
+
+
 def exit_code(node: Node) -> int:
     """The node's exit code; dying of the stop signal this process sent is the stop it asked for (143)."""
-    code = node.process.returncode
-    return exit_codes.INTERRUPTED if node.stop_sent and code in STOP_SIGNALS else code
+    return exit_codes.INTERRUPTED if died_of_our_stop(node) else node.process.returncode
 
 
 def results(nodes: list[Node], failed_first: list[int] | None = None) -> tuple[int, dict[str, Any]]:
@@ -191,7 +194,7 @@ def results(nodes: list[Node], failed_first: list[int] | None = None) -> tuple[i
     codes = [exit_code(n) for n in nodes]
     summaries = [json.loads(n.result_file.read_text()) if n.result_file.exists() else {} for n in nodes]
     for node, summary in zip(nodes, summaries, strict=True):
-        if not summary and node.stop_sent and node.process.returncode in STOP_SIGNALS:
+        if not summary and died_of_our_stop(node):
             summary.update(reason=exit_codes.reason(exit_codes.INTERRUPTED),
                            message="stopped while it started, before training: nothing to save yet")
     for code in codes:
