@@ -17,6 +17,7 @@ import pytest
 # the tests check. Set before anything imports torch; inherited by every process a test starts.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from tests.support.api_reads import ApiReads
 from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node
 from tests.support.minio import MinIO, build_components
 
@@ -55,6 +56,7 @@ class Kubectl:
         # The discovery cache goes beside the kubeconfig, not into the user's ~/.kube.
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBECACHEDIR": str(kubeconfig.parent / "cache")}
         self.binary = str(Path(sys.executable).with_name("kubectl"))
+        self.reads = ApiReads(kubeconfig)  # plain `get -o json` in the polling loops, without a process each
 
     def run(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
             ) -> subprocess.CompletedProcess:
@@ -65,7 +67,16 @@ class Kubectl:
         return proc
 
     def json(self, *args: str) -> dict:
-        return json.loads(self.run(*args, "-o", "json").stdout)
+        doc = self.reads.get(args)
+        return doc if doc is not None else json.loads(self.run(*args, "-o", "json").stdout)
+
+    def json_or_none(self, *args: str) -> dict | None:
+        """As json(), but None where kubectl fails (e.g. the object does not exist yet)."""
+        doc = self.reads.get(args)
+        if doc is not None:
+            return doc
+        proc = self.run(*args, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
 
     def wait_condition(self, condition: str, *objects: str, timeout: float = 60.0) -> None:
         """Polls until each object (e.g. crd/x, node/y) has `condition` True. `kubectl wait` fails at once on an
@@ -75,9 +86,14 @@ class Kubectl:
         while True:
             seen: dict[str, object] = {}
             for obj in objects:
-                proc = self.run("get", obj, "-o", "json", check=False)
-                seen[obj] = (((json.loads(proc.stdout).get("status") or {}).get("conditions") or [])
-                             if proc.returncode == 0 else proc.stderr.strip())
+                doc = self.reads.get(("get", obj))
+                if doc is None:
+                    proc = self.run("get", obj, "-o", "json", check=False)
+                    if proc.returncode != 0:
+                        seen[obj] = proc.stderr.strip()
+                        continue
+                    doc = json.loads(proc.stdout)
+                seen[obj] = (doc.get("status") or {}).get("conditions") or []
             if all(isinstance(conds, list) and any(c.get("type") == condition and c.get("status") == "True"
                                                    for c in conds) for conds in seen.values()):
                 return

@@ -24,8 +24,8 @@ def wait_for(predicate, timeout=45.0, what="condition", op=None):
 
 
 def status(kubectl, ns, name):
-    obj = kubectl.run("get", "ftj", name, "-n", ns, "-o", "json", check=False)
-    return json.loads(obj.stdout).get("status", {}) if obj.returncode == 0 else None
+    obj = kubectl.json_or_none("get", "ftj", name, "-n", ns)
+    return obj.get("status", {}) if obj is not None else None
 
 
 def wait_phase(kubectl, ns, name, phase, op, timeout=45.0, **fields):

@@ -48,5 +48,5 @@ def health(op: OperatorProcess) -> tuple[int, dict] | None:
 
 def lease(kubectl, namespace: str) -> dict:
     """The Lease's spec ({} while there is none)."""
-    found = kubectl.run("get", "lease", LEASE, "-n", namespace, "-o", "json", check=False)
-    return json.loads(found.stdout)["spec"] if found.returncode == 0 else {}
+    found = kubectl.json_or_none("get", "lease", LEASE, "-n", namespace)
+    return found["spec"] if found is not None else {}
