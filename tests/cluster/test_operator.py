@@ -142,7 +142,9 @@ def test_suspend_stops_pods_and_resume_continues_the_same_attempt(kubectl, opera
     kubectl.run("patch", "ftj", "pausable", "-n", namespace, "--type=merge", "-p",
                 '{"spec": {"suspend": true}}')
     wait_phase(kubectl, namespace, "pausable", "Suspended", operator)
-    assert kubectl.json("get", "job", "pausable-a1", "-n", namespace)["spec"]["suspend"] is True
+    # The status is written first (reconcile.py), the attempt's Job suspended right after it in the same pass.
+    wait_for(lambda: kubectl.json("get", "job", "pausable-a1", "-n", namespace)["spec"]["suspend"] is True,
+             what="the Job suspended", op=operator)
     wait_for(lambda: attempt_pods(kubectl, namespace, "pausable", 1) == [], what="pods gone", op=operator)
     kubectl.run("patch", "ftj", "pausable", "-n", namespace, "--type=merge", "-p",
                 '{"spec": {"suspend": false}}')
