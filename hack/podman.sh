@@ -11,7 +11,11 @@ mkdir -p "$conf/storage"
 nofile="$(ulimit -Hn)"; nproc="$(ulimit -Hu)"
 [[ "$nofile" == unlimited || "$nofile" -gt 65536 ]] && nofile=65536
 [[ "$nproc" == unlimited || "$nproc" -gt 32768 ]] && nproc=32768
-cat > "$conf/containers.conf.new" <<CONF
+# Written to a file of this call's own and renamed over the old one: calls run at once (a test starts two pods'
+# containers while it reads another's state), and a shared temporary name let one call rename another's away.
+containers_conf="$(mktemp "$conf/containers.conf.XXXXXX")"
+storage_conf="$(mktemp "$conf/storage.conf.XXXXXX")"
+cat > "$containers_conf" <<CONF
 [containers]
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
 [engine]
@@ -19,13 +23,14 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 CONF
-cat > "$conf/storage.conf.new" <<CONF
+cat > "$storage_conf" <<CONF
 [storage]
 driver = "overlay"
 graphroot = "$conf/storage"
 runroot = "${XDG_RUNTIME_DIR:-/run}/finetunejob-containers"
 CONF
-mv "$conf/containers.conf.new" "$conf/containers.conf"
-mv "$conf/storage.conf.new" "$conf/storage.conf"
+chmod 644 "$containers_conf" "$storage_conf"
+mv "$containers_conf" "$conf/containers.conf"
+mv "$storage_conf" "$conf/storage.conf"
 export CONTAINERS_CONF="$conf/containers.conf" CONTAINERS_STORAGE_CONF="$conf/storage.conf"
 exec podman "$@"
