@@ -20,6 +20,13 @@ package_of() {
     *) echo "./cmd/$1" ;;
   esac
 }
+ldflags_of() {  # k8s_ldflags: set below, before the first build
+  case "$1" in
+    kwok) echo "-s -w" ;;
+    helm) echo "-s -w -X helm.sh/helm/v3/internal/version.version=v${HELM_VERSION}" ;;
+    *) echo "$k8s_ldflags" ;;
+  esac
+}
 
 missing=()
 for b in "${bins[@]}"; do [[ -x "$dest/$b" ]] || missing+=("$b"); done
@@ -39,10 +46,7 @@ if ((${#missing[@]})); then
         src="$(cd "$here/controlplane" && go mod download -json sigs.k8s.io/kwok \
                | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/kustomize/stage"
         cp -r "$src" "$tmp/kwok-stages" && chmod -R u+w "$tmp/kwok-stages" ;;
-      helm) ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=v${HELM_VERSION}" ;;&
-      kwok) ldflags="-s -w" ;;&
-      kwok|helm) (cd "$here/controlplane" && go build -trimpath -ldflags "$ldflags" -o "$tmp/$b" "$(package_of "$b")") ;;
-      *) (cd "$here/controlplane" && go build -trimpath -ldflags "$k8s_ldflags" -o "$tmp/$b" "$(package_of "$b")") ;;
+      *) (cd "$here/controlplane" && go build -trimpath -ldflags "$(ldflags_of "$b")" -o "$tmp/$b" "$(package_of "$b")") ;;
     esac
   done
   mkdir -p "$dest"

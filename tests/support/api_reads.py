@@ -42,10 +42,10 @@ class ApiReads:
         resource = self._resource(query["type"])
         if resource is None:
             return None
+        base = f"{resource['prefix']}/{resource['plural']}"
         if resource["namespaced"] and not query["all"]:
-            base = f"{resource['prefix']}/namespaces/{query['namespace'] or self._namespace()}/{resource['plural']}"
-        else:
-            base = f"{resource['prefix']}/{resource['plural']}"
+            namespace = query["namespace"] or self._default_namespace
+            base = f"{resource['prefix']}/namespaces/{namespace}/{resource['plural']}"
         if query["name"]:
             doc = self._get(f"{base}/{urllib.parse.quote(query['name'])}")
             return None if doc is None else _without_managed_fields(doc)
@@ -53,10 +53,8 @@ class ApiReads:
         doc = self._get(base + (f"?{urllib.parse.urlencode(params)}" if params else ""))
         if doc is None:
             return None
-        items = []
-        for item in doc.get("items") or []:
-            items.append(_without_managed_fields({"apiVersion": resource["apiVersion"], "kind": resource["kind"],
-                                                  **item}))
+        items = [_without_managed_fields({"apiVersion": resource["apiVersion"], "kind": resource["kind"], **item})
+                 for item in doc.get("items") or []]
         return {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}
 
     # --- the connection ----------------------------------------------------------------------------------------
@@ -70,9 +68,6 @@ class ApiReads:
         self._token = config["users"][0]["user"]["token"]
         self._default_namespace = config["contexts"][0]["context"].get("namespace") or "default"
         self._config_mtime = mtime
-
-    def _namespace(self) -> str:
-        return self._default_namespace
 
     def _get(self, path: str) -> dict | None:
         self._load_config()
