@@ -180,8 +180,19 @@ def main() -> None:
         operator = OperatorProcess(cp.audited_kubeconfig, cp.work / "operator.log", workers=args.workers).start()
         custom.create_namespaced_custom_object(c.GROUP, c.VERSION, "warmup", c.PLURAL,
                                                job_doc("warm", "warmup", 1, gpus=0))
-        wait("the operator to run a warm-up job", lambda: (custom.get_namespaced_custom_object(
-            c.GROUP, c.VERSION, "warmup", c.PLURAL, "warm").get("status") or {}).get("phase") == "Running", 120)
+        def warm_state() -> str:
+            status = custom.get_namespaced_custom_object(c.GROUP, c.VERSION, "warmup", c.PLURAL, "warm").get("status")
+            pods = [(p.metadata.name, p.spec.node_name, p.status.phase)
+                    for p in core.list_namespaced_pod("warmup").items]
+            exited = operator.proc.poll()
+            return (f"status {json.dumps(status or {})[:600]}; pods {pods}; operator "
+                    + (f"exited {exited}" if exited is not None else "running")
+                    + f"; control plane components stopped: {cp.exited() or 'none'}")
+        try:
+            wait("the operator to run a warm-up job", lambda: (custom.get_namespaced_custom_object(
+                c.GROUP, c.VERSION, "warmup", c.PLURAL, "warm").get("status") or {}).get("phase") == "Running", 120)
+        except RuntimeError as exc:  # say what stood still: the job's status, its pods, the operator's last words
+            raise RuntimeError(f"{exc}: {warm_state()}\noperator log:\n{operator.log_tail(40)}") from None
 
         recorder = Recorder(api)
         names = [f"ftj-{i:04d}" for i in range(args.jobs)]

@@ -97,8 +97,9 @@ class ControlPlane:
                 "--concurrent-job-syncs=20", *CLIENT_QPS,
             ])
             self._start("kube-scheduler", [
-                "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}", *CLIENT_QPS,
+                # No HTTPS endpoint: nothing reads it, and a port picked here could be taken before the bind
+                # (the scheduler would exit unseen and no pod would ever be scheduled).
+                "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0", *CLIENT_QPS,
             ])
             stages = [a for s in KWOK_STAGES for a in ("--config", str(self.bin_dir / "kwok-stages" / s))]
             stages += [a for s in OUR_STAGES for a in ("--config", str(ROOT / "tests" / "support" / "kwok" / s))]
@@ -122,6 +123,11 @@ class ControlPlane:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.procs.clear()
+
+    def exited(self) -> dict[str, str]:
+        """The components that have stopped, each with the end of its log: what to say when the cluster stands still."""
+        return {name: f"exit {proc.returncode}: {self.log_tail(name, 10)}"
+                for name, proc in self.procs.items() if proc.poll() is not None}
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.work / f"{name}.log"
