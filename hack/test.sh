@@ -5,7 +5,7 @@
 # the images run as containers. Extra arguments go to pytest, e.g. ./hack/test.sh -m unit
 #   FINETUNE_TEST_WORKERS: pytest-xdist workers (default 3; 0 runs in this process). Each worker starts its own
 #   control plane; a test file is the unit of distribution (its operator and namespaces stay together), the
-#   longest tiers first (tests/conftest.py).
+#   longest files first (tests/conftest.py, from tests/durations.json).
 # Prints where the time went at the end: each setup phase, and the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +34,7 @@ setup_seconds=$((SECONDS - started))
 s=$SECONDS
 workers="${FINETUNE_TEST_WORKERS:-3}"
 parallel=()
-if [[ "$workers" != 0 ]]; then parallel=(-n "$workers" --dist loadfile); fi
+if [[ "$workers" != 0 ]]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
 rc=0
 "$venv/bin/python" -m pytest -m "not gpu" "${parallel[@]}" --durations=30 "$@" || rc=$?  # the slowest tests
 tests_seconds=$((SECONDS - s))

@@ -27,26 +27,35 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 FAKE_GPU_NODES = 2
 
 
-# The order tiers start in under pytest-xdist (hack/test.sh: --dist loadfile, a test file per unit of work): the long
-# e2e modules first, so that the many short unit tests fill the workers' gaps at the end instead of one long module
-# running alone after everything else. (A module whose halves should run on two workers is two files:
-# tests/e2e/test_cluster_training_*.py; xdist's loadgroup does not group under pytest 9.)
-TIER_ORDER = ("e2e", "images", "cluster", "unit")
+# The order files start in under pytest-xdist (hack/test.sh: --dist loadfile, a test file per unit of work, and
+# --no-loadscope-reorder, which keeps this order): the longest first, by the seconds each took in a recorded full run
+# (tests/durations.json, written by hack/record-test-durations.py), so that the last minutes run short files on every
+# worker instead of one long file alone with the other workers idle. A file not recorded yet counts as its tier's
+# typical file. (A module whose halves should run on two workers is two files: tests/e2e/test_cluster_training_*.py;
+# xdist's loadgroup does not group under pytest 9.)
+TIERS = ("e2e", "images", "cluster", "unit")
+TYPICAL_SECONDS = {"e2e": 100, "images": 50, "cluster": 40, "unit": 5}
+DURATIONS = ROOT / "tests" / "durations.json"
 
 
 def _tier_of(item: pytest.Item) -> str:
-    return next((t for t in TIER_ORDER if f"{os.sep}{t}{os.sep}" in str(item.fspath)), "")
+    return next((t for t in TIERS if f"{os.sep}{t}{os.sep}" in str(item.fspath)), "")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; the longest tiers first (a stable
-    sort: each module stays whole)."""
+    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; the longest files first (a stable
+    sort on a per-file key: each module stays whole, its cases in their order)."""
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     for item in items:
         tier = _tier_of(item)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-    rank = {t: i for i, t in enumerate(TIER_ORDER)}
-    items.sort(key=lambda item: rank.get(_tier_of(item), len(TIER_ORDER)))
+
+    def expected_seconds(item: pytest.Item) -> float:
+        path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
+        return recorded.get(path, TYPICAL_SECONDS.get(_tier_of(item), 0))
+
+    items.sort(key=lambda item: -expected_seconds(item))
 
 
 class Kubectl:
