@@ -1,7 +1,7 @@
 """Writes tests/durations.json from a JUnit report of a full run: the seconds each test file took (setup, call and
 teardown of its cases). tests/conftest.py starts the longest files first under pytest-xdist, so the last minutes run
 short files on every worker instead of one long file alone.
-Usage: .venv/bin/python hack/record-test-durations.py REPORT.xml   (from ./hack/test.sh --junitxml=REPORT.xml)"""
+Usage: .venv/bin/python hack/record-test-durations.py REPORT.xml [OUT]   (from ./hack/test.sh --junitxml=REPORT.xml)"""
 
 from __future__ import annotations
 
@@ -25,17 +25,17 @@ def test_file(classname: str) -> str | None:
     return None
 
 
-def main(report: Path) -> None:
+def main(report: Path, out: Path = OUT) -> None:
     seconds: dict[str, float] = defaultdict(float)
     for case in ET.parse(report).getroot().iter("testcase"):  # noqa: S314 - our own pytest run's report
         path = test_file(case.get("classname", ""))
         if path is not None:
             seconds[path] += float(case.get("time", 0))
-    OUT.write_text(json.dumps({p: round(s) for p, s in sorted(seconds.items())}, indent=1) + "\n")
-    print(f"{OUT.relative_to(ROOT)}: {len(seconds)} files, {sum(seconds.values()):.0f} s in all")
+    out.write_text(json.dumps({p: round(s) for p, s in sorted(seconds.items())}, indent=1) + "\n")
+    print(f"{out}: {len(seconds)} files, {sum(seconds.values()):.0f} s in all")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    main(Path(sys.argv[1]))
+    main(*map(Path, sys.argv[1:]))

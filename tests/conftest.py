@@ -20,6 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.support.api_reads import ApiReads
 from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node
 from tests.support.minio import MinIO, build_components
+from tests.support.ordering import start_order
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "finetunejob.yaml"
@@ -28,11 +29,10 @@ FAKE_GPU_NODES = 2
 
 
 # The order files start in under pytest-xdist (hack/test.sh: --dist loadfile, a test file per unit of work, and
-# --no-loadscope-reorder, which keeps this order): the longest first, by the seconds each took in a recorded full run
-# (tests/durations.json, written by hack/record-test-durations.py), so that the last minutes run short files on every
-# worker instead of one long file alone with the other workers idle. A file not recorded yet counts as its tier's
-# typical file. (A module whose halves should run on two workers is two files: tests/e2e/test_cluster_training_*.py;
-# xdist's loadgroup does not group under pytest 9.)
+# --no-loadscope-reorder, which keeps this order): tests/support/ordering.py, from the seconds each file took in a
+# recorded full run (tests/durations.json, written by hack/record-test-durations.py). A file not recorded yet counts
+# as its tier's typical file. (A module whose halves should run on two workers is two files:
+# tests/e2e/test_cluster_training_*.py; xdist's loadgroup does not group under pytest 9.)
 TIERS = ("e2e", "images", "cluster", "unit")
 TYPICAL_SECONDS = {"e2e": 100, "images": 50, "cluster": 40, "unit": 5}
 DURATIONS = ROOT / "tests" / "durations.json"
@@ -43,19 +43,18 @@ def _tier_of(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; the longest files first (a stable
-    sort on a per-file key: each module stays whole, its cases in their order)."""
+    """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; the files in start_order (a
+    stable sort on a per-file key: each module stays whole, its cases in their order)."""
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    files: dict[str, tuple[str, float]] = {}
     for item in items:
         tier = _tier_of(item)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-
-    def expected_seconds(item: pytest.Item) -> float:
         path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
-        return recorded.get(path, TYPICAL_SECONDS.get(_tier_of(item), 0))
-
-    items.sort(key=lambda item: -expected_seconds(item))
+        files[path] = (tier, recorded.get(path, TYPICAL_SECONDS.get(tier, 0)))
+    rank = {path: i for i, path in enumerate(start_order(files))}
+    items.sort(key=lambda item: rank[Path(str(item.fspath)).relative_to(ROOT).as_posix()])
 
 
 class Kubectl:

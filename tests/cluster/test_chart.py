@@ -224,8 +224,7 @@ def test_operator_runs_under_the_charts_least_privilege_identity(installed, kube
         row = kubectl.run("get", "finetunejobs", "-n", namespace, "--no-headers").stdout.split()
         assert row[:3] == ["tiny-cpu-sft", "Succeeded", "1/1"]  # nodes that ran (or finished) / requested
         # (Another test's namespace being deleted refuses new Events to every identity: not a missing right.)
-        refused = [line for line in op.log_tail(400).splitlines()
-                   if "orbidden" in line and "because it is being terminated" not in line]
+        refused = op.refusals()
         assert not refused, refused
     finally:
         op.stop()

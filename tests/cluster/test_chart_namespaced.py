@@ -46,8 +46,7 @@ def test_with_watch_namespaces_the_operator_runs_on_roles_alone(helm,  # noqa: F
                    if p["spec"].get("serviceAccountName") == "finetunejob-trainer"]:
             assert time.monotonic() < deadline, kubectl.run("get", "events", "-n", namespace).stdout
             time.sleep(0.5)
-        refused = [line for line in op.log_tail(400).splitlines()
-                   if "orbidden" in line and "because it is being terminated" not in line]
+        refused = op.refusals()
         assert not refused, refused
     finally:
         if op is not None:

@@ -4,6 +4,7 @@ leader election), against the test control plane."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,14 @@ class OperatorProcess:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def refusals(self, lines: int = 400) -> list[str]:
+        """The log records (a record: its first line and what follows, e.g. a traceback) that tell of a request
+        refused as Forbidden for another reason than its namespace being deleted: a right the identity lacks.
+        (A namespace being deleted refuses new objects to every identity; the body that says so is lines below the
+        record's "Reason: Forbidden".)"""
+        records = RECORD_START.split("\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:]))
+        return [r for r in records if "orbidden" in r and "because it is being terminated" not in r]
+
+
+RECORD_START = re.compile(r"\n(?=\[\d{4}-\d\d-\d\d )")  # kopf's log format: [2026-11-26 20:01:53,166] logger ...

@@ -242,12 +242,15 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
             expectations.refused[(ns, name)] = (creates, NAME_CONFLICT, str(exc))
             result.requeue(NAME_CONFLICT_RETRY_SECONDS)
         except ApiException as exc:
-            terminating = exc.status == 403 and "NamespaceTerminating" in str(exc.body)
-            if result.offer_kueue is not None and terminating:
-                # Nothing can take the held Workload over in a namespace being deleted: its quota goes back now,
-                # not when the namespace's FineTuneJobs are finally deleted.
-                kube.set_kueue_active(ns, result.offer_kueue, False)
-            elif exc.status in REFUSALS and not terminating:
+            if exc.status == 403 and "NamespaceTerminating" in str(exc.body):
+                # The namespace is being deleted, and this job with it: nothing can be created there, nor need be,
+                # and no retry can change that. Nothing can take the held Workload over either: its quota goes
+                # back now, not when the namespace's FineTuneJobs are finally deleted.
+                if result.offer_kueue is not None:
+                    kube.set_kueue_active(ns, result.offer_kueue, False)
+                log.info("%s/%s: not creating its attempt: namespace %s is being deleted", ns, name, ns)
+                return
+            if exc.status in REFUSALS:
                 # An admission policy, a webhook or a quota refused a child: the next pass says so in the status
                 # (and a Warning Event) and tries again.
                 expectations.refused[(ns, name)] = (creates, ATTEMPT_REFUSED, f"{exc.status}: {_api_message(exc)}")
