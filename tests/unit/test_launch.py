@@ -13,6 +13,30 @@ def test_torchrun_argv_is_a_list_with_no_topology_flags():
                         "--config", "/etc/finetune/trainer.json"]
 
 
+@pytest.mark.parametrize(("nodes", "processes", "direct"), [
+    ("1", "1", True), ("1:1", "1", True), ("1", "8", False), ("2", "1", False), ("2:4", "1", False)])
+def test_one_node_of_one_process_runs_the_trainer_without_torchrun(nodes, processes, direct):
+    env = {c.ENV_PET_NNODES: nodes, c.ENV_PET_NPROC_PER_NODE: processes, c.ENV_PET_MASTER_ADDR: "job-a1-0.job",
+           c.ENV_PET_MASTER_PORT: "29400"}
+    argv, extra = launch.worker_command("/etc/finetune/trainer.json", env)
+    if not direct:
+        assert (argv, extra) == (launch.torchrun_argv("/etc/finetune/trainer.json"), {})
+        return
+    assert argv[1:] == ["-u", "-m", "finetune_trainer", "--config", "/etc/finetune/trainer.json"]
+    # What torchrun gives its one worker: the Trainer, accelerate and torch.distributed read these.
+    assert {k: extra[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                  "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+        "MASTER_ADDR": "job-a1-0.job", "MASTER_PORT": "29400"}
+
+
+def test_a_child_killed_by_a_signal_exits_as_a_shell_reports_it(tmp_path):
+    killed = launch.run_torchrun(["sh", "-c", "kill -KILL $$"], tmp_path)
+    assert killed == 137 and launch.aggregate([], killed, ["Killed"], "the trainer") == (
+        137, {"reason": launch.exit_codes.reason(137), "message": "the trainer exited with 137: Killed"})
+    assert launch.run_torchrun(["sh", "-c", "exit 3"], tmp_path) == 3
+
+
 def test_waits_until_the_name_resolves():
     answers = iter([OSError("NXDOMAIN"), OSError("NXDOMAIN"), "10.0.0.7"])
 

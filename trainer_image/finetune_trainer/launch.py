@@ -7,6 +7,8 @@
   most telling code and writes the summary to the container's termination message.
 - torchrun reads PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT from the env the
   operator rendered, so the argv carries no topology.
+- A job of one node and one process (CPU jobs, one GPU) runs the trainer without torchrun: its agent has nothing
+  to coordinate there, and its start-up cost every attempt seconds of CPU. The trainer gets the same variables.
 """
 
 import argparse
@@ -21,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from finetune_operator.api import constants as c
@@ -43,6 +45,32 @@ def torchrun_argv(config: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--module", "finetune_trainer", "--config", config]
 
 
+def single_process(env: Mapping[str, str]) -> bool:
+    """One node of one process: nothing to rendezvous with, and torchrun's agent would only start the trainer and
+    wait for it, at the price of its own torch import (~2.5 s of CPU before every attempt's first step)."""
+    return env.get(c.ENV_PET_NNODES, "1") in ("1", "1:1") and env.get(c.ENV_PET_NPROC_PER_NODE, "1") == "1"
+
+
+def worker_command(config: str, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The child to run and the variables to add to its environment: torchrun, or for a single process the
+    trainer itself with the variables torchrun would have given its one worker (ranks, world, rendezvous address;
+    torch.distributed, accelerate and the Trainer read them)."""
+    if not single_process(env):
+        return torchrun_argv(config), {}
+    return [sys.executable, "-u", "-m", "finetune_trainer", "--config", config], {
+        "RANK": "0", c.ENV_LOCAL_RANK: "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default",
+        "MASTER_ADDR": env.get(c.ENV_PET_MASTER_ADDR) or "127.0.0.1",
+        "MASTER_PORT": env.get(c.ENV_PET_MASTER_PORT) or "29500",
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+
+
+def exit_status(returncode: int) -> int:
+    """A child killed by signal N, as a shell and the kubelet report it: 128 + N (137: SIGKILL, e.g. the kernel's
+    OOM killer), not Popen's -N, which no exit status can carry."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = socket.gethostbyname,
                  interval: float = 1.0) -> float:
     """Blocks until `host` resolves; returns the seconds waited or raises DnsTimeout."""
@@ -58,8 +86,10 @@ def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = s
             time.sleep(interval)
 
 
-def aggregate(results: list[dict], torchrun_code: int, tail: list[str] | None = None) -> tuple[int, dict]:
-    """A permanent code from any worker wins (config > data > diverged), then any failure, then torchrun's own."""
+def aggregate(results: list[dict], torchrun_code: int, tail: list[str] | None = None,
+              child: str = "torchrun") -> tuple[int, dict]:
+    """A permanent code from any worker wins (config > data > diverged), then any failure, then the child's own
+    (torchrun's, or the trainer's where it ran without torchrun)."""
     for code in (exit_codes.CONFIG_ERROR, exit_codes.DATA_ERROR, exit_codes.DIVERGED):
         for result in results:
             if result.get("exitCode") == code:
@@ -70,8 +100,8 @@ def aggregate(results: list[dict], torchrun_code: int, tail: list[str] | None = 
     if torchrun_code != 0:
         why = last_error(tail or [])
         return torchrun_code, {"reason": exit_codes.reason(torchrun_code),
-                               "message": f"torchrun exited with {torchrun_code}: " + (why or "a worker crashed or was "
-                                                                                     "killed before reporting")}
+                               "message": f"{child} exited with {torchrun_code}: " + (why or "a worker crashed or was "
+                                                                                    "killed before reporting")}
     ranked = sorted(results, key=lambda r: r.get("worldSize") is None)
     return exit_codes.SUCCESS, ranked[0] if ranked else {"reason": "Succeeded"}
 
@@ -138,10 +168,12 @@ class QuietStop:
         return block
 
 
-def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | None = None) -> int:
-    """Runs torchrun as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every worker cleanly. Its
-    stderr is passed through (the pod log) and its last lines kept in `tail`, to explain a crash."""
-    env = {**os.environ, c.ENV_RESULT_DIR: str(result_dir)}
+def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> int:
+    """Runs torchrun (or the single trainer) as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every
+    worker cleanly. Its stderr is passed through (the pod log) and its last lines kept in `tail`, to explain a
+    crash."""
+    env = {**os.environ, **(extra_env or {}), c.ENV_RESULT_DIR: str(result_dir)}
     child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
 
     def relay() -> None:
@@ -166,7 +198,7 @@ def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | No
     try:
         code = child.wait()
         reader.join(timeout=10)
-        return code
+        return exit_status(code)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -189,10 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="finetune-results-") as tmp:
         tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
-        torchrun_code = run_torchrun(torchrun_argv(args.config), Path(tmp), tail)
+        argv, worker_env = worker_command(args.config, os.environ)
+        torchrun_code = run_torchrun(argv, Path(tmp), tail, worker_env)
         results = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("result-*.json"))]
-    code, summary = aggregate(results, torchrun_code, list(tail))
-    if STOPS and code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED) and not exit_codes.is_permanent(code):
+    code, summary = aggregate(results, torchrun_code, list(tail), "the trainer" if worker_env else "torchrun")
+    unreported_stop = code == exit_codes.INTERRUPTED and not results  # the trainer died of the forwarded SIGTERM
+    if STOPS and (code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED) or unreported_stop) \
+            and not exit_codes.is_permanent(code):
         # Stopped before a worker could report (still importing, loading): a requested stop, not a crash.
         message = f"stopped by {stop_cause(STOPS[0])} before training started; nothing to save yet"
         code, summary = exit_codes.INTERRUPTED, {"reason": exit_codes.reason(exit_codes.INTERRUPTED),
