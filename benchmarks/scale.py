@@ -180,19 +180,22 @@ def main() -> None:
         operator = OperatorProcess(cp.audited_kubeconfig, cp.work / "operator.log", workers=args.workers).start()
         custom.create_namespaced_custom_object(c.GROUP, c.VERSION, "warmup", c.PLURAL,
                                                job_doc("warm", "warmup", 1, gpus=0))
-        def warm_state() -> str:
-            status = custom.get_namespaced_custom_object(c.GROUP, c.VERSION, "warmup", c.PLURAL, "warm").get("status")
+        def warm_status() -> dict:
+            return custom.get_namespaced_custom_object(c.GROUP, c.VERSION, "warmup", c.PLURAL, "warm").get(
+                "status") or {}
+
+        def warm_state() -> str:  # what stood still: the job's status, its pods, who still lives
             pods = [(p.metadata.name, p.spec.node_name, p.status.phase)
                     for p in core.list_namespaced_pod("warmup").items]
             exited = operator.proc.poll()
-            return (f"status {json.dumps(status or {})[:600]}; pods {pods}; operator "
+            return (f"status {json.dumps(warm_status())[:600]}; pods {pods}; operator "
                     + (f"exited {exited}" if exited is not None else "running")
                     + f"; control plane components stopped: {cp.exited() or 'none'}")
         try:
-            wait("the operator to run a warm-up job", lambda: (custom.get_namespaced_custom_object(
-                c.GROUP, c.VERSION, "warmup", c.PLURAL, "warm").get("status") or {}).get("phase") == "Running", 120)
-        except RuntimeError as exc:  # say what stood still: the job's status, its pods, the operator's last words
-            raise RuntimeError(f"{exc}: {warm_state()}\noperator log:\n{operator.log_tail(40)}") from None
+            wait("the operator to run a warm-up job", lambda: warm_status().get("phase") == "Running", 120,
+                 warm_state)
+        except RuntimeError as exc:  # and the operator's last words
+            raise RuntimeError(f"{exc}\noperator log:\n{operator.log_tail(40)}") from None
 
         recorder = Recorder(api)
         names = [f"ftj-{i:04d}" for i in range(args.jobs)]

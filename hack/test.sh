@@ -4,8 +4,8 @@
 # against a real etcd + kube-apiserver + controller-manager + scheduler + kwok, the images' checks, and the e2e with
 # the images run as containers. Extra arguments go to pytest, e.g. ./hack/test.sh -m unit
 #   FINETUNE_TEST_WORKERS: pytest-xdist workers (default 3; 0 runs in this process). Each worker starts its own
-#   control plane; a test file is the unit of distribution (its operator and namespaces stay together), the
-#   longest files first (tests/conftest.py, from tests/durations.json).
+#   control plane; a test file is the unit of distribution (its operator and namespaces stay together), started in
+#   the order of tests/support/ordering.py (from tests/durations.json).
 # Prints where the time went at the end: each setup phase, and the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
