@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -127,8 +128,17 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return tokenizer
 
 
+def discard_unless_failed(session: pytest.Session, work: Path) -> None:
+    """A session component's directory (data, logs: ~100 MB for a control plane) goes when its session passed;
+    one where something failed stays for its logs (every full run left three behind in /tmp before)."""
+    if session.testsfailed:
+        print(f"\nkept for its logs: {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def minio() -> Iterator[MinIO]:
+def minio(request: pytest.FixtureRequest) -> Iterator[MinIO]:
     """A real S3-compatible server (MinIO from its Go module) on 127.0.0.1, for the whole session."""
 
     server = MinIO(build_components()["minio"] / "minio").start()
@@ -136,15 +146,17 @@ def minio() -> Iterator[MinIO]:
         yield server
     finally:
         server.stop()
+        discard_unless_failed(request.session, server.work)
 
 
 @pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     cp = ControlPlane(build_binaries()).start()
     try:
         yield cp
     finally:
         cp.stop()
+        discard_unless_failed(request.session, cp.work)
 
 
 @pytest.fixture(scope="session")
