@@ -18,10 +18,12 @@ def test_torchrun_argv_is_a_list_with_no_topology_flags():
 def test_one_node_of_one_process_runs_the_trainer_without_torchrun(nodes, processes, direct):
     env = {c.ENV_PET_NNODES: nodes, c.ENV_PET_NPROC_PER_NODE: processes, c.ENV_PET_MASTER_ADDR: "job-a1-0.job",
            c.ENV_PET_MASTER_PORT: "29400"}
-    argv, extra = launch.worker_command("/etc/finetune/trainer.json", env)
+    child = launch.worker_command("/etc/finetune/trainer.json", env)
+    argv, extra = child.argv, child.env
     if not direct:
-        assert (argv, extra) == (launch.torchrun_argv("/etc/finetune/trainer.json"), {})
+        assert (argv, extra, child.name) == (launch.torchrun_argv("/etc/finetune/trainer.json"), {}, "torchrun")
         return
+    assert child.name == "the trainer"
     assert argv[1:] == ["-u", "-m", "finetune_trainer", "--config", "/etc/finetune/trainer.json"]
     # What torchrun gives its one worker: the Trainer, accelerate and torch.distributed read these.
     assert {k: extra[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -31,10 +33,10 @@ def test_one_node_of_one_process_runs_the_trainer_without_torchrun(nodes, proces
 
 
 def test_a_child_killed_by_a_signal_exits_as_a_shell_reports_it(tmp_path):
-    killed = launch.run_torchrun(["sh", "-c", "kill -KILL $$"], tmp_path)
+    killed = launch.run_child(["sh", "-c", "kill -KILL $$"], tmp_path)
     assert killed == 137 and launch.aggregate([], killed, ["Killed"], "the trainer") == (
         137, {"reason": launch.exit_codes.reason(137), "message": "the trainer exited with 137: Killed"})
-    assert launch.run_torchrun(["sh", "-c", "exit 3"], tmp_path) == 3
+    assert launch.run_child(["sh", "-c", "exit 3"], tmp_path) == 3
 
 
 def test_waits_until_the_name_resolves():
@@ -68,7 +70,7 @@ def test_real_resolver_on_loopback():
     assert launch.wait_for_dns("localhost", timeout=5) < 5
 
 
-@pytest.mark.parametrize(("results", "torchrun_code", "expected"), [
+@pytest.mark.parametrize(("results", "child_code", "expected"), [
     ([{"exitCode": 0, "worldSize": 2}, {"exitCode": 0}], 0, 0),
     ([{"exitCode": 0}, {"exitCode": 65}], 1, 65),
     ([{"exitCode": 1}, {"exitCode": 78}], 1, 78),
@@ -78,8 +80,8 @@ def test_real_resolver_on_loopback():
     ([], 1, 1),
 ], ids=["all-ok", "data-error-wins-over-torchrun-1", "config-wins", "data-before-diverged", "retryable",
         "killed-before-result", "crash-before-result"])
-def test_aggregate_keeps_the_contract(results, torchrun_code, expected):
-    code, summary = launch.aggregate(results, torchrun_code)
+def test_aggregate_keeps_the_contract(results, child_code, expected):
+    code, summary = launch.aggregate(results, child_code)
     assert code == expected
     assert "reason" in summary or summary.get("exitCode") == expected
 

@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune_operator.api import constants as c
@@ -32,12 +33,21 @@ from finetune_trainer.errors import stop_cause
 
 MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
 STDERR_TAIL_LINES = 60
-STOPS: list[int] = []  # stop signals forwarded to torchrun (a pod deletion, Ctrl-C in `finetune run`)
+STOPS: list[int] = []  # stop signals forwarded to the child (a pod deletion, Ctrl-C in `finetune run`)
 EXIT_DNS_TIMEOUT = exit_codes.RENDEZVOUS_DNS_TIMEOUT
 
 
 class DnsTimeout(RuntimeError):
     """Node 0's name never resolved: usually the headless Service or its subdomain is missing."""
+
+
+@dataclass(frozen=True)
+class Child:
+    """What the launcher runs: its argv, the variables added to the launcher's environment, and its name in
+    messages."""
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    name: str = "torchrun"
 
 
 def torchrun_argv(config: str) -> list[str]:
@@ -51,18 +61,17 @@ def single_process(env: Mapping[str, str]) -> bool:
     return env.get(c.ENV_PET_NNODES, "1") in ("1", "1:1") and env.get(c.ENV_PET_NPROC_PER_NODE, "1") == "1"
 
 
-def worker_command(config: str, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The child to run and the variables to add to its environment: torchrun, or for a single process the
-    trainer itself with the variables torchrun would have given its one worker (ranks, world, rendezvous address;
-    torch.distributed, accelerate and the Trainer read them)."""
+def worker_command(config: str, env: Mapping[str, str]) -> Child:
+    """torchrun, or for a single process the trainer itself with the variables torchrun would have given its one
+    worker (ranks, world, rendezvous address; torch.distributed, accelerate and the Trainer read them)."""
     if not single_process(env):
-        return torchrun_argv(config), {}
-    return [sys.executable, "-u", "-m", "finetune_trainer", "--config", config], {
+        return Child(torchrun_argv(config))
+    return Child([sys.executable, "-u", "-m", "finetune_trainer", "--config", config], {
         "RANK": "0", c.ENV_LOCAL_RANK: "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default",
         "MASTER_ADDR": env.get(c.ENV_PET_MASTER_ADDR) or "127.0.0.1",
         "MASTER_PORT": env.get(c.ENV_PET_MASTER_PORT) or "29500",
-        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}, "the trainer")
 
 
 def exit_status(returncode: int) -> int:
@@ -86,7 +95,7 @@ def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = s
             time.sleep(interval)
 
 
-def aggregate(results: list[dict], torchrun_code: int, tail: list[str] | None = None,
+def aggregate(results: list[dict], child_code: int, tail: list[str] | None = None,
               child: str = "torchrun") -> tuple[int, dict]:
     """A permanent code from any worker wins (config > data > diverged), then any failure, then the child's own
     (torchrun's, or the trainer's where it ran without torchrun)."""
@@ -97,11 +106,11 @@ def aggregate(results: list[dict], torchrun_code: int, tail: list[str] | None = 
     for result in results:
         if result.get("exitCode", 0) != 0:
             return int(result["exitCode"]), result
-    if torchrun_code != 0:
+    if child_code != 0:
         why = last_error(tail or [])
-        return torchrun_code, {"reason": exit_codes.reason(torchrun_code),
-                               "message": f"{child} exited with {torchrun_code}: " + (why or "a worker crashed or was "
-                                                                                    "killed before reporting")}
+        return child_code, {"reason": exit_codes.reason(child_code),
+                            "message": f"{child} exited with {child_code}: " + (why or "a worker crashed or was "
+                                                                              "killed before reporting")}
     ranked = sorted(results, key=lambda r: r.get("worldSize") is None)
     return exit_codes.SUCCESS, ranked[0] if ranked else {"reason": "Succeeded"}
 
@@ -168,8 +177,8 @@ class QuietStop:
         return block
 
 
-def run_torchrun(argv: list[str], result_dir: Path, tail: collections.deque | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> int:
+def run_child(argv: list[str], result_dir: Path, tail: collections.deque | None = None,
+              extra_env: Mapping[str, str] | None = None) -> int:
     """Runs torchrun (or the single trainer) as a child, forwarding SIGTERM/SIGINT so a pod deletion stops every
     worker cleanly. Its stderr is passed through (the pod log) and its last lines kept in `tail`, to explain a
     crash."""
@@ -221,10 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="finetune-results-") as tmp:
         tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
-        argv, worker_env = worker_command(args.config, os.environ)
-        torchrun_code = run_torchrun(argv, Path(tmp), tail, worker_env)
+        child = worker_command(args.config, os.environ)
+        child_code = run_child(child.argv, Path(tmp), tail, child.env)
         results = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("result-*.json"))]
-    code, summary = aggregate(results, torchrun_code, list(tail), "the trainer" if worker_env else "torchrun")
+    code, summary = aggregate(results, child_code, list(tail), child.name)
     unreported_stop = code == exit_codes.INTERRUPTED and not results  # the trainer died of the forwarded SIGTERM
     if STOPS and (code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED) or unreported_stop) \
             and not exit_codes.is_permanent(code):
