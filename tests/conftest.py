@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.support.api_reads import ApiReads
 from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node
 from tests.support.minio import MinIO, build_components
-from tests.support.ordering import start_order
+from tests.support.ordering import TYPICAL_SECONDS, start_order, tier_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "finetunejob.yaml"
@@ -34,13 +34,7 @@ FAKE_GPU_NODES = 2
 # recorded full run (tests/durations.json, written by hack/record-test-durations.py). A file not recorded yet counts
 # as its tier's typical file. (A module whose halves should run on two workers is two files:
 # tests/e2e/test_cluster_training_*.py; xdist's loadgroup does not group under pytest 9.)
-TIERS = ("e2e", "images", "cluster", "unit")
-TYPICAL_SECONDS = {"e2e": 100, "images": 50, "cluster": 40, "unit": 5}
 DURATIONS = ROOT / "tests" / "durations.json"
-
-
-def _tier_of(item: pytest.Item) -> str:
-    return next((t for t in TIERS if f"{os.sep}{t}{os.sep}" in str(item.fspath)), "")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,10 +43,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     files: dict[str, tuple[str, float]] = {}
     for item in items:
-        tier = _tier_of(item)
+        path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
+        tier = tier_of(path)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
         files[path] = (tier, recorded.get(path, TYPICAL_SECONDS.get(tier, 0)))
     rank = {path: i for i, path in enumerate(start_order(files))}
     items.sort(key=lambda item: rank[Path(str(item.fspath)).relative_to(ROOT).as_posix()])

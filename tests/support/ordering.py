@@ -11,6 +11,15 @@ from __future__ import annotations
 
 TRAINING_TIERS = ("e2e", "images")
 WAITING_TIERS = ("cluster",)
+TIERS = (*TRAINING_TIERS, *WAITING_TIERS, "unit")  # the folders under tests/, each a pytest marker
+# What a file not recorded yet (tests/durations.json) is expected to take: its tier's typical file.
+TYPICAL_SECONDS = {"e2e": 100, "images": 50, "cluster": 40, "unit": 5}
+
+
+def tier_of(path: str) -> str:
+    """The tier of a test file's path relative to the root (tests/<tier>/...), or "" outside them."""
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else ""
 
 
 def start_order(files: dict[str, tuple[str, float]]) -> list[str]:

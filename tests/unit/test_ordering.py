@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
-from tests.support.ordering import start_order
+from tests.support.ordering import start_order, tier_of
 
 
 def test_training_and_cluster_files_alternate_in_proportion_longest_first_and_units_last():
@@ -38,3 +38,9 @@ def test_recorded_durations_come_from_a_junit_report(tmp_path):
 def test_every_recorded_file_exists():
     recorded = json.loads((ROOT / "tests" / "durations.json").read_text())
     assert all((ROOT / path).is_file() for path in recorded), [p for p in recorded if not (ROOT / p).is_file()]
+
+
+def test_a_files_tier_is_its_folder_under_tests():
+    assert [tier_of(p) for p in ("tests/e2e/test_a.py", "tests/unit/test_b.py", "tests/cluster/sub/test_c.py",
+                                 "tests/conftest.py", "tests/support/test_d.py", "benchmarks/e2e/x.py")] == [
+        "e2e", "unit", "cluster", "", "", ""]
