@@ -12,7 +12,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache="${FINETUNE_CACHE:-$HOME/.cache/finetunejob}"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+# No DWARF from the compiler: the links strip it anyway (-s -w), and not generating it is ~11% less compile CPU,
+# the cold set-up's critical path (measured on k8s.io/api and apimachinery).
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -gcflags=all=-dwarf=false"
 
 minio="$cache/minio-${MINIO_VERSION}"
 if [[ ! -x "$minio/minio" ]]; then
