@@ -3,9 +3,10 @@
 # modules, our two images built with podman; all cached) and runs the whole test suite: unit tests, cluster tests
 # against a real etcd + kube-apiserver + controller-manager + scheduler + kwok, the images' checks, and the e2e with
 # the images run as containers. Extra arguments go to pytest, e.g. ./hack/test.sh -m unit
-#   FINETUNE_TEST_WORKERS: pytest-xdist workers (default 3; 0 runs in this process). Each worker starts its own
-#   control plane; a test file is the unit of distribution (its operator and namespaces stay together), started in
-#   the order of tests/support/ordering.py (from tests/durations.json).
+#   FINETUNE_TEST_WORKERS: pytest-xdist workers (default 4 on 2 cores: with 3 the cores idled while cases waited on
+#   pods and timeouts; 0 runs in this process). Each worker starts its own control plane; a test file is the unit of
+#   distribution (its operator and namespaces stay together), started in the order of tests/support/ordering.py
+#   (from tests/durations.json).
 # Prints where the time went at the end: each setup phase, and the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,7 @@ FINETUNE_IMAGES="$(tr '\n' ' ' <"$logs/images.out")"
 export FINETUNE_IMAGES
 setup_seconds=$((SECONDS - started))
 s=$SECONDS
-workers="${FINETUNE_TEST_WORKERS:-3}"
+workers="${FINETUNE_TEST_WORKERS:-4}"
 parallel=()
 if [[ "$workers" != 0 ]]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
 rc=0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-# Three pytest-xdist workers share 2 cores, and most cases start training processes: each single-threaded, as the
+# Four pytest-xdist workers share 2 cores, and most cases start training processes: each single-threaded, as the
 # cluster cases' pods already are (tests/support/pod_runner.py). Torch's default of one OpenMP thread per core made
 # the quick start's run take ~30% more CPU on this busy machine (threads spinning for each other), for nothing
 # the tests check. Set before anything imports torch; inherited by every process a test starts.
