@@ -69,6 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     cp = ControlPlane(build_binaries()).start()
+    finished = False  # a run that fails keeps the control plane's directory (its logs)
     try:
         api = config.new_client_from_config(str(cp.kubeconfig))
         for name in ("finetunejob.yaml", "finetuneruntime.yaml", "clusterfinetuneruntime.yaml"):
@@ -105,8 +106,9 @@ def main() -> None:
             figures[f"{case}_p99_ms"] = round(percentile(values, 99) * 1000, 2)
         for case in ("refused", "within_limits"):
             figures[f"{case}_p50_vs_no_runtime"] = round(figures[f"{case}_p50_ms"] / figures["no_runtime_p50_ms"], 2)
+        finished = True
     finally:
-        cp.stop()
+        cp.stop(remove=finished)
     print(json.dumps(figures, indent=1))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")

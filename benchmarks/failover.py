@@ -186,6 +186,7 @@ def main() -> None:
     # kwok nodes send no heartbeats: new nodes must not get the not-ready taint (as in scale.py).
     cp = ControlPlane(build_binaries(), apiserver_args=["--disable-admission-plugins=TaintNodesByCondition"]).start()
     replicas: dict = {}
+    finished = False  # a run that fails keeps the control plane's directory (its logs)
     try:
         cluster = Cluster(cp)
         client.ApiextensionsV1Api(cluster.api).create_custom_resource_definition(yaml.safe_load(CRD_FILE.read_text()))
@@ -199,10 +200,11 @@ def main() -> None:
         figures = {"kill": kills(cluster, replicas, args.kills) if args.kills else None,
                    "rolling_upgrade": rolling_upgrade(cp, cluster, replicas, args.jobs, args.every)
                    if args.jobs else None}
+        finished = True
     finally:
         for op in replicas.values():
             op.stop()
-        cp.stop()
+        cp.stop(remove=finished)
     print(json.dumps(figures, indent=1))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")

@@ -265,7 +265,7 @@ def main() -> int:
         failed |= CLEANUP_FAILED if figures else OURS_FAILED | PEER_FAILED
     finally:
         try:
-            cp.stop()
+            cp.stop(remove=not failed)  # a failed run keeps the control plane's directory (its logs)
         except Exception as exc:
             figures["cleanup"] = {"failed": f"{type(exc).__name__}: {exc}"}
             failed |= CLEANUP_FAILED

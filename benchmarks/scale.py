@@ -159,6 +159,7 @@ def main() -> None:
     cp = ControlPlane(build_binaries(), apiserver_args=["--disable-admission-plugins=TaintNodesByCondition",
                                                         "--max-requests-inflight=800"]).start()
     operator = None
+    finished = False  # a run that fails keeps the control plane's directory (its logs)
     try:
         api = config.new_client_from_config(str(cp.kubeconfig))
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
@@ -265,10 +266,11 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps({**figures, "requests_until_running": {
                 f"{v} {r}": n for (v, r), n in until_running.items()}}, indent=2) + "\n")
+        finished = True
     finally:
         if operator is not None:
             operator.stop()
-        cp.stop()
+        cp.stop(remove=finished)
 
 
 if __name__ == "__main__":

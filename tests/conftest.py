@@ -123,8 +123,8 @@ def tiny_tokenizer(tiny_model_dir: Path):
 
 
 def discard_unless_failed(session: pytest.Session, work: Path) -> None:
-    """A session component's directory (data, logs: ~100 MB for a control plane) goes when its session passed;
-    one where something failed stays for its logs (every full run left three behind in /tmp before)."""
+    """MinIO's directory (its data, its log) goes when the session passed; one where something failed stays for
+    its logs."""
     if session.testsfailed:
         print(f"\nkept for its logs: {work}", file=sys.stderr)
     else:
@@ -149,8 +149,7 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     try:
         yield cp
     finally:
-        cp.stop()
-        discard_unless_failed(request.session, cp.work)
+        cp.stop(remove=not request.session.testsfailed)  # ~100 MB; a session where something failed keeps its logs
 
 
 @pytest.fixture(scope="session")
