@@ -3,7 +3,6 @@
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -122,15 +121,6 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return tokenizer
 
 
-def discard_unless_failed(session: pytest.Session, work: Path) -> None:
-    """MinIO's directory (its data, its log) goes when the session passed; one where something failed stays for
-    its logs."""
-    if session.testsfailed:
-        print(f"\nkept for its logs: {work}", file=sys.stderr)
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def minio(request: pytest.FixtureRequest) -> Iterator[MinIO]:
     """A real S3-compatible server (MinIO from its Go module) on 127.0.0.1, for the whole session."""
@@ -139,8 +129,10 @@ def minio(request: pytest.FixtureRequest) -> Iterator[MinIO]:
     try:
         yield server
     finally:
-        server.stop()
-        discard_unless_failed(request.session, server.work)
+        failed = bool(request.session.testsfailed)
+        server.stop(remove=not failed)  # a session where something failed keeps MinIO's data and log
+        if failed:
+            print(f"\nMinIO's directory kept for its logs: {server.work}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")

@@ -92,7 +92,9 @@ class MinIO:
                 steps.add(int(name.removeprefix("checkpoint-")))
         return steps
 
-    def stop(self) -> None:
+    def stop(self, remove: bool = False) -> None:
+        """Stops the server (a restart starts it again on the same data); `remove` also deletes its directory, for
+        a session that passed (as ControlPlane.stop)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -100,3 +102,5 @@ class MinIO:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if remove:
+            shutil.rmtree(self.work, ignore_errors=True)
