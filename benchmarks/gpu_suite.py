@@ -13,7 +13,8 @@ Cases (GPU sizes; --smoke runs the same code on CPU with a tiny model, sequence 
 
 On a GPU machine (no registry: hack/gpu-wheels.sh prepares the carry here):
   pip install -q --no-index --no-deps --no-build-isolation --target .gpu-site .gpu-wheels/* && \\
-    PYTHONPATH=.gpu-site:operator:trainer_image python benchmarks/gpu_suite.py --out "$OUT/gpu"
+    PYTHONPATH=.gpu-site:operator:trainer_image python benchmarks/gpu_suite.py --out "$OUT/gpu" \\
+      --work /tmp/gpu-work --jobs 3
 Smoke (CPU, a test runs it): .venv/bin/python benchmarks/gpu_suite.py --smoke --out /tmp/gpu-smoke
 """
 
@@ -52,7 +53,7 @@ GPU_1B = Size(2048, 16, 16, 8, 5632, 32000, 4096, 30, 2)
 GPU_8B_SHAPED = Size(4096, 8, 32, 8, 14336, 32000, 4096, 10, 1)  # an 8B model's layers, 8 of its 32
 SMOKE = Size(64, 2, 4, 2, 128, 512, 128, 4, 2)
 CASE_SECONDS = {"ours": 150, "hf_trainer": 120, "trl": 120, "first_step": 120, "gradient_checkpointing": 120,
-                "compile": 180, "liger": 120, "lora_8b_shaped": 240, "qlora": 180, "fsdp2": 150, "zero3": 180}
+                "compile": 180, "liger": 120, "lora_8b_shaped": 240, "qlora": 180, "fsdp2": 240, "zero3": 180}
 SMOKE_SECONDS = 90
 
 
@@ -70,8 +71,22 @@ def build_model(work: Path, size: Size) -> Path:
         return target
     from finetune_trainer.tiny_model import build_tiny_model
 
-    build_tiny_model(target, layers=size.layers, hidden=size.hidden, heads=size.heads, kv_heads=size.kv_heads,
+    partial = work / f".{target.name}.{os.getpid()}"  # cases running at once never read a half-written model
+    build_tiny_model(partial, layers=size.layers, hidden=size.hidden, heads=size.heads, kv_heads=size.kv_heads,
                      intermediate=size.intermediate, vocab_size=size.vocab, max_positions=max(size.seq, 4096))
+    return _publish(partial, target)
+
+
+def _publish(partial: Path, target: Path) -> Path:
+    """Renames a finished file or folder into place; where another process was first, its copy is kept."""
+    import shutil
+
+    try:
+        partial.rename(target)
+    except OSError:
+        if not target.exists():
+            raise
+        shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
     return target
 
 
@@ -87,14 +102,15 @@ def write_data(work: Path, size: Size) -> Path:
              "code", "while", "rain", "falls", "on", "grey", "city", "a", "quick", "brown", "fox", "jumps", "over",
              "lazy", "dog"]
     need = size.seq * size.batch * (size.steps + 5) * 3  # ~1-2 tokens per word with the small BPE vocabulary
-    with path.open("w") as f:
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with partial.open("w") as f:
         written = 0
         while written < need:
             text = "\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(40, 200)))
                                for _ in range(rng.randint(2, 8)))
             f.write(json.dumps({"text": text}) + "\n")
             written += len(text.split())
-    return path
+    return _publish(partial, path)
 
 
 def flops_per_token(size: Size, trained_fraction: float = 1.0) -> float:
@@ -314,9 +330,18 @@ def case_qlora(work: Path, size: Size, gpu: bool) -> dict:
 
 
 def case_fsdp2(work: Path, size: Size, gpu: bool) -> dict:
+    """Sharded checkpoints (the default) at half way, resumed by a second run of 2 more steps: the final model of
+    each is gathered whole and reloads."""
     if not gpu:
         raise SkipCase("FSDP through the Trainer needs a GPU")
-    return _switch(work, size, gpu, "fsdp2", distributed={"strategy": "fsdp"})
+    saving = {"saveStrategy": "steps", "saveSteps": size.steps // 2}
+    figures = _switch(work, size, gpu, "fsdp2", distributed={"strategy": "fsdp"}, checkpoints=saving)
+    here = work / "fsdp2"  # the model and data that case_ours built there: a resume refuses another model's
+    doc = job_spec(build_model(here, size), write_data(here, size), size, gpu, distributed={"strategy": "fsdp"},
+                   checkpoints=saving, training={"maxSteps": size.steps + 2})
+    summary, _, _ = finetune_run(doc, here / "ours", CASE_SECONDS["fsdp2"] * 3)
+    reload(here / "ours" / "run" / "output" / "final")
+    return {**figures, "resumedFrom": summary.get("resumedFrom"), "resumedSteps": summary.get("steps")}
 
 
 def case_zero3(work: Path, size: Size, gpu: bool) -> dict:
@@ -327,6 +352,9 @@ class SkipCase(Exception):
     """The case cannot run here (a package or a device missing): said in the table, not a failure."""
 
 
+# Their tokens/s are the suite's figures: each runs alone on the device. The other cases prove that a switch runs,
+# saves and reloads (and give its peak memory, which is per process): --jobs lets them share the device.
+MEASURED_ALONE = ("ours", "hf_trainer", "trl", "first_step")
 CASES = {"ours": case_ours, "hf_trainer": case_hf_trainer, "trl": case_trl, "first_step": case_first_step,
          "gradient_checkpointing": case_gradient_checkpointing, "compile": case_compile, "liger": case_liger,
          "lora_8b_shaped": case_lora_8b_shaped, "qlora": case_qlora, "fsdp2": case_fsdp2, "zero3": case_zero3}
@@ -334,8 +362,8 @@ SMOKE_SKIPS = {"compile": "torch.compile is measured on a GPU only (inductor's C
 
 
 # --- the driver -------------------------------------------------------------------------------------------------
-def run_case(name: str, work: Path, smoke: bool) -> dict:
-    """In a process of its own, bounded in time; whatever happens, a result."""
+def run_case(name: str, work: Path, smoke: bool, sharing: int = 1) -> dict:
+    """In a process of its own, bounded in time; whatever happens, a result. `sharing`: how many cases ran at once."""
     if smoke and name in SMOKE_SKIPS:
         return {"case": name, "status": "skipped", "why": SMOKE_SKIPS[name]}
     out = work / f"{name}.json"
@@ -351,6 +379,8 @@ def run_case(name: str, work: Path, smoke: bool) -> dict:
     result = json.loads(out.read_text()) if out.exists() else {
         "case": name, "status": "failed", "error": f"exited {proc.returncode}: {tail}"}
     result["seconds"] = round(time.monotonic() - started, 1)
+    if sharing > 1:
+        result["sharedDevice"] = sharing
     return result
 
 
@@ -389,6 +419,8 @@ def table(results: list[dict], meta: dict) -> str:
                  "first_step": f"first step < {GOALS['first_step_seconds']:.0f} s"}
         goal = goals.get(r["case"], "runs, saves, reloads")
         status = r["status"] + (f": {r.get('why') or r.get('error', '')[:160]}" if r["status"] != "ok" else "")
+        if r.get("sharedDevice") and r["status"] == "ok":
+            status += f" ({r['sharedDevice']} cases at once: tokens/s not comparable)"
         peak = f"{f.get('peakMemoryGiB') or ''}" + (f" ({f['predictedPeakGiB']})" if f.get("predictedPeakGiB") else "")
         lines.append(f"| {r['case']} | {status} | {tps:.0f} | {vs} | {mfu} | {peak} | "
                      f"{f.get('loss') if f.get('loss') is not None else ''} | "
@@ -405,27 +437,42 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("gpu-suite"))
     parser.add_argument("--smoke", action="store_true", help="CPU, a tiny model: checks the kit in under 2 minutes")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--jobs", type=int, default=1,
+                        help=f"cases other than {', '.join(MEASURED_ALONE)} run this many at once (after those)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
-    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help="models, data and runs (default: OUT/work; GBs on a GPU)")
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         one_case(args.case, args.work, args.smoke, args.result)
         return
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     import torch
     import transformers
 
     args.out.mkdir(parents=True, exist_ok=True)
-    work = args.out / "work"
-    work.mkdir(exist_ok=True)
+    work = args.work or args.out / "work"
+    work.mkdir(parents=True, exist_ok=True)
     meta = {"device": device(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "smoke": args.smoke, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    results = []
-    for name in args.cases.split(","):
-        results.append(run_case(name, work, args.smoke))
+            "smoke": args.smoke, "jobs": args.jobs, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    names = args.cases.split(",")
+    alone = [n for n in names if n in MEASURED_ALONE or args.jobs <= 1]
+    shared = [n for n in names if n not in alone]
+    results: list[dict] = []
+
+    def record(result: dict) -> None:  # after every case: a run cut short still leaves what it measured
+        results.append(result)
         (args.out / "results.json").write_text(json.dumps({"meta": meta, "goals": GOALS, "results": results},
                                                           indent=2, default=str))
-        print(f"{name}: {results[-1]['status']}", flush=True)
+        print(f"{result['case']}: {result['status']} ({result.get('seconds', 0)} s)", flush=True)
+
+    for name in alone:
+        record(run_case(name, work, args.smoke))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for future in as_completed([pool.submit(run_case, n, work, args.smoke, min(args.jobs, len(shared)))
+                                    for n in shared]):
+            record(future.result())
     (args.out / "results.md").write_text(table(results, meta))
     print(table(results, meta))
 

@@ -15,6 +15,11 @@ def save_final(cfg: TrainerConfig, trainer, tokenizer) -> dict[str, str]:
     # Inference wants the KV cache (training turned it off): the saved config must not say use_cache: false.
     trainer.model.config.use_cache = True
     base = base_model(trainer.model)
+    if trainer.is_fsdp_enabled:
+        # Checkpoints may stay sharded (resume needs no gather), but Trainer.save_model writes no weights at all
+        # under SHARDED_STATE_DICT (FSDP2's default): the final model is always gathered whole, as accelerate
+        # documents for this switch.
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(str(final))  # gathers ZeRO-3 / FSDP weights (16-bit gather is set in the presets)
     paths = {"model": str(final)}
     if trainer.args.should_save:
