@@ -11,6 +11,7 @@ import pytest
 
 from finetune_operator.api import constants as c
 from tests.cluster.test_operator import attempt_pods, status, submit, terminate, wait_for, wait_phase
+from tests.support.events import wait_events
 from tests.support.kueue import Kueue, cluster_queue, local_queue, priority_class, wait_quota_free
 from tests.support.minio import build_components
 from tests.support.policy import MESSAGE as POLICY_MESSAGE
@@ -122,7 +123,7 @@ def test_a_gang_larger_than_its_queue_and_a_misspelled_queue_are_warnings_at_onc
                     60, "LocalQueueMissing", operator)
     assert "LocalQueue gpu-queu doesn't exist" in typo["message"]
     for name, reason in (("too-big", "QueueTooSmall"), ("typo", "LocalQueueMissing")):
-        assert any(t == "Warning" and r == reason for t, r, _ in events(kubectl, queued, name)), name
+        wait_events(kubectl, queued, name=name, reason=reason, type_="Warning", op=operator)
 
 
 def test_a_misspelled_queue_fixed_on_the_finetunejob_is_admitted_and_runs(queued, kubectl, operator):
@@ -138,7 +139,7 @@ def test_a_misspelled_queue_fixed_on_the_finetunejob_is_admitted_and_runs(queued
     assert (labels[c.LABEL_KUEUE_QUEUE], labels[PRIORITY]) == (QUEUE, "high")
     workload = workload_of(kubectl, queued, "relabelled")
     assert workload["spec"]["queueName"] == QUEUE and workload["spec"]["priority"] == 1000, workload["spec"]
-    assert any(r == "KueueLabelsChanged" for _, r, _ in events(kubectl, queued, "relabelled"))
+    wait_events(kubectl, queued, name="relabelled", reason="KueueLabelsChanged", op=operator)
     finish(kubectl, queued, "relabelled")
     wait_phase(kubectl, queued, "relabelled", "Succeeded", operator, timeout=60)
 
@@ -180,7 +181,7 @@ def test_a_preempted_job_says_so_and_shows_no_eta(queued, kubectl, operator):
     assert "eta" not in st["progress"] and st["progress"]["phase"] == "Stopped", st["progress"]
     assert st["progress"]["step"] == 830  # the last attempt's, marked as such
     wait_phase(kubectl, queued, "high", "Running", operator, timeout=60)
-    assert any(t == "Warning" and r == "Preempted" for t, r, _ in events(kubectl, queued, "low"))
+    wait_events(kubectl, queued, name="low", reason="Preempted", type_="Warning", op=operator)
     finish(kubectl, queued, "high")
     wait_phase(kubectl, queued, "high", "Succeeded", operator, timeout=60)
     # The preempted job is admitted again once the quota is free, and runs to its end (the next tests need the
@@ -207,7 +208,7 @@ def test_a_gang_restart_keeps_its_admission_and_its_place_in_the_queue(queued, k
     kept = kubectl.json("get", "workloads.kueue.x-k8s.io", admitted, "-n", queued)
     assert [(o["kind"], o["name"]) for o in kept["metadata"]["ownerReferences"]] == [("Job", "holder-a2")]
     assert {cd["type"]: cd["status"] for cd in kept["status"]["conditions"]}["Admitted"] == "True"
-    assert any(r == "KueueAdmissionKept" for _, r, _ in events(kubectl, queued, "holder"))
+    wait_events(kubectl, queued, name="holder", reason="KueueAdmissionKept", op=operator)
     # The later job still waits (it would have been admitted had the restart queued a new Workload behind it).
     time.sleep(5)
     assert status(kubectl, queued, "later")["phase"] == "Queued"
@@ -240,8 +241,8 @@ def test_a_held_admission_goes_back_when_the_next_attempt_cannot_be_created(queu
         # While held (backoff and grace) the later job still waits; then the quota goes back and it runs.
         assert status(kubectl, queued, "waiting")["phase"] == "Queued"
         wait_phase(kubectl, queued, "waiting", "Running", operator, timeout=HOLD_GRACE + 60, nodes="2/2")
+        wait_events(kubectl, queued, name="refused", reason="KueueReleased", type_="Warning", op=operator)
         said = events(kubectl, queued, "refused")
-        assert any(t == "Warning" and r == "KueueReleased" for t, r, _ in said), said
         assert any(t == "Warning" and r == "AttemptRefused" and POLICY_MESSAGE in m for t, r, m in said), said
         kept = kubectl.json("get", "workloads.kueue.x-k8s.io", held["metadata"]["name"], "-n", queued)
         assert kept["spec"]["active"] is False

@@ -9,6 +9,7 @@ import urllib.request
 
 from finetune_operator.api import constants as c
 from tests.builders import make_job
+from tests.support.events import wait_events
 from tests.support.pod_status import terminated
 
 
@@ -78,10 +79,8 @@ def test_pending_running_succeeded_with_children_owned(kubectl, operator, namesp
         terminate(kubectl, namespace, pod["metadata"]["name"], 0, reason="Completed")
     st = wait_phase(kubectl, namespace, "happy", "Succeeded", operator)
     assert st["completionTime"] and st["restarts"] == 0
-    events = kubectl.run("get", "events", "-n", namespace, "--field-selector",
-                         "involvedObject.kind=FineTuneJob,involvedObject.name=happy").stdout
     for reason in ("Created", "Running", "Succeeded"):
-        assert reason in events
+        wait_events(kubectl, namespace, name="happy", kind="FineTuneJob", reason=reason, op=operator)
 
 
 def test_gang_restart_resumes_attempt_two_from_the_checkpoint(kubectl, operator, namespace):
@@ -131,7 +130,7 @@ def test_invalid_spec_is_failed_with_an_event_listing_the_errors(kubectl, operat
     submit(kubectl, namespace, "broken", **{"spec.method.type": "qlora", "spec.training.evalStrategy": "epoch"})
     st = wait_phase(kubectl, namespace, "broken", "Failed", operator, reason="InvalidSpec")
     assert "spec.method.type" in st["message"] and "spec.training.evalStrategy" in st["message"]
-    (event,) = kubectl.json("get", "events", "-n", namespace, "--field-selector", "reason=InvalidSpec")["items"]
+    (event,) = wait_events(kubectl, namespace, reason="InvalidSpec", op=operator)
     assert event["type"] == "Warning" and "spec.method.type" in event["message"]
     assert kubectl.json("get", "jobs", "-n", namespace)["items"] == []
 
@@ -160,8 +159,7 @@ def test_an_edit_is_announced_and_applied_by_a_suspend_and_resume_in_a_new_attem
     running(kubectl, namespace, "tuned", operator)
     kubectl.run("patch", "ftj", "tuned", "-n", namespace, "--type=merge", "-p",
                 json.dumps({"spec": {"training": {"learningRate": 5e-5}}}))
-    said = wait_for(lambda: [e for e in kubectl.json("get", "events", "-n", namespace, "--field-selector",
-                                                     "reason=SpecEdited")["items"]], what="SpecEdited", op=operator)
+    said = wait_events(kubectl, namespace, reason="SpecEdited", op=operator)
     assert "suspend and resume" in said[0]["message"], said
     assert status(kubectl, namespace, "tuned")["attempt"] == 1
     for suspend in (True, False):
@@ -173,7 +171,7 @@ def test_an_edit_is_announced_and_applied_by_a_suspend_and_resume_in_a_new_attem
     assert st["restarts"] == 0, st
     config = json.loads(kubectl.json("get", "configmap", "tuned-config", "-n", namespace)["data"]["trainer.json"])
     assert config["trainingArguments"]["learning_rate"] == 5e-5, config["trainingArguments"]
-    assert any(e["reason"] == "SpecChanged" for e in kubectl.json("get", "events", "-n", namespace)["items"])
+    assert wait_events(kubectl, namespace, reason="SpecChanged", op=operator)
 
 
 def test_kueue_labelled_job_waits_for_admission(kubectl, operator, namespace):

@@ -11,6 +11,7 @@ import pytest
 from finetune_operator.api import constants as c
 from tests.builders import make_job
 from tests.support.controlplane import fake_gpu_node
+from tests.support.events import wait_events
 from tests.support.job_status import wait_status
 from tests.support.policy import MESSAGE as POLICY_MESSAGE
 from tests.support.policy import refusing_attempt
@@ -23,10 +24,8 @@ def submit(kubectl, ns, name, **overrides):
     kubectl.run("apply", "-f", "-", input=json.dumps(doc))
 
 
-def warning_events(kubectl, ns, name):
-    items = kubectl.json("get", "events", "-n", ns, "--field-selector",
-                         f"involvedObject.kind=FineTuneJob,involvedObject.name={name}")["items"]
-    return [e for e in items if e["type"] == "Warning"]
+def wait_warnings(kubectl, ns, name, reason, operator):
+    return wait_events(kubectl, ns, name=name, reason=reason, kind="FineTuneJob", type_="Warning", op=operator)
 
 
 def reason_column(kubectl, ns, name):
@@ -54,7 +53,7 @@ def test_more_gpus_per_node_than_any_node_has_reads_unschedulable(kubectl, opera
     assert waiting["status"] == "True" and waiting["reason"] == "Unschedulable"
     assert reason_column(kubectl, namespace, "too-big") == "Unschedulable"
     time.sleep(20)  # later looks (every 15 s) find the same reason: no second Event
-    events = [e for e in warning_events(kubectl, namespace, "too-big") if e["reason"] == "Unschedulable"]
+    events = wait_warnings(kubectl, namespace, "too-big", "Unschedulable", operator)
     assert len(events) == 1 and events[0].get("count") in (None, 1), events
     source = (events[0].get("source") or {}).get("component") or events[0].get("reportingComponent")
     assert source == c.MANAGED_BY, events[0]  # From: finetunejob-operator, not kopf
@@ -87,7 +86,7 @@ def test_a_job_an_admission_policy_refuses_says_so_and_starts_once_allowed(kubec
         waiting = next(cd for cd in st["conditions"] if cd["type"] == "Waiting")
         assert waiting["status"] == "True" and waiting["reason"] == "AttemptRefused"
         time.sleep(12)  # retried meanwhile (every few seconds): still one Warning, not one per retry
-        refusals = [e for e in warning_events(kubectl, namespace, "refused") if e["reason"] == "AttemptRefused"]
+        refusals = wait_warnings(kubectl, namespace, "refused", "AttemptRefused", operator)
         assert len(refusals) == 1 and refusals[0].get("count", 1) == 1, refusals
         assert not kubectl.json("get", "jobs", "-n", namespace)["items"]
     st = wait_status(kubectl, namespace, "refused", lambda s: s.get("nodes") == "1/1", operator)
@@ -154,7 +153,7 @@ def test_an_image_that_cannot_be_pulled_reads_image_pull_failed(kubectl, operato
     assert reason_column(kubectl, namespace, "bad-image") == "ImagePullFailed"
     waiting = next(cd for cd in st["conditions"] if cd["type"] == "Waiting")
     assert waiting["status"] == "True" and waiting["reason"] == "ImagePullFailed"
-    events = [e for e in warning_events(kubectl, namespace, "bad-image") if e["reason"] == "ImagePullFailed"]
+    events = wait_warnings(kubectl, namespace, "bad-image", "ImagePullFailed", operator)
     assert len(events) == 1 and image in events[0]["message"], events
 
 
@@ -168,7 +167,7 @@ def test_a_gang_the_cluster_can_never_hold_warns_at_once_and_stops_retrying(kube
                      timeout=20)
     assert re.search(r"the gang needs 40 pod\(s\) of 8 nvidia.com/gpu \(320 in all\), but the cluster's nodes hold "
                      r"\d+ such pod\(s\)", st["message"]), st["message"]
-    assert any(e["reason"] == "InsufficientCapacity" for e in warning_events(kubectl, namespace, "never-fits"))
+    assert wait_warnings(kubectl, namespace, "never-fits", "InsufficientCapacity", operator)
     st = wait_status(kubectl, namespace, "never-fits", lambda s: s.get("phase") == "Failed", operator, timeout=120)
     assert st["reason"] == "ScheduleRetriesExhausted" and st["scheduleRetries"] == 1
     # No GPU held: the status is written first (reconcile.py), then the attempt's Job is deleted and the garbage
@@ -205,4 +204,4 @@ def test_a_gang_the_nodes_cannot_hold_holds_nothing_and_starts_once_they_can(kub
     pool_nodes("pool-short-1")
     st = wait_status(kubectl, namespace, "short", lambda s: s.get("nodes") == "2/2", operator, timeout=150)
     assert (st["phase"], st["attempt"], st["scheduleRetries"]) == ("Running", 1, 0), st
-    assert len([e for e in warning_events(kubectl, namespace, "short") if e["reason"] == "InsufficientCapacity"]) == 1
+    assert len(wait_warnings(kubectl, namespace, "short", "InsufficientCapacity", operator)) == 1

@@ -21,6 +21,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.support.containers import ContainerPodRunner, OperatorContainer, built_images
 from tests.support.controlplane import free_port
+from tests.support.events import wait_events
 from tests.support.hub_server import StandInHub
 from tests.support.operator_process import OperatorProcess
 from tests.support.pod_runner import PodRunner
@@ -279,8 +280,7 @@ def test_a_diverging_job_fails_at_once_with_its_reason_and_is_not_retried(runtim
     assert (failed["status"], failed["reason"]) == ("True", "LossDiverged")
     row = kubectl.run("get", "ftj", "tiny-cpu-sft", "-n", namespace, "--no-headers").stdout.split()
     assert row[1] == "Failed" and "LossDiverged" in row
-    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", "reason=LossDiverged")["items"]
-    assert events and events[0]["type"] == "Warning"
+    assert wait_events(kubectl, namespace, reason="LossDiverged", type_="Warning", op=chart_operator)
 
 
 @pytest.mark.parametrize("runtime", ["containers"], indirect=True)  # the images, as containers
