@@ -120,17 +120,25 @@ def tiny_two_node_job(model_dir, workdir, preflight=False, **training):
 
 
 def wait_status(kubectl, namespace, predicate, timeout, op, runner):
-    deadline = time.monotonic() + timeout
-    st = {}
-    while time.monotonic() < deadline:
+    """The status once `predicate` holds. `timeout` counts from the last change of the status (a new step, phase or
+    node count), up to 4 x `timeout` in all: a loaded machine makes a job slow, which is no failure; a status that
+    stands still for `timeout` seconds is one."""
+    started = changed = time.monotonic()
+    st = seen = {}
+    while True:
         st = kubectl.json("get", "ftj", "tiny-cpu-sft", "-n", namespace).get("status", {})
         if predicate(st):
             return st
         assert not runner.errors, runner.errors
         exited = getattr(op, "exited", lambda: None)()
         assert exited is None, f"the operator container exited with {exited}:\n{op.log_tail(40)}"
+        now = time.monotonic()
+        if st != seen:
+            seen, changed = st, now
+        if now - changed > timeout or now - started > 4 * timeout:
+            raise AssertionError(f"status not reached ({now - changed:.0f} s unchanged, {now - started:.0f} s in "
+                                 f"all): {st}\n{op.log_tail(30)}")
         time.sleep(0.5)
-    raise AssertionError(f"status not reached: {st}\n{op.log_tail(30)}")
 
 
 def progress_records(workdir):

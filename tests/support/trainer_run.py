@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,16 +26,28 @@ class NodeResult:
     log: str
 
 
-def run_nodes(doc: dict, workdir: Path, timeout: float = 600) -> list[NodeResult]:
-    """Starts every node's launcher at once (as an Indexed Job's pods would) and waits for all of them."""
+def run_nodes(doc: dict, workdir: Path, stall: float = 240, limit: float = 1800) -> list[NodeResult]:
+    """Starts every node's launcher at once (as an Indexed Job's pods would) and waits for all of them, for as long
+    as they make progress: a loaded machine makes a run slow, not silent. No node log growing for `stall` seconds
+    (or `limit` in all) fails with every node's log tail, so a hang says where it hung."""
     nodes = start_nodes(validate_job(doc), workdir, extra_env=TEST_ENV)
-    results = []
-    for node in nodes:
-        try:
-            code = node.process.wait(timeout=timeout)
-        finally:
+    try:
+        started = quiet_since = time.monotonic()
+        written = -1
+        while any(node.process.poll() is None for node in nodes):
+            now = time.monotonic()
+            size = sum(node.log_file.stat().st_size for node in nodes if node.log_file.exists())
+            if size != written:
+                written, quiet_since = size, now
+            if now - quiet_since > stall or now - started > limit:
+                tails = "\n".join(f"--- node {node.rank} (exit {node.process.poll()}):\n"
+                                   f"{node.log_file.read_text(errors='replace')[-3000:]}" for node in nodes)
+                raise AssertionError(f"no node wrote anything for {now - quiet_since:.0f} s "
+                                     f"({now - started:.0f} s in all):\n{tails}")
+            time.sleep(0.5)
+    finally:
+        for node in nodes:
             if node.process.poll() is None:
                 kill_tree(node.process.pid)
-        summary = json.loads(node.result_file.read_text()) if node.result_file.exists() else {}
-        results.append(NodeResult(code, summary, node.log_file.read_text()))
-    return results
+    return [NodeResult(node.process.wait(), json.loads(node.result_file.read_text()) if node.result_file.exists()
+                       else {}, node.log_file.read_text()) for node in nodes]
