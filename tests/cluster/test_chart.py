@@ -46,7 +46,7 @@ def test_lint_and_template(helm):
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole"] * 7 + ["ClusterRoleBinding"] * 4 + [
         "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"] + [
-        "ValidatingAdmissionPolicy"] * 5 + ["ValidatingAdmissionPolicyBinding"] * 5
+        "ValidatingAdmissionPolicy"] * 9 + ["ValidatingAdmissionPolicyBinding"] * 9
     # Three of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
     users = [d for d in docs if d["kind"] == "ClusterRole" and any(
         k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in d["metadata"]["labels"])]
@@ -58,7 +58,8 @@ def test_lint_and_template(helm):
              and not d["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     # The only cluster-wide rights left with watchNamespaces, all reads: namespaces and CRDs (kopf follows them),
-    # the cluster's runtimes (cluster-scoped) and listing nodes (nodeShapeCheck, which can go too).
+    # the cluster's runtimes (cluster-scoped) and namespaces' labels (which runtimes they may use), and listing
+    # nodes (nodeShapeCheck, which can go too).
     cluster_roles = [d for d in yaml.safe_load_all(per_ns) if d and d["kind"] == "ClusterRole"
                      and not d["metadata"]["name"].endswith(("-user-edit", "-user-view", "-user-admin",
                                                              "-runtime-reader"))]
@@ -67,7 +68,8 @@ def test_lint_and_template(helm):
         [{"apiGroups": [""], "resources": ["namespaces"], "verbs": read},
          {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": read}],
         [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}],
-        [{"apiGroups": ["finetunejob.dev"], "resources": ["clusterfinetuneruntimes"], "verbs": ["get", "list"]}]]
+        [{"apiGroups": ["finetunejob.dev"], "resources": ["clusterfinetuneruntimes"], "verbs": ["get", "list"]},
+         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]]
     strict = helm("template", RELEASE, str(CHART), "--kube-version", "1.36.0", "--set", "watchNamespaces={team-a}",
                   "--set", "nodeShapeCheck=false", "--set", "userRoles.aggregate=false",
                   "--set", "runtimes.readableByAllUsers=false").stdout

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from finetune_operator.api.runtime import resolve_offline
+from finetune_operator.api.runtime_layers import resolve_offline
 from tests.builders import make_job
 from tests.cluster.test_faults import FAIL_ATTEMPTS, FAIL_EXIT_CODE
 from tests.cluster.test_operator import attempt_pods

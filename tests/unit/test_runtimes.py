@@ -15,8 +15,8 @@ from finetune_operator.api.runtime import (
     RuntimeLimits,
     effective_job,
     merge,
-    resolve_offline,
 )
+from finetune_operator.api.runtime_layers import resolve_offline
 from finetune_operator.api.validation import validate_job
 from finetune_operator.cli.main import main, validate_with_runtimes
 from finetune_operator.render.runtime_policy import chart_template

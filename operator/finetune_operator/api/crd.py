@@ -25,7 +25,7 @@ from .constants import (
     SINGULAR,
     VERSION,
 )
-from .runtime import TEMPLATE_SECTIONS, FineTuneRuntimeSpec
+from .runtime import TEMPLATE_SECTIONS, ClusterFineTuneRuntimeSpec, FineTuneRuntimeSpec
 from .spec import FineTuneJobSpec
 from .status import FineTuneJobStatus
 
@@ -78,6 +78,13 @@ def crd() -> dict[str, Any]:
     for section in TEMPLATE_SECTIONS:
         # What the user leaves out must stay out: a default the apiserver filled in would hide the runtime's.
         _defaults_to_descriptions(spec_schema["properties"][section])
+    # The field's own rule (self == oldSelf) holds only while it exists before and after: removing or adding it
+    # would change the runtime a started job is judged against.
+    spec_schema["x-kubernetes-validations"] = [{
+        "rule": "has(self.runtimeRef) == has(oldSelf.runtimeRef)",
+        "message": "spec.runtimeRef is immutable, and can be neither added nor removed: the job keeps the runtime "
+                   "it was created with (status.runtime records it); create a new FineTuneJob to use another",
+        "fieldPath": ".runtimeRef", "reason": "FieldValueForbidden"}]
     status_schema = structural_schema(FineTuneJobStatus.model_json_schema(by_alias=True, mode="validation"))
     status_schema["description"] = "Observed state, written by the operator and by trainer rank 0 (progress)."
     return {
@@ -125,7 +132,8 @@ def runtime_crd(cluster: bool) -> dict[str, Any]:
     """The CRD of FineTuneRuntime (namespaced) or ClusterFineTuneRuntime (cluster-scoped)."""
     kind, plural, short = ((CLUSTER_RUNTIME_KIND, CLUSTER_RUNTIME_PLURAL, CLUSTER_RUNTIME_SHORT_NAMES) if cluster
                            else (RUNTIME_KIND, RUNTIME_PLURAL, RUNTIME_SHORT_NAMES))
-    spec_schema = structural_schema(FineTuneRuntimeSpec.model_json_schema(by_alias=True, mode="validation"))
+    model = ClusterFineTuneRuntimeSpec if cluster else FineTuneRuntimeSpec
+    spec_schema = structural_schema(model.model_json_schema(by_alias=True, mode="validation"))
     _partial(spec_schema["properties"]["template"])
     scope = "for the whole cluster" if cluster else "for the jobs of its namespace"
     return {

@@ -8,24 +8,22 @@ works as it always did).
 Merge (effective_spec): runtime template < job spec, field by field: maps merged key by key, lists and scalars
 replaced whole by the job's. A field the runtime locks may not be set by the job at all (refused, never silently
 overwritten). The same rules run in the operator, in `finetune validate/render/run --runtime FILE`, and (the
-limits) in the API server's admission (render/runtime_policy.py), so a refusal reads the same everywhere.
+limits) in the API server's admission (render/runtime_policy.py), so a refusal reads the same everywhere. Which
+runtimes a job uses, the snapshot of them it keeps and the checks against that snapshot: runtime_layers.py.
 """
 
-import hashlib
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
 from .base import ApiModel
 from .distributed import DistributedSpec
-from .errors import FieldError, InvalidSpec
+from .errors import FieldError
 from .k8s_names import DnsSubdomain
 from .output import CheckpointSpec, OutputSpec
 from .resources import PodSpec, ResourcesSpec
 from .run_policy import RunPolicy
+from .selectors import LabelSelector
 from .storage import S3Spec
 from .tracking import TrackingSpec
 
@@ -118,14 +116,66 @@ class FineTuneRuntimeSpec(ApiModel):
                                   "operator before anything runs.")
 
 
+class ClusterFineTuneRuntimeSpec(FineTuneRuntimeSpec):
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description="The namespaces whose jobs may use this runtime (by spec.runtimeRef, or as their "
+        "default), by their labels, as Kueue's ClusterQueue: e.g. matchLabels: {team: research}. Unset: every "
+        "namespace. Checked at `kubectl apply` and again by the operator when a job starts; a job that started "
+        "keeps running when the namespace's labels change later.")
+
+
 def parse_runtime(obj: dict[str, Any]) -> tuple[FineTuneRuntimeSpec | None, list[FieldError]]:
-    """A runtime object's spec, or its errors (paths from `spec`)."""
+    """A runtime object's spec, or its errors (paths from `spec`): its schema, and a template that breaks the
+    runtime's own limits (every lean job using it would be refused)."""
     from .validation import pydantic_errors
 
+    model = ClusterFineTuneRuntimeSpec if obj.get("kind") == "ClusterFineTuneRuntime" else FineTuneRuntimeSpec
     try:
-        return FineTuneRuntimeSpec.model_validate(obj.get("spec") or {}, by_alias=True, by_name=False), []
+        spec = model.model_validate(obj.get("spec") or {}, by_alias=True, by_name=False)
     except ValidationError as exc:
-        return None, pydantic_errors(exc, "spec", FineTuneRuntimeSpec)
+        return None, pydantic_errors(exc, "spec", model)
+    errors = template_errors(template_of(obj), spec.limits)
+    return (None, errors) if errors else (spec, [])
+
+
+def template_errors(template: dict[str, Any], limits: RuntimeLimits, where: str = "spec.template",
+                    who: str = "its own") -> list[FieldError]:
+    """The values a template sets (as written: the built-in defaults are a job's, not the template's) that break
+    `limits`: a lean job would be refused by the very runtime that gave them. The same rules as check_limits."""
+    errors = []
+    d = template.get("distributed") or {}
+    nodes, gpus = d.get("numNodes"), d.get("gpusPerNode")
+    if limits.max_nodes is not None and nodes is not None and nodes > limits.max_nodes:
+        errors.append(FieldError(f"{where}.distributed.numNodes", nodes, f"breaks {who} limits.maxNodes = "
+                                 f"{limits.max_nodes}", "lower it, or raise the limit"))
+    if limits.max_gpus_per_job is not None and (nodes is not None or gpus is not None):
+        total = (nodes if nodes is not None else 1) * (gpus if gpus is not None else 1)
+        if total > limits.max_gpus_per_job:
+            errors.append(FieldError(f"{where}.distributed", f"{nodes or 1} nodes x {1 if gpus is None else gpus} "
+                                     f"GPUs = {total}", f"breaks {who} limits.maxGpusPerJob = "
+                                     f"{limits.max_gpus_per_job}", "lower numNodes or gpusPerNode, or raise the "
+                                     "limit"))
+    strategy = d.get("strategy")
+    if limits.allowed_strategies is not None and strategy is not None and strategy not in limits.allowed_strategies:
+        errors.append(FieldError(f"{where}.distributed.strategy", strategy, f"breaks {who} limits."
+                                 f"allowedStrategies {', '.join(limits.allowed_strategies)}",
+                                 "use an allowed strategy, or allow it"))
+    deadline = (template.get("runPolicy") or {}).get("activeDeadlineSeconds")
+    if limits.max_active_deadline_seconds is not None and deadline is not None and \
+            deadline > limits.max_active_deadline_seconds:
+        errors.append(FieldError(f"{where}.runPolicy.activeDeadlineSeconds", deadline, f"breaks {who} limits."
+                                 f"maxActiveDeadlineSeconds = {limits.max_active_deadline_seconds}",
+                                 "lower it, or raise the limit"))
+    if limits.allowed_claims is not None:
+        claims = [("output.claimName", (template.get("output") or {}).get("claimName"))] + [
+            (f"pod.volumes[{i}].claimName", v.get("claimName"))
+            for i, v in enumerate((template.get("pod") or {}).get("volumes") or [])]
+        for path, claim in claims:
+            if claim is not None and claim not in limits.allowed_claims:
+                errors.append(FieldError(f"{where}.{path}", claim, f"breaks {who} limits.allowedClaims "
+                                         f"{', '.join(limits.allowed_claims)}", "mount an allowed claim, or allow "
+                                         "it"))
+    return errors
 
 
 def template_of(obj: dict[str, Any]) -> dict[str, Any]:
@@ -238,97 +288,3 @@ def data_sources(spec: Any) -> list[tuple[str, str]]:
             elif source.hub is not None:
                 found.append((f"{where}.hub.name", source.hub.name))
     return found
-
-
-@dataclass(frozen=True)
-class Resolved:
-    obj: dict[str, Any]  # the job as it runs: the runtime's template under its spec
-    snapshot: dict[str, Any] | None = None  # what status.runtime holds (None: no runtime)
-    errors: list[FieldError] = field(default_factory=list)  # locked fields set, limits broken
-    missing: str | None = None  # why the runtime cannot be read (the job waits: RuntimeNotFound)
-
-
-def digest(template: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def apply_layers(obj: dict[str, Any], layers: list[dict[str, Any]]) -> Resolved:
-    """The job over its runtime layers (the cluster default first): merged, checked against every layer's locks and
-    limits, and the snapshot status.runtime records."""
-    from .validation import validate_job
-
-    errors: list[FieldError] = []
-    template: dict[str, Any] = {}
-    limits = []
-    for runtime in layers:
-        kind, name = runtime["kind"], runtime["metadata"]["name"]
-        spec, problems = parse_runtime(runtime)
-        if spec is None:
-            # An invalid runtime (the CRD's schema lets through what only our rules catch) is the admin's to fix.
-            return Resolved(obj, missing=f"{kind} {name} is invalid: "
-                                         + "; ".join(f"{e.path}: {e.message}" for e in problems))
-        template = merge(template, template_of(runtime))
-        limits.append((kind, name, spec.limits))
-    top = layers[-1]
-    merged, _ = effective_job(obj, top["kind"], top["metadata"]["name"], template, RuntimeLimits())
-    for kind, name, rule in limits:  # each layer's locks, said in its own name
-        errors += effective_job(obj, kind, name, template, rule)[1]
-    try:
-        job = validate_job(merged)
-    except InvalidSpec:
-        job = None  # the plan validates the same object and fails it with every error
-    if job is not None:
-        for kind, name, rule in limits:
-            errors += check_limits(kind, name, rule, job.spec)
-    snapshot = {"name": top["metadata"]["name"], "kind": top["kind"],
-                "generation": top["metadata"].get("generation", 0), "digest": digest(template),
-                "layers": [{"kind": r["kind"], "name": r["metadata"]["name"],
-                            "generation": r["metadata"].get("generation", 0)} for r in layers],
-                "template": template}
-    return Resolved(merged, snapshot, errors)
-
-
-def choose_layers(obj: dict[str, Any], get: Callable[[str, str, str], dict[str, Any] | None],
-                  defaults: Callable[[str], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
-                  ) -> tuple[list[dict[str, Any]], str | None]:
-    """The runtimes a job that has not started uses (the cluster default first), or why it cannot tell: `get`
-    reads one runtime (kind, namespace, name), `defaults` the namespace's and the cluster's default ones."""
-    namespace = (obj.get("metadata") or {}).get("namespace", "")
-    ref = (obj.get("spec") or {}).get("runtimeRef")
-    if isinstance(ref, dict) and ref.get("name"):
-        kind = ref.get("kind") or "ClusterFineTuneRuntime"
-        runtime = get(kind, namespace, ref["name"])
-        if runtime is None:
-            where = f" in namespace {namespace}" if kind == "FineTuneRuntime" else ""
-            return [], (f"spec.runtimeRef names {kind} {ref['name']}, which does not exist{where}: create it, or "
-                        f"name another (`kubectl get {kind.lower()}s`)")
-        return [runtime], None
-    ours, cluster = defaults(namespace)
-    for found, scope in ((ours, f"FineTuneRuntimes in namespace {namespace}"), (cluster, "ClusterFineTuneRuntimes")):
-        if len(found) > 1:
-            names = ", ".join(sorted(r["metadata"]["name"] for r in found))
-            return [], (f"{len(found)} {scope} are marked default ({names}): a job without spec.runtimeRef cannot "
-                        "tell which to use; unmark all but one, or set spec.runtimeRef")
-    return cluster + ours, None  # the namespace's default over the cluster's
-
-
-def resolve_offline(obj: dict[str, Any], runtimes: list[dict[str, Any]]) -> Resolved:
-    """`finetune validate/render/run --runtime FILE`: the same choice and merge as the operator, from files (a
-    FineTuneRuntime without a namespace counts as the job's)."""
-    def in_scope(r: dict[str, Any], kind: str, namespace: str) -> bool:
-        return r.get("kind") == kind and (kind != "FineTuneRuntime" or (r.get("metadata") or {}).get(
-            "namespace", namespace) == namespace)
-
-    def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return next((r for r in runtimes if in_scope(r, kind, namespace)
-                     and (r.get("metadata") or {}).get("name") == name), None)
-
-    def defaults(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        chosen = [r for r in runtimes if (r.get("spec") or {}).get("default") is True]
-        return ([r for r in chosen if in_scope(r, "FineTuneRuntime", namespace)],
-                [r for r in chosen if r.get("kind") == "ClusterFineTuneRuntime"])
-
-    layers, missing = choose_layers(obj, get, defaults)
-    if missing is not None:
-        return Resolved(obj, missing=missing)
-    return apply_layers(obj, layers) if layers else Resolved(obj)

@@ -5,6 +5,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .base import ApiModel
+from .runtime import RuntimeLimits
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
@@ -125,6 +126,9 @@ class RuntimeLayer(ApiModel):
     kind: str = Field(max_length=64, description="FineTuneRuntime or ClusterFineTuneRuntime.")
     name: str = Field(max_length=253, description="Its name.")
     generation: int = Field(ge=0, description="Its metadata.generation when the job started.")
+    limits: RuntimeLimits | None = Field(default=None, description="Its limits then, as written: every later "
+                                         "edit of the job and every attempt is checked against these, whatever the "
+                                         "runtime says now.")
 
 
 class RuntimeSnapshot(ApiModel):

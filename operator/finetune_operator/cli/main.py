@@ -18,7 +18,7 @@ from ..api import exit_codes
 from ..api.constants import DEFAULT_TRAINER_IMAGE
 from ..api.crd import all_crds_yaml
 from ..api.errors import FieldError, InvalidSpec
-from ..api.runtime import resolve_offline
+from ..api.runtime_layers import resolve_offline
 from ..api.transformers_names import TRANSFORMERS_VERSION
 from ..api.validation import ValidatedJob, advice, validate_job
 from ..render import RenderContext, render_all, render_trainer_identity

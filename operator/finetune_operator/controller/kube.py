@@ -84,6 +84,7 @@ class Kube:
         self.pods = self.dyn.resources.get(api_version="v1", kind="Pod")
         self.events = self.dyn.resources.get(api_version="v1", kind="Event")
         self.nodes = self.dyn.resources.get(api_version="v1", kind="Node")
+        self.namespaces = self.dyn.resources.get(api_version="v1", kind="Namespace")
         self._runtime_resources: dict[str, tuple[Any, float]] = {}  # kind -> (resource or None, look again at)
         self._runtime_lock = threading.Lock()
         self._shape_lock = threading.Lock()
@@ -144,6 +145,12 @@ class Kube:
             items = resource.get(namespace=ns).to_dict()["items"] if resource is not None else []
             found.append([r for r in items if (r.get("spec") or {}).get("default") is True])
         return found[0], found[1]
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        """A namespace's labels: which ClusterFineTuneRuntimes its jobs may use (their namespaceSelector). Read only
+        for a job that has not started, when such a runtime has a selector."""
+        found = self._get(self.namespaces, None, namespace)
+        return dict(((found or {}).get("metadata") or {}).get("labels") or {})
 
     def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self.ftj, namespace, name)

@@ -21,7 +21,6 @@ from . import goodput, queueing
 from .conditions import set_conditions
 from .observed import (
     DISRUPTED,
-    RUNTIME_NOT_FOUND,
     RUNTIME_RETRY_SECONDS,
     WAITING_REASONS,
     attempt_nodes,
@@ -59,7 +58,7 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         p.delete_workloads = [w["metadata"]["name"] for w in live]  # never keep GPUs busy for a broken spec
     elif obs.runtime_missing is not None:
         # Nothing is created without the defaults and limits the job asked for; the admin may be creating it.
-        p.status.update(phase="Pending", reason=RUNTIME_NOT_FOUND,
+        p.status.update(phase="Pending", reason=obs.runtime_reason,
                         message=f"{obs.runtime_missing} (looked at again every {RUNTIME_RETRY_SECONDS:.0f} s)")
         p.requeue(RUNTIME_RETRY_SECONDS)
     elif previous_phase in TERMINAL_PHASES:

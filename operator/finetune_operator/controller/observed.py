@@ -5,7 +5,7 @@ from datetime import datetime
 from typing import Any
 
 from ..api import constants as c
-from ..api import exit_codes
+from ..api import exit_codes, runtime_layers
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -141,13 +141,15 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "E
 CREATE_CONTAINER_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 # The apiserver refused to create the attempt's children (an admission policy or webhook): nothing runs yet.
 ATTEMPT_REFUSED = "AttemptRefused"
-RUNTIME_NOT_FOUND = "RuntimeNotFound"
+RUNTIME_NOT_FOUND = runtime_layers.RUNTIME_NOT_FOUND
+RUNTIME_NOT_ALLOWED = runtime_layers.RUNTIME_NOT_ALLOWED  # a ClusterFineTuneRuntime's namespaceSelector
 # Waiting for a runtime to appear (or for two default runtimes to become one) is looked at again this often.
 RUNTIME_RETRY_SECONDS = 30.0
 # A child's name is taken by an object this job did not create: the operator never adopts or changes it.
 NAME_CONFLICT = "NameConflict"
 WAITING_REASONS = ("ImagePullFailed", "CreateContainerError", "Unschedulable", "QuotaExceeded", "PodFailedToStart",
-                   "InsufficientCapacity", ATTEMPT_REFUSED, NAME_CONFLICT, RUNTIME_NOT_FOUND)
+                   "InsufficientCapacity", ATTEMPT_REFUSED, NAME_CONFLICT, RUNTIME_NOT_FOUND,
+                   RUNTIME_NOT_ALLOWED)
 
 
 def waiting_reason(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[str, str] | None:

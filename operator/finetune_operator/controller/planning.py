@@ -47,6 +47,7 @@ class Observed:
     # read when the job names one that does not exist (controller/runtimes.py)
     runtime: dict[str, Any] | None = None
     runtime_missing: str | None = None
+    runtime_reason: str = "RuntimeNotFound"  # or RuntimeNotAllowed: the reason the job waits with
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,20 @@
 """The runtimes' limits as ValidatingAdmissionPolicies: the API server refuses a FineTuneJob that breaks its runtime's
-limits at `kubectl apply`, whether or not the operator is up. Generated into the chart (./hack/generate.sh) from the
-same tables as the operator's own check (api/runtime.py), so both say the same thing.
+limits at `kubectl apply` (create, update, every patch, server-side apply), whether or not the operator is up.
+Generated into the chart (./hack/generate.sh) from the same tables as the operator's own check (api/runtime.py), so
+both say the same thing.
 
-One policy per runtime kind, its params every runtime of that kind (a binding with an empty selector; namespaced
-runtimes are looked up in the job's namespace). Each validation first asks whether the runtime applies to the job:
-the one spec.runtimeRef names, or (no runtimeRef) a default one. Values a job leaves out are taken from that
-runtime's template, then from the built-in default, as the operator does. When a namespace default is layered over
-the cluster default, each policy sees its own runtime's template only: the operator checks the layered result again
-before anything runs.
+What a job is judged against (as the operator judges it, api/runtime_layers.py):
+- a job that has not started: the runtimes as they are now. One policy per runtime kind, its params every runtime
+  of that kind (a binding with an empty selector; namespaced runtimes are looked up in the job's namespace). Each
+  validation first asks whether the runtime applies to the job: the one spec.runtimeRef names (a
+  ClusterFineTuneRuntime only where its namespaceSelector matches the namespace), or (no runtimeRef) a default one.
+  Values a job leaves out are taken from that runtime's template, then from the built-in default, as the operator
+  does. A namespace default is layered over the cluster default; each policy sees its own runtime's template only,
+  which is exact because a namespace default that would make it inexact is refused (runtime_object_policy.py);
+- a job that has started: the snapshot the operator recorded in status.runtime (the merged template and each
+  layer's limits), with no params at all: tightening, editing or deleting a runtime neither lets a running job out
+  nor locks its tenant out of suspending or editing it within the limits it started with. spec.runtimeRef can be
+  neither changed nor added nor removed (the CRD's own rule).
 """
 
 from typing import Any
@@ -21,31 +28,93 @@ from ..api.runtime import LOCKABLE
 RELEASE = "RELEASE-NAME"
 POLICY_NAME = {c.CLUSTER_RUNTIME_KIND: f"{RELEASE}-cluster-runtime-limits",
                c.RUNTIME_KIND: f"{RELEASE}-runtime-limits"}
+SNAPSHOT_POLICY = f"{RELEASE}-recorded-runtime-limits"
 QUEUE_LABEL = c.LABEL_KUEUE_QUEUE
+SNAPSHOT = "oldObject.status.runtime"
+MAX_LAYERS = 2  # the cluster default and the namespace's (status.RuntimeSnapshot.layers)
+
+# Whether the job's runtime is already recorded (by an operator that records each layer's limits), or the job started
+# with none: then the live runtimes judge it no more.
+RECORDED = (f"request.operation == 'UPDATE' && has(oldObject.status) && has({SNAPSHOT}) && "
+            f"has({SNAPSHOT}.layers) && size({SNAPSHOT}.layers) > 0 && {SNAPSHOT}.layers.all(l, has(l.limits))")
+STARTED_WITHOUT = ("request.operation == 'UPDATE' && has(oldObject.status) && !has(oldObject.status.runtime) && "
+                   "((has(oldObject.status.attempt) && oldObject.status.attempt > 0) || "
+                   "has(oldObject.status.preflight))")
+
+
+def present(expr: str) -> str:
+    """CEL: every field on the way to `expr` (e.g. params.spec.template.distributed) is set: has() of a field under a
+    missing one is an error, and an error refuses the request (failurePolicy Fail)."""
+    parts = expr.split(".")
+    return " && ".join(f"has({'.'.join(parts[:i])})" for i in range(2, len(parts) + 1)
+                       if not parts[i - 1].endswith("]"))
 
 
 def _has(root: str, path: str) -> str:
-    parts = path.split(".")
-    return " && ".join(f"has({root}.{'.'.join(parts[:i + 1])})" for i in range(len(parts)))
+    return present(f"{root}.{path}")
 
 
-def _value(path: str, default: str) -> str:
+def _value(path: str, template: str, default: str) -> str:
     """The job's value, else the runtime template's, else the built-in default."""
     return (f"(({_has('object.spec', path)}) ? object.spec.{path} : "
-            f"(({_has('params.spec.template', path)}) ? params.spec.template.{path} : {default}))")
+            f"(({_has(template, path)}) ? {template}.{path} : {default}))")
 
 
-def _limit(name: str) -> str:
-    return f"(has(params.spec.limits) && has(params.spec.limits.{name}))"
+def selector_matches(selector: str, labels: str) -> str:
+    """CEL: the label selector at `selector` (absent: everything) matches the map `labels`, with
+    metav1.LabelSelector's meaning (api/selectors.py)."""
+    return (f"!({present(selector)}) || ((!has({selector}.matchLabels) || {selector}.matchLabels.all(k, "
+            f"k in {labels} && {labels}[k] == {selector}.matchLabels[k])) && (!has({selector}.matchExpressions) || "
+            f"{selector}.matchExpressions.all(e, e.operator == 'In' ? (e.key in {labels} && has(e.values) && "
+            f"{labels}[e.key] in e.values) : e.operator == 'NotIn' ? !(e.key in {labels} && has(e.values) && "
+            f"{labels}[e.key] in e.values) : e.operator == 'Exists' ? e.key in {labels} : !(e.key in {labels}))))")
 
 
-def _who(kind: str) -> str:
-    return f"'{kind} ' + params.metadata.name"
+NAMESPACE_LABELS = ("(has(namespaceObject.metadata.labels) ? namespaceObject.metadata.labels : "
+                    "{'kubernetes.io/metadata.name': request.namespace})")
 
 
-def validations(kind: str) -> list[dict[str, str]]:
-    """The CEL validations of one kind's policy: every lock and every limit."""
-    who = _who(kind)
+def value_variables(template: str) -> list[dict[str, str]]:
+    """What a limit reads of the job, each the job's value, else `template`'s, else the built-in default."""
+    def sources(section: str) -> str:
+        paths = f"object.spec.data.{section}.filter(s, has(s.path)).map(s, s.path)"
+        hubs = f"object.spec.data.{section}.filter(s, has(s.hub)).map(s, s.hub.name)"
+        return f"{paths} + {hubs}"
+
+    return [
+        {"name": "nodes", "expression": _value("distributed.numNodes", template, "1")},
+        {"name": "gpusPerNode", "expression": _value("distributed.gpusPerNode", template, "1")},
+        {"name": "strategy", "expression": _value("distributed.strategy", template, "'ddp'")},
+        {"name": "method", "expression": "(has(object.spec.method) && has(object.spec.method.type)) ? "
+                                         "object.spec.method.type : 'lora'"},
+        {"name": "deadline", "expression": _value("runPolicy.activeDeadlineSeconds", template, "0")},
+        {"name": "claims", "expression": f"({_has('object.spec', 'output.claimName')} ? [object.spec.output.claimName] "
+                                         f": ({_has(template, 'output.claimName')} ? "
+                                         f"[{template}.output.claimName] : [])) + "
+                                         f"{_value('pod.volumes', template, '[]')}.filter(v, has(v.claimName))"
+                                         ".map(v, v.claimName)"},
+        {"name": "dataSources", "expression": f"{sources('train')} + (has(object.spec.data.validation) ? "
+                                              f"{sources('validation')} : [])"},
+    ]
+
+
+Rule = tuple[str, str]  # (CEL: holds, CEL: the message when it does not)
+
+
+def combined(guard: str, rules: list[Rule]) -> dict[str, str]:
+    """One validation for many rules, its message every broken rule's (the API server reports one validation per
+    policy: a refusal must say every error at once)."""
+    broken = ", ".join(f"(({holds}) ? '' : {message})" for holds, message in rules)
+    return {"expression": f"!({guard}) || ({' && '.join(f'({holds})' for holds, _ in rules)})",
+            "messageExpression": f"[{broken}].filter(m, m != '').join('; ')", "reason": "Forbidden"}
+
+
+def checks(limits: str, limits_present: str, who: str) -> list[Rule]:
+    """Every lock and every limit of the runtime whose limits are at `limits` (present when `limits_present`),
+    named by the CEL string `who`; the values are value_variables'."""
+    def limit(name: str) -> str:
+        return f"({limits_present} && has({limits}.{name}))"
+
     out = []
     for path, what in LOCKABLE.items():
         if path == "queueName":
@@ -53,104 +122,119 @@ def validations(kind: str) -> list[dict[str, str]]:
                 f"metadata.labels.{QUEUE_LABEL}"
         else:
             given, where = _has("object.spec", path), f"spec.{path}"
-        out.append({
-            "expression": f"!variables.applies || !({_limit('locked')} && '{path}' in params.spec.limits.locked) "
-                          f"|| !({given})",
-            "messageExpression": f"'{where}: {what} is locked by ' + {who} + ' (limits.locked): remove {where}, "
-                                 "the runtime sets it'",
-            "reason": "Forbidden"})
-    limits = [
-        ("maxNodes", "variables.nodes <= params.spec.limits.maxNodes",
+        out.append((f"!({limit('locked')} && '{path}' in {limits}.locked) || !({given})",
+                    f"'{where}: {what} is locked by ' + {who} + ' (limits.locked): remove {where}, the runtime sets "
+                    "it'"))
+    rules = [
+        ("maxNodes", f"variables.nodes <= {limits}.maxNodes",
          f"'spec.distributed.numNodes is ' + string(variables.nodes) + ': ' + {who} + ' allows limits.maxNodes = ' "
-         "+ string(params.spec.limits.maxNodes) + '; ask for fewer nodes, or use another runtime'"),
-        ("maxGpusPerJob", "variables.nodes * variables.gpusPerNode <= params.spec.limits.maxGpusPerJob",
+         f"+ string({limits}.maxNodes) + '; ask for fewer nodes, or use another runtime'"),
+        ("maxGpusPerJob", f"variables.nodes * variables.gpusPerNode <= {limits}.maxGpusPerJob",
          "'spec.distributed asks for ' + string(variables.nodes) + ' nodes x ' + string(variables.gpusPerNode) + "
          f"' GPUs = ' + string(variables.nodes * variables.gpusPerNode) + ': ' + {who} + ' allows "
-         "limits.maxGpusPerJob = ' + string(params.spec.limits.maxGpusPerJob) + '; ask for fewer GPUs, or use "
+         f"limits.maxGpusPerJob = ' + string({limits}.maxGpusPerJob) + '; ask for fewer GPUs, or use "
          "another runtime'"),
-        ("allowedMethods", "variables.method in params.spec.limits.allowedMethods",
+        ("allowedMethods", f"variables.method in {limits}.allowedMethods",
          f"'spec.method.type is ' + variables.method + ': ' + {who} + ' allows limits.allowedMethods ' + "
-         "params.spec.limits.allowedMethods.join(', ')"),
-        ("allowedStrategies", "variables.strategy in params.spec.limits.allowedStrategies",
+         f"{limits}.allowedMethods.join(', ')"),
+        ("allowedStrategies", f"variables.strategy in {limits}.allowedStrategies",
          f"'spec.distributed.strategy is ' + variables.strategy + ': ' + {who} + ' allows limits.allowedStrategies "
-         "' + params.spec.limits.allowedStrategies.join(', ')"),
-        ("allowedModelSources", "params.spec.limits.allowedModelSources.exists(p, object.spec.model.name."
-         "startsWith(p))",
+         f"' + {limits}.allowedStrategies.join(', ')"),
+        ("allowedModelSources", f"{limits}.allowedModelSources.exists(p, object.spec.model.name.startsWith(p))",
          f"'spec.model.name is ' + object.spec.model.name + ': ' + {who} + ' allows limits.allowedModelSources ' "
-         "+ params.spec.limits.allowedModelSources.join(', ') + '; use a model under one of those prefixes'"),
-        ("allowedDataSources", "variables.dataSources.all(s, params.spec.limits.allowedDataSources.exists(p, "
+         f"+ {limits}.allowedModelSources.join(', ') + '; use a model under one of those prefixes'"),
+        ("allowedDataSources", f"variables.dataSources.all(s, {limits}.allowedDataSources.exists(p, "
          "s.startsWith(p)))",
-         "'spec.data uses ' + variables.dataSources.filter(s, !params.spec.limits.allowedDataSources.exists(p, "
+         f"'spec.data uses ' + variables.dataSources.filter(s, !{limits}.allowedDataSources.exists(p, "
          f"s.startsWith(p))).join(', ') + ': ' + {who} + ' allows limits.allowedDataSources ' + "
-         "params.spec.limits.allowedDataSources.join(', ') + '; use data under one of those prefixes'"),
-        ("allowedClaims", "variables.claims.all(n, n in params.spec.limits.allowedClaims)",
-         "'spec mounts the claim(s) ' + variables.claims.filter(n, !(n in params.spec.limits.allowedClaims))"
+         f"{limits}.allowedDataSources.join(', ') + '; use data under one of those prefixes'"),
+        ("allowedClaims", f"variables.claims.all(n, n in {limits}.allowedClaims)",
+         f"'spec mounts the claim(s) ' + variables.claims.filter(n, !(n in {limits}.allowedClaims))"
          f".join(', ') + ': ' + {who} + ' allows limits.allowedClaims ' + "
-         "params.spec.limits.allowedClaims.join(', ') + '; mount one of those claims'"),
-        ("maxActiveDeadlineSeconds", "variables.deadline > 0 && variables.deadline <= "
-         "params.spec.limits.maxActiveDeadlineSeconds",
+         f"{limits}.allowedClaims.join(', ') + '; mount one of those claims'"),
+        ("maxActiveDeadlineSeconds", f"variables.deadline > 0 && variables.deadline <= "
+         f"{limits}.maxActiveDeadlineSeconds",
          "'spec.runPolicy.activeDeadlineSeconds is ' + (variables.deadline > 0 ? string(variables.deadline) : "
          f"'unset') + ': ' + {who} + ' allows limits.maxActiveDeadlineSeconds = ' + "
-         "string(params.spec.limits.maxActiveDeadlineSeconds) + '; set it to at most that'"),
+         f"string({limits}.maxActiveDeadlineSeconds) + '; set it to at most that'"),
     ]
-    for name, holds, message in limits:
-        out.append({"expression": f"!variables.applies || !{_limit(name)} || ({holds})",
-                    "messageExpression": message, "reason": "Forbidden"})
-    return out
+    return out + [(f"!{limit(name)} || ({holds})", message) for name, holds, message in rules]
 
 
-def _sources(section: str) -> str:
-    paths = f"object.spec.data.{section}.filter(s, has(s.path)).map(s, s.path)"
-    hubs = f"object.spec.data.{section}.filter(s, has(s.hub)).map(s, s.hub.name)"
-    return f"{paths} + {hubs}"
-
-
-def variables(kind: str) -> list[dict[str, str]]:
-    applies = (f"has(object.spec.runtimeRef) ? (object.spec.runtimeRef.name == params.metadata.name && "
-               f"(has(object.spec.runtimeRef.kind) ? object.spec.runtimeRef.kind : "
-               f"'{c.CLUSTER_RUNTIME_KIND}') == '{kind}') : (has(params.spec.default) && params.spec.default)")
+def _live_variables(kind: str) -> list[dict[str, str]]:
+    named = (f"has(object.spec.runtimeRef) && object.spec.runtimeRef.name == params.metadata.name && "
+             f"(has(object.spec.runtimeRef.kind) ? object.spec.runtimeRef.kind : '{c.CLUSTER_RUNTIME_KIND}') == "
+             f"'{kind}'")
+    selected = (selector_matches("params.spec.namespaceSelector", "variables.namespaceLabels")
+                if kind == c.CLUSTER_RUNTIME_KIND else "true")
     return [
-        {"name": "applies", "expression": applies},
-        {"name": "nodes", "expression": _value("distributed.numNodes", "1")},
-        {"name": "gpusPerNode", "expression": _value("distributed.gpusPerNode", "1")},
-        {"name": "strategy", "expression": _value("distributed.strategy", "'ddp'")},
-        {"name": "method", "expression": "(has(object.spec.method) && has(object.spec.method.type)) ? "
-                                         "object.spec.method.type : 'lora'"},
-        {"name": "deadline", "expression": _value("runPolicy.activeDeadlineSeconds", "0")},
-        {"name": "claims", "expression": f"({_has('object.spec', 'output.claimName')} ? [object.spec.output.claimName] "
-                                         f": ({_has('params.spec.template', 'output.claimName')} ? "
-                                         "[params.spec.template.output.claimName] : [])) + "
-                                         f"{_value('pod.volumes', '[]')}.filter(v, has(v.claimName))"
-                                         ".map(v, v.claimName)"},
-        {"name": "dataSources", "expression": f"{_sources('train')} + (has(object.spec.data.validation) ? "
-                                              f"{_sources('validation')} : [])"},
+        # A job already recorded (or started without a runtime) is judged by its snapshot, not by the live runtimes.
+        {"name": "live", "expression": f"!({RECORDED}) && !({STARTED_WITHOUT})"},
+        {"name": "namespaceLabels", "expression": NAMESPACE_LABELS},
+        {"name": "selected", "expression": selected},
+        {"name": "named", "expression": named},
+        {"name": "applies", "expression": "variables.live && (variables.named ? variables.selected : "
+                                          "(!has(object.spec.runtimeRef) && has(params.spec) && "
+                                          "has(params.spec.default) && params.spec.default && variables.selected))"},
     ]
+
+
+def _policy(name: str, variables: list[dict[str, str]], validations: list[dict[str, str]],
+            param_kind: str | None) -> list[dict[str, Any]]:
+    spec: dict[str, Any] = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{
+            "apiGroups": [c.GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+            "resources": [c.PLURAL]}]},
+        "variables": variables, "validations": validations}
+    binding: dict[str, Any] = {"policyName": name, "validationActions": ["Deny"]}
+    if param_kind is not None:
+        spec = {"failurePolicy": "Fail", "paramKind": {"apiVersion": c.API_VERSION, "kind": param_kind}, **spec}
+        # Every runtime of the kind is a param; each validation picks the one(s) that apply. No runtime at all:
+        # nothing to check.
+        binding["paramRef"] = {"selector": {}, "parameterNotFoundAction": "Allow"}
+    return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+             "metadata": {"name": name}, "spec": spec},
+            {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+             "metadata": {"name": name}, "spec": binding}]
+
+
+def live_policy(kind: str) -> list[dict[str, Any]]:
+    """Jobs that have not started, against the runtimes of `kind` as they are now."""
+    who = f"'{kind} ' + params.metadata.name"
+    validations = []
+    if kind == c.CLUSTER_RUNTIME_KIND:
+        validations.append({
+            "expression": "!(variables.live && variables.named) || variables.selected",
+            "messageExpression": f"'spec.runtimeRef: ' + {who} + ' may not be used in namespace ' + "
+                                 "request.namespace + ': its spec.namespaceSelector does not match the labels of "
+                                 "the namespace; name a runtime this namespace may use, or ask a cluster admin to "
+                                 "label the namespace'",
+            "reason": "Forbidden"})
+    validations.append(combined("variables.applies", checks("params.spec.limits", present("params.spec.limits"),
+                                                            who)))
+    return _policy(POLICY_NAME[kind], _live_variables(kind) + value_variables("params.spec.template"), validations,
+                   kind)
+
+
+def snapshot_policy() -> list[dict[str, Any]]:
+    """Jobs that have started, against the runtime recorded in their status (each layer's limits as recorded)."""
+    validations = []
+    for i in range(MAX_LAYERS):
+        layer = f"{SNAPSHOT}.layers[{i}]"
+        who = f"{layer}.kind + ' ' + {layer}.name + ' as recorded when the job started'"
+        validations.append(combined(f"variables.recorded && size({SNAPSHOT}.layers) > {i}",
+                                    checks(f"{layer}.limits", "true", who)))
+    variables = [{"name": "recorded", "expression": RECORDED}] + value_variables(f"{SNAPSHOT}.template")
+    return _policy(SNAPSHOT_POLICY, variables, validations, None)
 
 
 def policies() -> list[dict[str, Any]]:
-    """Both policies and their bindings, as the chart installs them."""
-    docs: list[dict[str, Any]] = []
-    for kind, name in POLICY_NAME.items():
-        docs.append({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "paramKind": {"apiVersion": c.API_VERSION, "kind": kind},
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [c.GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
-                    "resources": [c.PLURAL]}]},
-                "variables": variables(kind),
-                "validations": validations(kind),
-            }})
-        docs.append({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"],
-                     # Every runtime of the kind is a param; each validation picks the one(s) that apply. No
-                     # runtime at all: nothing to check.
-                     "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}})
-    return docs
+    """Every policy on jobs and its binding, as the chart installs them."""
+    from .runtime_object_policy import policies as runtime_object_policies
+
+    docs = [doc for kind in POLICY_NAME for doc in live_policy(kind)]
+    return docs + snapshot_policy() + runtime_object_policies()
 
 
 def chart_template() -> str:
