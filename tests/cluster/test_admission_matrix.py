@@ -455,3 +455,196 @@ def test_every_field_every_path_every_role_is_refused_naming_why_or_is_harmless(
     seen = {r for key in outcomes for r in key.removeprefix("refused: ").split("/")}
     assert {"rbac", "strategic", "unknown", "immutable", "selector", "limits", "identity", "secrets"} <= seen, outcomes
     assert outcomes.get("admitted (harmless)", 0) > 0
+
+
+# --- the runtimes themselves ----------------------------------------------------------------------------------------
+TEMPLATES = {"nothing": {}, "2 nodes": {"distributed": {"numNodes": 2}}, "2 GPUs a node": {"distributed": {
+    "gpusPerNode": 2}}, "fsdp": {"distributed": {"strategy": "fsdp"}}, "a long deadline": {"runPolicy": {
+        "activeDeadlineSeconds": 999999}}, "a claim": {"pod": {"volumes": [CLAIM_VOLUME]}},
+    "an image": {"pod": {"image": "registry.local/team:1"}}, "a queue": {"queueName": "team-q"}}
+LIMITS = {"none": {}, "4 GPUs": {"maxGpusPerJob": 4}, "1 node": {"maxNodes": 1}, "deepspeed only": {
+    "allowedStrategies": ["deepspeed"]}, "a day": {"maxActiveDeadlineSeconds": 86400}, "team claims": {
+        "allowedClaims": ["team-data"]}, "image locked": {"locked": ["pod.image", "queueName"]}}
+
+
+def test_a_runtime_whose_template_breaks_its_own_limits_is_refused_as_the_operator_says(world, kubectl):
+    """Every template x every limit, both kinds, at `kubectl apply` (dry run as a cluster admin): refused exactly
+    when the operator would call the runtime invalid (api/runtime.py), every broken limit in one message."""
+    from finetune_operator.api.runtime import parse_runtime
+
+    ns, apis, _ = world
+    admin = TenantApi(apis["edit"].kubeconfig)
+    checked = 0
+    for (t_name, template), (l_name, limits) in ((t, lim) for t in TEMPLATES.items() for lim in LIMITS.items()):
+        for kind in ("ClusterFineTuneRuntime", "FineTuneRuntime"):
+            doc = {"apiVersion": "finetunejob.dev/v1alpha1", "kind": kind,
+                   "metadata": {"name": "probe", **({"namespace": ns} if kind == "FineTuneRuntime" else {})},
+                   "spec": {"template": template, "limits": limits}}
+            plural = "finetuneruntimes" if kind == "FineTuneRuntime" else "clusterfinetuneruntimes"
+            where = f"/apis/finetunejob.dev/v1alpha1/{f'namespaces/{ns}/' if kind == 'FineTuneRuntime' else ''}{plural}"
+            answer = admin.request("POST", where, doc, query=TenantApi.DRY)
+            _, errors = parse_runtime(doc)
+            case = f"{kind} with {t_name} under {l_name}"
+            assert answer.admitted == (not errors), (case, answer.message, errors)
+            for error in errors:  # every broken limit, in one message
+                limit = re.search(r"limits\.\w+", error.message)[0]
+                assert f"breaks its own {limit}" in answer.message, (case, answer.message)
+            checked += 1
+    assert checked == 2 * len(TEMPLATES) * len(LIMITS)
+
+
+LAYERED_CLUSTER = runtime("matrix-layered-platform", {"distributed": {"gpusPerNode": 2}},
+                          {"maxGpusPerJob": 4, "maxActiveDeadlineSeconds": 86400, "locked": ["pod.image"]},
+                          default=True, selector={"matchLabels": {"finetunejob.dev/layering": "yes"}})
+
+
+@pytest.fixture(scope="module")
+def layering_namespace(kubectl, world):
+    ns = "admission-layering"
+    kubectl.run("create", "namespace", ns)
+    kubectl.run("label", "namespace", ns, "finetunejob.dev/layering=yes")
+    _apply(kubectl, LAYERED_CLUSTER)
+    yield ns
+    kubectl.run("delete", "clusterfinetuneruntime", LAYERED_CLUSTER["metadata"]["name"], "--ignore-not-found")
+    kubectl.run("delete", "namespace", ns, "--wait=false")
+
+
+def test_a_namespace_default_layered_over_the_cluster_default_is_refused_at_apply_when_invalid(
+        kubectl, world, layering_namespace):
+    """Every template x every limit of a namespace's default FineTuneRuntime, over a cluster default: refused exactly
+    where api/runtime_layers.py layering_errors says (the layered template breaks either runtime's limits, sets a
+    locked field, or splits the GPU shape so that the API server could not check a job's GPUs exactly)."""
+    from finetune_operator.api.runtime_layers import layering_errors
+
+    ns = layering_namespace
+    admin = TenantApi(world[1]["edit"].kubeconfig)
+    where = f"/apis/finetunejob.dev/v1alpha1/namespaces/{ns}/finetuneruntimes"
+
+    def team(template: dict, limits: dict) -> dict:
+        return {"apiVersion": "finetunejob.dev/v1alpha1", "kind": "FineTuneRuntime",
+                "metadata": {"name": "team-default", "namespace": ns},
+                "spec": {"default": True, "template": template, "limits": limits}}
+
+    probe = team({"pod": {"image": "x:1"}}, {})
+    _until(lambda: not admin.request("POST", where, probe, query=TenantApi.DRY).admitted,
+           "the cluster default never reached the layering policy")
+    refused = 0
+    for (t_name, template), (l_name, limits) in ((t, lim) for t in TEMPLATES.items() for lim in LIMITS.items()):
+        doc = team(template, limits)
+        answer = admin.request("POST", where, doc, query=TenantApi.DRY)
+        errors = layering_errors(LAYERED_CLUSTER, doc)
+        from finetune_operator.api.runtime import parse_runtime
+
+        own = parse_runtime(doc)[1]  # its own template against its own limits: the other policy's
+        case = f"a namespace default with {t_name} under {l_name}"
+        assert answer.admitted == (not errors and not own), (case, answer.message, errors, own)
+        refused += not answer.admitted
+        if errors and not own:
+            assert any(e.path in answer.message or re.search(r"limits\.\w+", e.message)[0] in answer.message
+                       for e in errors), (case, answer.message, errors)
+    assert 0 < refused < len(TEMPLATES) * len(LIMITS)
+
+
+def test_under_an_admitted_namespace_default_the_api_server_judges_a_job_as_the_operator_does(
+        kubectl, world, layering_namespace):
+    """The issue: a job under a namespace default layered over the cluster default was admitted and failed ~10 s
+    later as InvalidSpec. Every namespace default the layering policy admits x every shape and deadline of a job:
+    the API server refuses exactly the jobs the operator would fail."""
+    from finetune_operator.api.runtime_layers import layering_errors
+
+    ns = layering_namespace
+    edit = world[1]["edit"]
+    bind(kubectl, ns, "eddie", "edit")
+    wait_can(kubectl, "eddie", ns, "create", FTJ)
+    shapes = [{}, {"numNodes": 2}, {"gpusPerNode": 1}, {"gpusPerNode": 4}, {"numNodes": 2, "gpusPerNode": 1},
+              {"numNodes": 3, "gpusPerNode": 2}]
+    deadlines = [None, 3600, 999999]
+    teams = [({}, {}), ({"runPolicy": {"activeDeadlineSeconds": 7200}}, {}), ({}, {"maxNodes": 1}),
+             ({"runPolicy": {"activeDeadlineSeconds": 3600}}, {"maxActiveDeadlineSeconds": 7200}),
+             ({"distributed": {"strategy": "fsdp"}}, {"allowedStrategies": ["fsdp"]})]
+    # Each namespace default locks a field of its own: a job setting it is refused once the policies see that
+    # default, and admitted once they no longer see the one before.
+    markers = [("nodeSelector", {"a": "b"}), ("tolerations", [{"key": "x", "operator": "Exists"}]),
+               ("priorityClassName", "high"), ("env", [{"name": "A", "value": "b"}]),
+               ("affinity", {"nodeAffinity": {}})]
+
+    def marked(i: int) -> dict:
+        field, value = markers[i]
+        return lean(f"marker-{i}", ns, pod={field: value})
+
+    compared = 0
+    for i, (template, limits) in enumerate(teams):
+        team = {"apiVersion": "finetunejob.dev/v1alpha1", "kind": "FineTuneRuntime",
+                "metadata": {"name": f"team-default-{i}", "namespace": ns},
+                "spec": {"default": True, "template": template,
+                         "limits": {**limits, "locked": [f"pod.{markers[i][0]}"]}}}
+        assert not layering_errors(LAYERED_CLUSTER, team), team  # admitted: the ones this test is about
+        _apply(kubectl, team)
+        try:
+            _until(lambda i=i: not edit.create(marked(i)).admitted and (i == 0 or edit.create(marked(i - 1)).admitted),
+                   "the namespace default never reached the policies")
+            for shape, deadline in ((s, d) for s in shapes for d in deadlines):
+                job = lean(f"j-{compared}", ns, distributed=shape) if shape else lean(f"j-{compared}", ns)
+                if deadline is None:
+                    job["spec"].pop("runPolicy")
+                else:
+                    job["spec"]["runPolicy"] = {"activeDeadlineSeconds": deadline}
+                operator_says = resolve_offline(job, [LAYERED_CLUSTER, team],
+                                                lambda: {"finetunejob.dev/layering": "yes"})
+                answer = edit.create(job)
+                case = (template, limits, shape, deadline)
+                if operator_says.errors:
+                    assert not answer.admitted, (case, operator_says.errors)
+                elif not answer.admitted:
+                    # The one refusal the operator would not make: the cluster default requires a deadline and only
+                    # the namespace default sets one; the job must say it (docs/concepts/runtimes.md).
+                    assert deadline is None and "activeDeadlineSeconds is unset" in answer.message, (
+                        case, answer.message)
+                compared += 1
+        finally:
+            kubectl.run("delete", "finetuneruntime", team["metadata"]["name"], "-n", ns, "--ignore-not-found")
+    assert compared == len(teams) * len(shapes) * len(deadlines)
+
+
+SELECTORS = [{}, {"matchLabels": {"team": "a"}}, {"matchLabels": {"team": "a", "tier": "gold"}},
+             {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]},
+             {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["a"]}]},
+             {"matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+             {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
+             {"matchLabels": {"team": "b"}, "matchExpressions": [{"key": "tier", "operator": "NotIn",
+                                                                  "values": ["gold"]}]}]
+NAMESPACE_LABELS = [{}, {"team": "a"}, {"team": "a", "tier": "gold"}, {"team": "b", "tier": "silver"}]
+
+
+def test_a_cluster_runtimes_namespace_selector_means_at_apply_what_it_means_to_the_operator(kubectl, world):
+    """Every selector x every namespace's labels: a job naming the runtime is refused at apply exactly where the
+    operator's selector (api/selectors.py, metav1.LabelSelector's meaning) does not match."""
+    from finetune_operator.api.runtime_layers import allowed_in
+
+    edit = world[1]["edit"]
+    namespaces = [f"admission-selector-{i}" for i in range(len(NAMESPACE_LABELS))]
+    runtimes = [runtime(f"matrix-selector-{i}", {}, {}, selector=s) for i, s in enumerate(SELECTORS)]
+    try:
+        for ns, labels in zip(namespaces, NAMESPACE_LABELS, strict=True):
+            kubectl.run("create", "namespace", ns)
+            if labels:
+                kubectl.run("label", "namespace", ns, *(f"{k}={v}" for k, v in labels.items()))
+            bind(kubectl, ns, "eddie", "edit")
+        _apply(kubectl, *runtimes)
+        for ns in namespaces:
+            wait_can(kubectl, "eddie", ns, "create", FTJ)
+        last = lean("probe", namespaces[0], runtimeRef={"name": runtimes[-1]["metadata"]["name"]})
+        _until(lambda: not edit.create(last).admitted, "the runtimes never reached the admission policies")
+        for (ns, labels), rt in ((n, r) for n in zip(namespaces, NAMESPACE_LABELS, strict=True) for r in runtimes):
+            full = {**labels, "kubernetes.io/metadata.name": ns}
+            allowed = allowed_in(rt, ns, lambda: full) is None  # noqa: B023 (called at once)
+            answer = edit.create(lean("probe", ns, runtimeRef={"name": rt["metadata"]["name"]}))
+            assert answer.admitted == allowed, (rt["spec"].get("namespaceSelector"), labels, answer.message)
+            if not allowed:
+                assert f"ClusterFineTuneRuntime {rt['metadata']['name']} may not be used in namespace {ns}" in \
+                    answer.message
+    finally:
+        for rt in runtimes:
+            kubectl.run("delete", "clusterfinetuneruntime", rt["metadata"]["name"], "--ignore-not-found")
+        for ns in namespaces:
+            kubectl.run("delete", "namespace", ns, "--wait=false")
