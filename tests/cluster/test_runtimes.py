@@ -6,6 +6,7 @@ never changes a job that started; the namespace default is layered over the clus
 
 import contextlib
 import json
+import time
 
 import pytest
 
@@ -196,3 +197,55 @@ def test_kubectl_explain_documents_runtimes_and_the_merge_order(kubectl):
     ref = kubectl.run("explain", "finetunejob.spec.runtimeRef").stdout
     assert "runtime template < this spec" in " ".join(ref.split()), ref
     assert "finetuneruntimes" in kubectl.run("api-resources", "--api-group=finetunejob.dev").stdout
+
+
+EVIL = "docker.io/evil/miner:latest"
+SMALL = runtime("gpu-small", template={"pod": {"image": "registry.local/trainer:small"},
+                                       "distributed": {"gpusPerNode": 2}},
+                limits={"locked": ["pod.image"], "maxGpusPerJob": 4})
+
+
+def test_no_update_gets_a_running_job_around_its_limits_and_a_tightened_runtime_locks_no_one_out(
+        kubectl, operator, tenant):
+    """The issue's patch (runtimeRef removed, 3 nodes x 8 GPUs, another image, in one JSON patch) is refused, with
+    or without the runtimeRef part; after the admin tightens the runtime, the tenant still suspends, edits within the
+    limits the job started with, and resumes: attempt 2 runs that edit with the recorded template."""
+    ns = tenant
+    with runtimes(kubectl, SMALL):
+        as_tenant(kubectl, TENANT, "apply", "-f", "-",
+                  input=json.dumps(lean_job("small", ns, runtimeRef={"name": "gpu-small"})))
+        st = wait_status(kubectl, ns, "small", lambda s: s.get("phase") == "Running", operator, timeout=90)
+        bypass = [{"op": "remove", "path": "/spec/runtimeRef"},
+                  {"op": "add", "path": "/spec/distributed", "value": {"numNodes": 3, "gpusPerNode": 8}},
+                  {"op": "add", "path": "/spec/pod", "value": {"image": EVIL}}]
+        for patch, said in ((bypass, ["spec.runtimeRef is immutable"]),
+                            (bypass[1:], ["3 nodes x 8 GPUs = 24: ClusterFineTuneRuntime gpu-small as recorded when "
+                                          "the job started allows limits.maxGpusPerJob = 4",
+                                          "spec.pod.image: the trainer image is locked"])):
+            refused = as_tenant(kubectl, TENANT, "patch", "ftj", "small", "-n", ns, "--type=json", "-p",
+                                json.dumps(patch), check=False)
+            assert refused.returncode != 0 and all(s in refused.stderr for s in said), refused.stderr
+
+        # Tightened: a new job may have 2 GPUs, this one (recorded: 4) goes on to ask for 2 nodes x 2.
+        tightened = runtime("gpu-small", template=SMALL["spec"]["template"],
+                            limits={"locked": ["pod.image"], "maxGpusPerJob": 2})
+        kubectl.run("apply", "-f", "-", input=json.dumps(tightened))
+        probe = lean_job("probe", ns, runtimeRef={"name": "gpu-small"}, distributed={"numNodes": 2})
+        deadline = time.monotonic() + 30  # the admission policies see the edit shortly after
+        while "limits.maxGpusPerJob = 2" not in as_tenant(kubectl, TENANT, "apply", "--dry-run=server", "-f", "-",
+                                                          input=json.dumps(probe), check=False).stderr:
+            assert time.monotonic() < deadline, "the tightened runtime never reached admission"
+            time.sleep(0.5)
+        for patch in ({"spec": {"suspend": True}}, {"spec": {"distributed": {"numNodes": 2},
+                                                             "runPolicy": {"backoffLimit": 2}}}):
+            as_tenant(kubectl, TENANT, "patch", "ftj", "small", "-n", ns, "--type=merge", "-p", json.dumps(patch))
+        wait_status(kubectl, ns, "small", lambda s: s.get("phase") == "Suspended", operator, timeout=60)
+        as_tenant(kubectl, TENANT, "patch", "ftj", "small", "-n", ns, "--type=merge", "-p",
+                  '{"spec": {"suspend": false}}')
+        resumed = wait_status(kubectl, ns, "small", lambda s: s.get("attempt") == 2 and s.get("phase") == "Running",
+                              operator, timeout=90)
+        assert resumed["runtime"] == st["runtime"]  # generation 1, maxGpusPerJob 4, as recorded
+        job = kubectl.json("get", "job", "small-a2", "-n", ns)
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        assert (job["spec"]["parallelism"], container["image"], container["resources"]["limits"]["nvidia.com/gpu"]) \
+            == (2, "registry.local/trainer:small", "2")
