@@ -211,3 +211,126 @@ def test_the_job_crd_leaves_runtime_sections_undefaulted():
     gpus = spec["distributed"]["properties"]["gpusPerNode"]
     assert "default" not in gpus and gpus["description"].endswith("Default: 1.")
     assert spec["method"]["default"] == {}  # sections a runtime does not own keep theirs
+
+
+# --- what a started job is judged against, and which runtimes a namespace may use ----------------------------------
+def started(doc, runtimes_now):
+    """The job as the operator recorded it when it started under `runtimes_now`."""
+    from finetune_operator.api.runtime_layers import recorded
+
+    snapshot = resolve_offline(doc, runtimes_now).snapshot
+    return lambda edited: recorded(edited, snapshot)
+
+
+def test_a_started_job_is_judged_by_the_limits_it_recorded_never_by_the_runtime_now():
+    small = runtime("small", template={"distributed": {"gpusPerNode": 2}, "pod": {"image": "t:1"}},
+                    limits={"locked": ["pod.image"], "maxGpusPerJob": 4})
+    doc = job(**{"spec.runtimeRef": {"name": "small"}})
+    judge = started(doc, [small])
+    assert resolve_offline(doc, [small]).snapshot["layers"][0]["limits"] == small["spec"]["limits"]
+    within = judge(job(**{"spec.runtimeRef": {"name": "small"}, "spec.distributed": {"numNodes": 2}}))
+    assert within.errors == [] and validate_job(within.obj).spec.total_gpus == 4
+    past = judge(job(**{"spec.runtimeRef": {"name": "small"}, "spec.distributed": {"numNodes": 3, "gpusPerNode": 8},
+                        "spec.pod": {"image": "evil:1"}}))
+    assert sorted(e.path for e in past.errors) == ["spec.distributed", "spec.pod.image"]
+    assert any("ClusterFineTuneRuntime small allows limits.maxGpusPerJob = 4" in e.message for e in past.errors)
+    # Without its runtimeRef (the CRD refuses that; the operator would not care): the same record, the same answer.
+    gone = judge(job(**{"spec.distributed": {"numNodes": 3, "gpusPerNode": 8}}))
+    assert [e.path for e in gone.errors] == ["spec.distributed"]
+
+
+def test_a_record_without_limits_from_an_older_operator_limits_nothing():
+    from finetune_operator.api.runtime_layers import recorded
+
+    snapshot = resolve_offline(job(**{"spec.runtimeRef": {"name": "small"}}),
+                               [runtime("small", limits={"maxNodes": 1})]).snapshot
+    for layer in snapshot["layers"]:
+        del layer["limits"]
+    assert recorded(job(**{"spec.distributed": {"numNodes": 3}}), snapshot).errors == []
+
+
+@pytest.mark.parametrize("case", ["maxNodes", "maxGpusPerJob", "allowedStrategies", "maxActiveDeadlineSeconds",
+                                  "allowedClaims"])
+def test_a_runtime_whose_template_breaks_its_own_limits_is_invalid(case):
+    from finetune_operator.api.runtime import parse_runtime
+
+    claim = {"name": "x", "mountPath": "/x", "claimName": "theirs"}
+    limits, breaking, within = {
+        "maxNodes": ({"maxNodes": 2}, {"distributed": {"numNodes": 3}}, {"distributed": {"numNodes": 2}}),
+        "maxGpusPerJob": ({"maxGpusPerJob": 8}, {"distributed": {"gpusPerNode": 16}},
+                          {"distributed": {"numNodes": 2, "gpusPerNode": 4}}),
+        "allowedStrategies": ({"allowedStrategies": ["fsdp"]}, {"distributed": {"strategy": "ddp"}}, {}),
+        "maxActiveDeadlineSeconds": ({"maxActiveDeadlineSeconds": 60}, {"runPolicy": {"activeDeadlineSeconds": 61}},
+                                     {"runPolicy": {"activeDeadlineSeconds": 60}}),
+        "allowedClaims": ({"allowedClaims": ["ours"]}, {"pod": {"volumes": [claim]}},
+                          {"output": {"claimName": "ours"}}),
+    }[case]
+    spec, errors = parse_runtime(runtime("r", template=breaking, limits=limits))
+    assert spec is None and len(errors) == 1 and f"breaks its own limits.{case}" in errors[0].message, errors
+    assert errors[0].path.startswith("spec.template.")
+    assert parse_runtime(runtime("r", template=within, limits=limits))[1] == []
+    missing = resolve_offline(job(**{"spec.runtimeRef": {"name": "r"}}), [runtime("r", template=breaking,
+                                                                                  limits=limits)]).missing
+    assert missing.startswith("ClusterFineTuneRuntime r is invalid: spec.template."), missing
+
+
+def test_a_cluster_runtime_is_used_only_where_its_namespace_selector_matches():
+    from finetune_operator.api.runtime_layers import RUNTIME_NOT_ALLOWED
+
+    research = runtime("research", default=True, limits={"maxNodes": 1})
+    research["spec"]["namespaceSelector"] = {"matchLabels": {"team": "research"}}
+    reads = []
+
+    def labels_of(labels):
+        return lambda: reads.append(1) or labels
+
+    named = job(**{"spec.runtimeRef": {"name": "research"}})
+    refused = resolve_offline(named, [research], labels_of({"team": "web"}))
+    assert refused.reason == RUNTIME_NOT_ALLOWED and "may not be used in namespace team-a" in refused.missing
+    assert "(team=research)" in refused.missing
+    assert resolve_offline(named, [research], labels_of({"team": "research"})).snapshot["name"] == "research"
+    # As the default: only where it matches; elsewhere a job has no runtime (and no limit) at all.
+    assert resolve_offline(job(), [research], labels_of({"team": "web"})).snapshot is None
+    assert resolve_offline(job(), [research], labels_of({"team": "research"})).snapshot["name"] == "research"
+    # A runtime without a selector never makes anyone read the namespace.
+    reads.clear()
+    resolve_offline(named, [runtime("research")], labels_of({}))
+    assert reads == []
+
+
+def test_selector_requirements_mean_what_kubernetes_says():
+    from pydantic import ValidationError
+
+    from finetune_operator.api.selectors import LabelSelector, describe, matches
+
+    sel = LabelSelector.model_validate({"matchExpressions": [
+        {"key": "tier", "operator": "NotIn", "values": ["gold"]}, {"key": "legacy", "operator": "DoesNotExist"}]},
+        by_alias=True)
+    assert matches(sel, {}) and matches(sel, {"tier": "silver"}) and not matches(sel, {"tier": "gold"})
+    assert not matches(sel, {"legacy": ""}) and describe(sel) == "tier notin (gold),!legacy"
+    for bad in ({"key": "a", "operator": "In"}, {"key": "a", "operator": "Exists", "values": ["x"]}):
+        with pytest.raises(ValidationError):
+            LabelSelector.model_validate({"matchExpressions": [bad]}, by_alias=True)
+
+
+def test_a_namespace_default_that_admission_could_not_check_exactly_is_refused():
+    from finetune_operator.api.runtime_layers import layering_errors
+
+    platform = runtime("platform", default=True, template={"distributed": {"gpusPerNode": 2}},
+                       limits={"maxGpusPerJob": 8, "locked": ["pod.image"]})
+
+    def team(template, limits=None):
+        return runtime("team", kind="FineTuneRuntime", namespace="team-a", default=True, template=template,
+                       limits=limits)
+
+    assert layering_errors(platform, team({"runPolicy": {"activeDeadlineSeconds": 60}})) == []
+    paths = {name: [e.path for e in layering_errors(platform, t)] for name, t in {
+        "a locked image": team({"pod": {"image": "mine:1"}}),
+        "a GPU shape split between the two": team({"distributed": {"numNodes": 2}}),
+        "its own GPU limit without the cluster's shape": team({}, {"maxGpusPerJob": 4}),
+        "a layered strategy it does not allow": team({}, {"allowedStrategies": ["fsdp"]}),
+    }.items()}
+    assert paths == {"a locked image": ["spec.template.pod.image"],
+                     "a GPU shape split between the two": ["spec.template.distributed"],
+                     "its own GPU limit without the cluster's shape": ["spec.template.distributed"],
+                     "a layered strategy it does not allow": []}, paths
