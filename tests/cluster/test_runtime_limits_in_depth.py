@@ -10,7 +10,7 @@ import pytest
 
 from finetune_operator.api import constants as c
 from tests.cluster.test_runtimes import EVIL, SMALL, attempt_image, lean_job, runtime, runtimes
-from tests.cluster.test_tenancy import events
+from tests.support.events import wait_events
 from tests.support.job_status import wait_status
 
 pytestmark = pytest.mark.cluster
@@ -38,7 +38,7 @@ def test_an_edit_past_the_recorded_limits_fails_the_job_before_an_attempt_is_mad
     for said in ("spec.distributed: ClusterFineTuneRuntime gpu-small allows limits.maxGpusPerJob = 4",
                  "spec.pod.image: the trainer image is locked by ClusterFineTuneRuntime gpu-small"):
         assert said in failed["message"], failed["message"]
-    (event,) = events(kubectl, ns, "small", "InvalidSpec")
+    (event,) = wait_events(kubectl, ns, name="small", reason="InvalidSpec", op=operator)
     assert event["type"] == "Warning" and "limits.maxGpusPerJob = 4" in event["message"]
     # No attempt was ever made from the edit: every Job of the job is attempt 1's (1 node, the runtime's image).
     jobs = kubectl.json("get", "jobs", "-n", ns, "-l", f"{c.LABEL_JOB}=small")["items"]
@@ -59,7 +59,7 @@ def test_a_namespace_outside_a_runtimes_selector_waits_until_an_admin_labels_it(
         st = wait_status(kubectl, ns, "gated", lambda s: s.get("reason") == "RuntimeNotAllowed", operator)
         assert st["phase"] == "Pending" and (f"ClusterFineTuneRuntime research-only may not be used in namespace {ns}"
                                              in st["message"]) and "team in (research)" in st["message"], st
-        (event,) = events(kubectl, ns, "gated", "RuntimeNotAllowed")
+        (event,) = wait_events(kubectl, ns, name="gated", reason="RuntimeNotAllowed", op=operator)
         assert event["type"] == "Warning"
         assert kubectl.run("get", "job", "gated-a1", "-n", ns, check=False).returncode != 0
         kubectl.run("label", "namespace", ns, "team=research")
