@@ -63,6 +63,8 @@ def test_a_namespace_outside_a_runtimes_selector_waits_until_an_admin_labels_it(
         assert event["type"] == "Warning"
         assert kubectl.run("get", "job", "gated-a1", "-n", ns, check=False).returncode != 0
         kubectl.run("label", "namespace", ns, "team=research")
+        # The operator looks again every 30 s, and at once on any change of the job: touched, not to wait here.
+        kubectl.run("annotate", "ftj", "gated", "-n", ns, "example.com/touched=1")
         st = wait_status(kubectl, ns, "gated", lambda s: s.get("phase") == "Running", operator, timeout=90)
         assert st["runtime"]["name"] == "research-only"
 
