@@ -56,6 +56,8 @@ def judge(obj: dict[str, Any], template: dict[str, Any], layers: list[Layer]) ->
     errors: list[FieldError] = []
     for kind, name, limits in layers:
         errors += effective_job(obj, kind, name, template, limits)[1]
+    if not layers:
+        return merged, errors  # nothing to limit: the plan validates the job once, as for any job
     try:
         job = validate_job(merged)
     except InvalidSpec:
