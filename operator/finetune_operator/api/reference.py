@@ -61,14 +61,15 @@ def spec_reference() -> str:
 
 
 def runtime_reference() -> str:
-    from .runtime import FineTuneRuntimeSpec
+    from .runtime import ClusterFineTuneRuntimeSpec
 
     lines = ["# FineTuneRuntime and ClusterFineTuneRuntime spec", "",
              "Generated from the API models by `./hack/generate.sh`; the same descriptions appear in "
              "`kubectl explain clusterfinetuneruntime.spec`. The template's sections are the FineTuneJob's "
-             "([spec](spec.md)) with every field optional. How they are used: [Runtimes](../concepts/runtimes.md).",
+             "([spec](spec.md)) with every field optional. How they are used: [Runtimes](../concepts/runtimes.md). "
+             "`spec.namespaceSelector` is the ClusterFineTuneRuntime's only.",
              "", "| field | type | default | description |", "|---|---|---|---|"]
-    return "\n".join(lines + _rows(FineTuneRuntimeSpec, "spec")) + "\n"
+    return "\n".join(lines + _rows(ClusterFineTuneRuntimeSpec, "spec")) + "\n"
 
 
 def values_reference() -> str:
