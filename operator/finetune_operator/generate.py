@@ -107,9 +107,9 @@ def write_all(root: Path) -> None:
     (chart / "values.yaml").write_text(values_yaml())
     for name, page in PAGES.items():
         (root / "docs" / "reference" / name).write_text(page())
-    from .render import job_rights_policy, runtime_policy
+    from .render import job_rights_policy, runtime_admission
 
-    (chart / "templates" / "admission-policy-runtimes.yaml").write_text(runtime_policy.chart_template())
+    (chart / "templates" / "admission-policy-runtimes.yaml").write_text(runtime_admission.chart_template())
     (chart / "templates" / "admission-policy-identity.yaml").write_text(job_rights_policy.chart_template())
 
 

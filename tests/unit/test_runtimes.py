@@ -19,7 +19,7 @@ from finetune_operator.api.runtime import (
 from finetune_operator.api.runtime_layers import resolve_offline
 from finetune_operator.api.validation import validate_job
 from finetune_operator.cli.main import main, validate_with_runtimes
-from finetune_operator.render.runtime_policy import chart_template
+from finetune_operator.render.runtime_admission import chart_template
 from tests.builders import make_job
 from tests.conftest import ROOT
 

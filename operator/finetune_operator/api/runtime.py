@@ -19,15 +19,15 @@ from pydantic import Field, ValidationError
 from .base import ApiModel
 from .distributed import DistributedSpec
 from .errors import FieldError
-from .k8s_names import DnsSubdomain
 from .output import CheckpointSpec, OutputSpec
 from .resources import PodSpec, ResourcesSpec
 from .run_policy import RunPolicy
+from .runtime_ref import RuntimeKind, RuntimeRef  # noqa: F401 - RuntimeRef: part of this module's API
 from .selectors import LabelSelector
 from .storage import S3Spec
 from .tracking import TrackingSpec
+from .validation import pydantic_errors
 
-RuntimeKind = Literal["FineTuneRuntime", "ClusterFineTuneRuntime"]
 # Spec sections a runtime may give defaults for (camelCase, as in the manifest).
 TEMPLATE_SECTIONS = ("pod", "resources", "distributed", "s3", "output", "checkpoints", "runPolicy", "tracking")
 # Fields an admin may lock: path in the job's spec (or "queueName", the Kueue queue label) -> what it is.
@@ -53,12 +53,6 @@ LockableField = Literal[
     "distributed.gpusPerNode", "s3", "queueName"]
 MethodName = Literal["full", "lora", "qlora", "freeze"]
 StrategyName = Literal["ddp", "fsdp", "deepspeed"]
-
-
-class RuntimeRef(ApiModel):
-    kind: RuntimeKind = Field(default="ClusterFineTuneRuntime", description="ClusterFineTuneRuntime (cluster-wide, "
-                              "set by the platform team) or FineTuneRuntime (in the job's namespace).")
-    name: DnsSubdomain = Field(description="The runtime's name.")
 
 
 class RuntimeTemplate(ApiModel):
@@ -127,7 +121,6 @@ class ClusterFineTuneRuntimeSpec(FineTuneRuntimeSpec):
 def parse_runtime(obj: dict[str, Any]) -> tuple[FineTuneRuntimeSpec | None, list[FieldError]]:
     """A runtime object's spec, or its errors (paths from `spec`): its schema, and a template that breaks the
     runtime's own limits (every lean job using it would be refused)."""
-    from .validation import pydantic_errors
 
     model = ClusterFineTuneRuntimeSpec if obj.get("kind") == "ClusterFineTuneRuntime" else FineTuneRuntimeSpec
     try:

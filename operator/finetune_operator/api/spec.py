@@ -17,7 +17,7 @@ from .model import ModelSpec
 from .output import CheckpointSpec, OutputSpec
 from .resources import PodSpec, ResourcesSpec
 from .run_policy import RunPolicy
-from .runtime import RuntimeRef
+from .runtime_ref import RuntimeRef
 from .storage import S3Spec, is_s3, valid_s3_uri
 from .tracking import TrackingSpec
 from .training import TrainingSpec

@@ -19,8 +19,6 @@ What a job is judged against (as the operator judges it, api/runtime_layers.py):
 
 from typing import Any
 
-import yaml
-
 from ..api import constants as c
 from ..api.runtime import LOCKABLE
 
@@ -227,19 +225,3 @@ def snapshot_policy() -> list[dict[str, Any]]:
                                     checks(f"{layer}.limits", "true", who)))
     variables = [{"name": "recorded", "expression": RECORDED}] + value_variables(f"{SNAPSHOT}.template")
     return _policy(SNAPSHOT_POLICY, variables, validations, None)
-
-
-def policies() -> list[dict[str, Any]]:
-    """Every policy on jobs and its binding, as the chart installs them."""
-    from .runtime_object_policy import policies as runtime_object_policies
-
-    docs = [doc for kind in POLICY_NAME for doc in live_policy(kind)]
-    return docs + snapshot_policy() + runtime_object_policies()
-
-
-def chart_template() -> str:
-    """templates/admission-policy-runtimes.yaml of the chart (on unless runtimes.limitsAtAdmission is false)."""
-    body = "---\n".join(yaml.safe_dump(doc, sort_keys=False, width=120) for doc in policies())
-    return ("# Generated from finetune_operator/render/runtime_policy.py by ./hack/generate.sh; do not edit by hand.\n"
-            "{{- if .Values.runtimes.limitsAtAdmission }}\n" + body.replace(RELEASE, "{{ .Release.Name }}")
-            + "{{- end }}\n")
