@@ -8,7 +8,6 @@ test_cluster_training_processes.py with both as local processes from this checko
 the fast mode, for a machine without podman). Each module defines the `runtime` fixture."""
 
 import json
-import os
 import random
 import re
 import shutil
@@ -19,11 +18,11 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.support.containers import ContainerPodRunner, OperatorContainer, built_images
+from tests.support.chart_operator import start_installed_operator
+from tests.support.containers import ContainerPodRunner, built_images
 from tests.support.controlplane import free_port
 from tests.support.events import wait_events
 from tests.support.hub_server import StandInHub
-from tests.support.operator_process import OperatorProcess
 from tests.support.pod_runner import PodRunner
 
 RELEASE, SYSTEM_NS = "ftj-e2e", "finetunejob-e2e"
@@ -41,22 +40,6 @@ def helm_install(control_plane, kubectl, *values: str) -> dict:
     return kubectl.json("get", "deployment", f"{RELEASE}-operator", "-n", SYSTEM_NS)
 
 
-def ports_of_its_own(deployment: dict) -> dict:
-    """The Deployment with free ports for its container's health and metrics endpoints (in its args, env and
-    ports, probes follow by name). In a cluster each pod has its own network; `podman --network host` shares this
-    machine's, where the other containers module's operator may be listening at the same time."""
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    for port in container.get("ports", []):
-        old, new = port["containerPort"], free_port()
-        port["containerPort"] = new
-        container["args"] = [f"{a[:-len(str(old))]}{new}" if a.startswith("--") and a.endswith(f"={old}") else a
-                             for a in container.get("args", [])]
-        for env in container.get("env", []):
-            if env.get("value") == str(old):
-                env["value"] = str(new)
-    return deployment
-
-
 @pytest.fixture(scope="module")
 def chart_operator(runtime, control_plane, kubectl, tmp_path_factory):
     """helm install, then the operator under the chart's ServiceAccount: the chart's Deployment as a container from
@@ -65,22 +48,11 @@ def chart_operator(runtime, control_plane, kubectl, tmp_path_factory):
     if runtime == "containers":
         operator_image, trainer_image = built_images()
         repository, tag = operator_image.rsplit(":", 1)
-        deployment = helm_install(control_plane, kubectl, f"image.repository={repository}", f"image.tag={tag}",
-                                  f"trainerImage={trainer_image}", "restartBackoffSeconds=1")
+        helm_install(control_plane, kubectl, f"image.repository={repository}", f"image.tag={tag}",
+                     f"trainerImage={trainer_image}", "restartBackoffSeconds=1")
     else:
         helm_install(control_plane, kubectl)
-    token = kubectl.run("create", "token", f"{RELEASE}-operator", "-n", SYSTEM_NS, "--duration=2h").stdout.strip()
-    if runtime == "containers":
-        # A name per pytest-xdist worker: starting a container removes any of the same name, and two workers may
-        # each run a containers module at once (their own control planes, one podman).
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        op = OperatorContainer(ports_of_its_own(deployment), token, control_plane, workdir,
-                               name=f"{RELEASE}-operator-{worker}").start()
-    else:
-        config = yaml.safe_load(control_plane.kubeconfig.read_text())
-        config["users"] = [{"name": "admin", "user": {"token": token}}]
-        (workdir / "kubeconfig").write_text(yaml.safe_dump(config))
-        op = OperatorProcess(workdir / "kubeconfig", control_plane.work / "operator-e2e.log", restart_backoff=1).start()
+    op = start_installed_operator(runtime, control_plane, kubectl, workdir, RELEASE, SYSTEM_NS)
     yield op
     op.stop()
     subprocess.run([str(control_plane.bin_dir / "helm"), "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait"],

@@ -139,12 +139,14 @@ class ContainerPodRunner(PodRunner):
         termination.chmod(0o666)
         args += ["--volume", f"{termination}:{container.get('terminationMessagePath', c.TERMINATION_MESSAGE_PATH)}"]
         env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.cp.api_port),
-               # This machine's limits, not the pod's: no Hub to reach, two cores for every container.
-               "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+               # This machine's limits, not the pod's: no Hub to reach (unless a stand-in is named), two cores for
+               # every container.
+               **self._network(), "OMP_NUM_THREADS": "1"}
         for item in container["env"]:
             value = expand(item["value"], env) if "value" in item else self._value_from(pod, item)
             if value is not None:
                 env[item["name"]] = value
+        self._own_port(pod, env)
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
         master = env[c.ENV_PET_MASTER_ADDR]

@@ -1,5 +1,8 @@
 """A stand-in for the Hugging Face Hub's HTTP API (no Hub here): the endpoints huggingface_hub's create_repo,
-create_branch and upload_folder call, with the Hub's status codes, so the real client library runs unchanged.
+create_branch and upload_folder call, and those its downloads call (hf_hub_download's HEAD and GET of
+/<repo>/resolve/<revision>/<file>, model_info, list_repo_tree), with the Hub's status codes and headers, so the real
+client library runs unchanged. `serve_model(repo_id, directory)` publishes a local model under a Hub id: the tests
+point HF_ENDPOINT here and the pages' commands name the real id.
 
 Files are taken as regular (base64 in the commit), never LFS. `unavailable` answers every request with 503 (the
 client retries some requests itself, not repository creation); `refuse` answers every write with 403; a wrong token
@@ -14,8 +17,10 @@ import hashlib
 import json
 import re
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -51,6 +56,16 @@ class StandInHub:
     def files(self, repo: str, revision: str = "main") -> dict[str, bytes]:
         return self.repos[repo].branches[revision]
 
+    def serve_model(self, repo_id: str, directory: Path, private: bool = False) -> None:
+        """Every file under `directory` as the main branch of a (public) model repository `repo_id`."""
+        files = {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*"))
+                 if p.is_file()}
+        self.repos[repo_id] = Repo(private=private, branches={"main": files})
+
+    def downloads(self) -> list[str]:
+        """The files the clients fetched (GET of /<repo>/resolve/<revision>/<file>), in order."""
+        return [r.split(" ", 1)[1] for r in self.requests if r.startswith("GET ") and "/resolve/" in r]
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         hub = self
 
@@ -60,14 +75,18 @@ class StandInHub:
             def log_message(self, *args: Any) -> None:  # the test reads hub.requests instead
                 pass
 
+            def do_HEAD(self) -> None:
+                hub.requests.append(f"HEAD {self.path}")
+                self._read(body=False)
+
             def do_GET(self) -> None:
                 hub.requests.append(f"GET {self.path}")
+                if self.path.split("?")[0] != "/api/whoami-v2":
+                    return self._read(body=True)
                 if hub.unavailable:
                     return self._send(503, {"error": "Service Unavailable"})
                 if self.headers.get("Authorization") != f"Bearer {hub.token}":
                     return self._send(401, {"error": "Invalid credentials in Authorization header"})
-                if self.path.split("?")[0] != "/api/whoami-v2":
-                    return self._send(404, {"error": "Not Found"})
                 return self._send(200, {"type": "user", "name": "acme", "auth": {
                     "type": "access_token", "accessToken": {"displayName": "ci", "role": hub.role}}})
 
@@ -149,12 +168,80 @@ class StandInHub:
                 return self._send(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid,
                                         "success": True})
 
-            def _send(self, status: int, doc: dict[str, Any]) -> None:
+            # --- reads: what from_pretrained, hf_hub_download and snapshot_download ask -------------------
+            def _read(self, body: bool) -> None:
+                if hub.unavailable:
+                    return self._send(503, {"error": "Service Unavailable"}, body=body)
+                auth = self.headers.get("Authorization")
+                if auth is not None and auth != f"Bearer {hub.token}":
+                    return self._send(401, {"error": "Invalid credentials in Authorization header"}, body=body)
+                path = urllib.parse.unquote(self.path.split("?")[0])
+                m = (re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+                     or re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/(?:revision|tree)/([^/]+))?(/.*)?", path))
+                if m is None:
+                    return self._send(404, {"error": "Not Found"}, body=body)
+                repo_id, revision = m.group(1), m.group(2) or "main"
+                repo = hub.repos.get(repo_id)
+                if repo is None or (repo.private and auth is None):  # the Hub does not say which
+                    return self._send(401, {"error": "Repository not found"}, body=body,
+                                      headers={"X-Error-Code": "RepoNotFound"})
+                files = self._revision(repo, revision)
+                if files is None:
+                    return self._send(404, {"error": f"Invalid rev id: {revision}"}, body=body,
+                                      headers={"X-Error-Code": "RevisionNotFound"})
+                sha = _commit_sha(files)
+                if "/resolve/" in path:
+                    return self._file(files, m.group(3), sha, body)
+                if "/tree/" in path:
+                    prefix = (m.group(3) or "").strip("/")
+                    entries = [{"type": "file", "path": name, "size": len(data), "oid": _sha1(data)}
+                               for name, data in sorted(files.items())
+                               if not prefix or name.startswith(prefix + "/")]
+                    return self._send(200, entries, body=body)
+                return self._send(200, {"id": repo_id, "modelId": repo_id, "sha": sha, "private": repo.private,
+                                        "siblings": [{"rfilename": name} for name in sorted(files)]}, body=body)
+
+            def _revision(self, repo: Repo, revision: str) -> dict[str, bytes] | None:
+                if revision in repo.branches:
+                    return repo.branches[revision]
+                return next((files for files in repo.branches.values() if _commit_sha(files) == revision), None)
+
+            def _file(self, files: dict[str, bytes], name: str, sha: str, body: bool) -> None:
+                if name not in files:
+                    return self._send(404, {"error": "Entry not found"}, body=body,
+                                      headers={"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha})
+                data = files[name]
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("ETag", f'"{_sha1(data)}"')
+                self.send_header("X-Repo-Commit", sha)
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+            def _send(self, status: int, doc: Any, body: bool = True, headers: dict[str, str] | None = None
+                      ) -> None:
                 data = json.dumps(doc).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
                 self.end_headers()
-                self.wfile.write(data)
+                if body:
+                    self.wfile.write(data)
 
         return Handler
+
+
+def _sha1(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+def _commit_sha(files: dict[str, bytes]) -> str:
+    """A revision's commit id: a digest of its files, so the same content is the same commit."""
+    digest = hashlib.sha1()
+    for name, data in sorted(files.items()):
+        digest.update(name.encode() + b"\0" + _sha1(data).encode())
+    return digest.hexdigest()

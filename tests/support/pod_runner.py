@@ -7,6 +7,11 @@ trainer reads it, and node 0's DNS name resolving to 127.0.0.1. When a pod is de
 SIGTERM, then SIGKILL after the grace period; when it exits, the pod status gets the exit code and the termination
 message.
 
+The test kubelet also stands in for the cluster's network where a test asks it to: `network_env` gives every
+container variables such as HF_ENDPOINT (a local Hub; without it, HF_HUB_OFFLINE=1 keeps pods off the Hub), and
+`own_ports` gives each job's rendezvous a free port of this machine (pods here share its network, where the port a
+spec names, e.g. the default 29500, may be taken by another test's pods), so a spec runs as written.
+
 Two ways to run a container: `PodRunner` starts it as a local process from this checkout (mount paths rewritten to
 the local directories; fast), `ContainerPodRunner` runs the pod's image with podman (tests/support/containers.py):
 the real image, mounts at their pod paths, the pod's user, groups and read-only root.
@@ -29,7 +34,7 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 from finetune_operator.cli.processes import kill_tree
-from tests.support.controlplane import ROOT
+from tests.support.controlplane import ROOT, free_port
 from tests.support.pod_status import terminated
 
 DEFAULT_GRACE_SECONDS = 30.0  # the kubelet's: SIGTERM, then SIGKILL after the pod's terminationGracePeriodSeconds
@@ -74,8 +79,11 @@ def write_service_account(directory: Path, token: str, ca: Path, namespace: str)
 
 
 class PodRunner:
-    def __init__(self, kubectl, control_plane, namespace: str, workdir: Path):
+    def __init__(self, kubectl, control_plane, namespace: str, workdir: Path, network_env: dict[str, str] | None = None,
+                 own_ports: bool = False):
         self.kubectl, self.cp, self.namespace, self.workdir = kubectl, control_plane, namespace, workdir
+        self.network_env, self.own_ports = dict(network_env or {}), own_ports
+        self.ports: dict[str, int] = {}  # job name -> the free port its rendezvous gets (own_ports)
         self.processes: dict[str, Any] = {}  # pod name -> LocalProcess or a podman container
         self.reported: set[str] = set()
         self.terminating: dict[str, float] = {}
@@ -166,19 +174,31 @@ class PodRunner:
         self._write_config_maps(pod, container, mounts, rewrite=mounts)
         env = {"PATH": os.environ["PATH"], "HOME": str(root), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")]),
-               "FINETUNE_TERMINATION_LOG": str(root / "termination-log"), "HF_HUB_OFFLINE": "1",
+               "FINETUNE_TERMINATION_LOG": str(root / "termination-log"), **self._network(),
                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.cp.api_port),
                "FINETUNE_SERVICEACCOUNT_DIR": str(self._service_account(pod, root))}
         for item in container["env"]:
             value = remap(expand(item["value"], env), mounts) if "value" in item else self._value_from(pod, item)
             if value is not None:
                 env[item["name"]] = value
+        self._own_port(pod, env)
         env["PET_MASTER_ADDR"] = "127.0.0.1"  # the headless-Service name of node 0, resolved as DNS would
         env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "finetunejob" / "torch_extensions")
         argv = [sys.executable if arg == "python" else remap(arg, mounts) for arg in container["command"]]
         log = open(root / "log", "ab")  # noqa: SIM115 - owned by the process
         return LocalProcess(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True))
+
+    def _network(self) -> dict[str, str]:
+        """What this machine's network gives a container: no Hub (HF_HUB_OFFLINE) unless a stand-in is named."""
+        return self.network_env if "HF_ENDPOINT" in self.network_env else {"HF_HUB_OFFLINE": "1",
+                                                                             **self.network_env}
+
+    def _own_port(self, pod: dict[str, Any], env: dict[str, str]) -> None:
+        """own_ports: the job's rendezvous on a free port of this machine, the same for every pod of the job."""
+        if self.own_ports and c.ENV_PET_MASTER_PORT in env:
+            job = pod["metadata"]["labels"][c.LABEL_JOB]
+            env[c.ENV_PET_MASTER_PORT] = str(self.ports.setdefault(job, free_port()))
 
     def _service_account(self, pod: dict[str, Any], root: Path) -> Path:
         # Bound to the pod, as a kubelet's projected token is: the chart's admission policy reads the pod name.
