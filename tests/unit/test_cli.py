@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from finetune_operator.cli.main import EXIT_INVALID, EXIT_OK, EXIT_USAGE, apply_overrides, main
@@ -220,6 +221,33 @@ def test_a_local_run_of_a_gpu_job_on_a_machine_without_enough_gpus_says_which_fi
             "NVIDIA GPU(s) are visible; fix: --set spec.distributed.gpusPerNode=0") in out
     assert not started and not (tmp_path / "run").exists()
     assert "claimName" not in out  # a local run has no pods to lose an emptyDir with
+
+
+@pytest.mark.parametrize("absent", ["torch", "trl", "matplotlib", "torch+transformers"])
+def test_a_local_run_without_the_trainers_packages_says_what_to_install_and_starts_nothing(tmp_path, capsys,
+                                                                                          monkeypatch, absent):
+    """`pip install .` without the trainer extra: validate and render work; run names the missing packages and the
+    extra, instead of a node failing with ModuleNotFoundError and "run the same command again to resume"."""
+    import importlib.util
+
+    from finetune_operator.api import exit_codes
+    from finetune_operator.cli import local_run
+
+    real = importlib.util.find_spec
+    missing = absent.split("+")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    started = []
+    monkeypatch.setattr(local_run, "start_nodes", lambda *a, **k: started.append(a))
+    assert main(["validate", TINY]) == EXIT_OK and main(["render", TINY]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["run", TINY, "--output", str(tmp_path / "run")]) == exit_codes.CONFIG_ERROR
+    out = capsys.readouterr().out
+    assert f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed" in out, out
+    assert "pip install '.[trainer]'" in out and "resume" not in out
+    assert not started and not (tmp_path / "run").exists()
+    assert local_run.missing_trainer_packages() is not None
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert local_run.missing_trainer_packages() is None  # this venv has them all
 
 
 def test_the_trainers_warnings_and_notes_are_printed_once_each_as_they_come(tmp_path):

@@ -4,6 +4,7 @@ artists (what is drawn, with which data) and on the PNG written."""
 import json
 import math
 
+import pytest
 from PIL import Image
 
 from finetune_trainer.outputs.plot import (
@@ -12,6 +13,7 @@ from finetune_trainer.outputs.plot import (
     RESTART,
     TRAIN,
     loss_figure,
+    model_label,
     read_progress,
     restarts,
     write_loss_plot,
@@ -80,3 +82,22 @@ def test_nothing_to_draw_writes_nothing_and_a_diverged_loss_is_left_out(tmp_path
     assert not (tmp_path / "a.png").exists() and not (tmp_path / "b.png").exists()
     figure = loss_figure([{"step": 1, "loss": 2.0}, {"step": 2, "loss": float("inf")}], "t")
     assert list(lines_by_label(figure)["training loss"].get_xdata()) == [1]
+
+
+@pytest.mark.parametrize(("name", "label"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("gpt2", "gpt2"),
+    ("/tmp/pytest-of-root/pytest-3/tiny-model0/tiny-llama", "tiny-llama"),
+    ("/models/tiny-llama/", "tiny-llama"),
+    ("./runs/models/tiny-llama", "tiny-llama"),
+    ("s3://models/qwen2.5-7b-instruct", "qwen2.5-7b-instruct"),
+    ("s3://models/", "models"),
+], ids=["hub-id", "hub-name", "tmp-path", "trailing-slash", "relative", "bucket", "bucket-root"])
+def test_the_title_names_the_model_without_the_directories_it_sits_in(name, label):
+    assert model_label(name) == label
+
+
+def test_a_relative_directory_that_exists_is_a_path_not_a_hub_id(tmp_path, monkeypatch):
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert model_label("org/model") == "model"

@@ -55,6 +55,26 @@ def visible_gpus(dev: Path = Path("/dev")) -> int:
     return min(count, len(devices))
 
 
+# What the trainer imports in every run (pyproject's `trainer` extra has them; the image too). Checked by name, without
+# importing them (torch alone takes seconds), so a `pip install .` without the extra is told what to install rather
+# than seeing a node fail with ModuleNotFoundError.
+TRAINER_PACKAGES = ("torch", "transformers", "accelerate", "peft", "datasets", "trl", "matplotlib")
+TRAINER_INSTALL = "pip install 'finetunejob[trainer]' (from a checkout: pip install '.[trainer]')"
+
+
+def missing_trainer_packages(find_spec: Any = None) -> str | None:
+    """Why the trainer cannot run here (its packages are not installed), with the fix; None when it can."""
+    import importlib.util
+
+    find_spec = find_spec or importlib.util.find_spec
+    missing = [name for name in TRAINER_PACKAGES if find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"finetune run trains on this machine with the trainer's packages, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed in {sys.prefix}; fix: {TRAINER_INSTALL}. "
+            "finetune validate, render and crd need none of them.")
+
+
 def gpu_shortfall(job: ValidatedJob, available: int) -> str | None:
     """Why this machine cannot run the job's GPU processes, with the fix; None when it can. A pod gets its GPUs
     from the scheduler, a local run only has this machine's."""
@@ -262,7 +282,7 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
                and e["name"] not in os.environ]
     for name in missing:  # no Secrets here: the shell's variable of the same name stands in for each
         print(f"warning: {name} comes from a Secret in a cluster; set it in this shell for a local run", file=out)
-    shortfall = gpu_shortfall(job, visible_gpus())
+    shortfall = missing_trainer_packages() or gpu_shortfall(job, visible_gpus())
     if shortfall is not None:
         print(shortfall, file=out, flush=True)
         return exit_codes.CONFIG_ERROR

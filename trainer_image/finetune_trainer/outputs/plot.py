@@ -15,6 +15,17 @@ TRAIN, EVAL, RATE, MARGIN, ACCURACY, RESTART = "#1f77b4", "#ff7f0e", "#7f7f7f", 
 SIZE_INCHES, DPI = (9.6, 5.4), 100  # 960 x 540, the size a README or a notebook shows whole
 
 
+def model_label(name: str) -> str:
+    """How a plot's title names the model: a Hub id as it is, a directory or a bucket prefix by its last part
+    (the title is read beside the run: /tmp/pytest-of-root/.../tiny-llama says nothing that tiny-llama does not)."""
+    scheme, sep, rest = name.partition("://")
+    local = not sep and (name.startswith(("/", "./", "../", "~")) or Path(name).is_dir())
+    if local or sep:
+        last = (rest if sep else name).rstrip("/").rsplit("/", 1)[-1]
+        return last or name
+    return name
+
+
 def read_progress(path: Path) -> list[dict[str, Any]]:
     """The step records of progress.jsonl (the data preparation's heartbeat has no step)."""
     if not path.exists():

@@ -25,10 +25,10 @@ def preference_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
 
 def loss_plot(cfg: TrainerConfig) -> dict[str, str]:
     """loss.png in the output directory, from progress.jsonl; a plot that cannot be drawn never fails a run."""
-    from finetune_trainer.outputs.plot import read_progress, write_loss_plot
+    from finetune_trainer.outputs.plot import model_label, read_progress, write_loss_plot
 
     try:
-        title = f"{cfg.job_name}: {cfg.spec.model.name} ({cfg.spec.method.type})"
+        title = f"{cfg.job_name}: {model_label(cfg.spec.model.name)} ({cfg.spec.method.type})"
         path = write_loss_plot(read_progress(cfg.output_dir / c.PROGRESS_FILE), cfg.output_dir / "loss.png", title)
     except (OSError, ValueError, ImportError) as exc:  # ImportError: an image without matplotlib
         log.warning("loss.png not written: %s", exc)
