@@ -1,6 +1,7 @@
 """docs/getting-started/first-cluster-job.md, run as written: every ```bash block of the page, verbatim, in order,
 against the test control plane, each block's output compared with the ```text block the page shows after it
-(tests/support/doc_commands.py). A page whose commands or output drift from the code fails here.
+(tests/support/doc_commands.py); then the install page's commands for a cluster (INSTALL_SECTIONS). A page whose
+commands or output drift from the code fails here.
 
 Run twice, by two modules that take the case from here: test_getting_started_processes.py (the operator and the
 pods as processes from this checkout) and test_getting_started_containers.py (the chart's operator Deployment and
@@ -18,6 +19,7 @@ the trainer pods from our images). What stands in for a real cluster, and nothin
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -36,6 +38,10 @@ from tests.support.pod_runner import PodRunner
 from tests.support.provisioner import StandInProvisioner
 
 PAGE = ROOT / "docs" / "getting-started" / "first-cluster-job.md"
+# Run after the page, in what it made: the install page's commands for a cluster (its pip and docker commands are
+# the quick start's test's and the page's own).
+INSTALL = ROOT / "docs" / "operations" / "install.md"
+INSTALL_SECTIONS = ("Prerequisites", "Claims and the Hub token the examples use")
 REGISTRY = "localhost/finetunejob-docs"
 # The page's model: TRL's tiny test model, which TRL's own tests load with the transformers we pin.
 HUB_MODEL = "trl-internal-testing/tiny-Qwen2ForCausalLM-2.5"
@@ -72,13 +78,15 @@ def shell_env(control_plane, kubectl, tmp_path: Path, images: dict[str, str]) ->
     path = os.pathsep.join([str(bin_dir), str(control_plane.bin_dir), str(Path(sys.executable).parent),
                             os.environ["PATH"]])
     return {**kubectl.env, "PATH": path, "HOME": str(home), "DOCKER_STAND_IN_LOG": str(tmp_path / "docker.log"),
-            "DOCKER_STAND_IN_IMAGES": json.dumps(images)}
+            "DOCKER_STAND_IN_IMAGES": json.dumps(images),
+            "HF_TOKEN": "hf_reader_token"}  # what install.md asks the reader to set
 
 
 def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_model, tmp_path):
-    steps = doc_commands.steps(PAGE)
-    (namespace,) = page_value(steps, r"kubectl create namespace (\S+)")
-    release, system_ns = page_value(steps, r"helm install (\S+) \S+ --namespace (\S+)")
+    steps = [(PAGE, s) for s in doc_commands.steps(PAGE)]
+    steps += [(INSTALL, s) for heading in INSTALL_SECTIONS for s in doc_commands.steps(INSTALL, heading)]
+    (namespace,) = page_value([s for _, s in steps], r"kubectl create namespace (\S+)")
+    release, system_ns = page_value([s for _, s in steps], r"helm install (\S+) \S+ --namespace (\S+)")
     images = dict(zip(("operator", "trainer"), built_images(), strict=True)) if runtime == "containers" else {}
     env = shell_env(control_plane, kubectl, tmp_path, images)
     runner_class = ContainerPodRunner if runtime == "containers" else PodRunner
@@ -88,11 +96,11 @@ def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_
                          own_ports=True) as runner:
         hub.serve_model(HUB_MODEL, hub_model)
         try:
-            for step in steps:
+            for page, step in steps:
                 commands = step.commands.replace("<your registry>", REGISTRY)
                 proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=ROOT, env=env,
                                       capture_output=True, text=True, timeout=STEP_TIMEOUT)
-                where = f"{PAGE.name}:{step.line}"
+                where = f"{page.name}:{step.line}"
                 assert proc.returncode == 0, (f"{where} exited {proc.returncode}:\n{commands}\n{proc.stdout}\n"
                                               f"{proc.stderr}\n{_tails(operator, runner, provisioner)}")
                 if step.expected is not None:
@@ -104,8 +112,11 @@ def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_
             # What the page promises beyond its printed output: the model came from the Hub by its id, and the
             # adapter is on the claim.
             assert f"/{HUB_MODEL}/resolve/" in " ".join(hub.downloads()), hub.requests
-            final = tmp_path / "pvc" / "finetune-shared" / "tiny-sft" / "final"
+            final = tmp_path / "pvc" / "tiny-sft-output" / "tiny-sft" / "final"
             assert (final / "adapter_model.safetensors").is_file(), sorted(final.parent.glob("*"))
+            # install.md's Secret: the token by reference, as the examples read it.
+            secret = kubectl.json("get", "secret", "hf-token", "-n", namespace)
+            assert base64.b64decode(secret["data"]["token"]).decode() == env["HF_TOKEN"]
             assert not runner.errors and not provisioner.errors, (runner.errors, provisioner.errors)
         finally:
             if operator is not None:

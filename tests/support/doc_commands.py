@@ -47,9 +47,20 @@ def blocks(text: str) -> list[tuple[str, str, int]]:
     return found
 
 
-def steps(page: Path) -> list[Step]:
-    """The page's bash blocks in order, each with the text block that follows it, if any."""
-    found = blocks(page.read_text())
+def section(text: str, heading: str) -> tuple[str, int]:
+    """The part of a page under `## heading` (up to the next heading of that level), and the number of lines
+    before it."""
+    lines = text.splitlines()
+    start = lines.index(f"## {heading}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join(lines[start:end]) + "\n", start
+
+
+def steps(page: Path, heading: str | None = None) -> list[Step]:
+    """The page's bash blocks in order (under `## heading` only, when given), each with the text block that
+    follows it, if any."""
+    text, offset = section(page.read_text(), heading) if heading else (page.read_text(), 0)
+    found = [(lang, content, line + offset) for lang, content, line in blocks(text)]
     result = []
     for k, (lang, content, line) in enumerate(found):
         if lang != "bash":

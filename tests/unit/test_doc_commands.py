@@ -51,6 +51,15 @@ def test_steps_are_the_bash_blocks_with_the_text_block_after_each(tmp_path):
     assert [s.line for s in steps] == [5, 15, 25]  # the opening fences
 
 
+def test_a_section_is_the_blocks_under_its_heading_with_their_lines_in_the_page(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n## One\n\n```bash\na\n```\n\n## Two\n\n```bash\nb\n```\n\n```text\nB\n```\n"
+                    "\n## Three\n\n```bash\nc\n```\n")
+    assert [(s.commands, s.expected, s.line) for s in doc_commands.steps(page, "Two")] == [("b\n", "B\n", 11)]
+    with pytest.raises(ValueError):
+        doc_commands.steps(page, "Four")
+
+
 @pytest.mark.parametrize(("expected", "actual"), [
     ("tiny-sft   Succeeded   1/1   0   100   11.84   0m00s   Succeeded   2m5s",
      "tiny-sft Succeeded 1/1 0 100 5.2741 0m03s Succeeded 31s"),
