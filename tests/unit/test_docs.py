@@ -58,6 +58,32 @@ def test_every_chart_value_has_a_description():
     assert _undescribed(schema, "values") == []
 
 
+def _leaves(node, path=""):
+    """Every leaf path of a values document (an empty mapping or a list is a leaf)."""
+    if isinstance(node, dict) and node:
+        return [leaf for key, child in node.items() for leaf in _leaves(child, f"{path}.{key}".lstrip("."))]
+    return [path]
+
+
+def test_the_chart_values_page_shows_each_values_real_default():
+    """Each default on docs/reference/chart-values.md is the one in the chart's values.yaml, which Helm uses: the
+    runtime catalogue's entries differ from each other (cpuSmall maxNodes 2, gpu8x 8 and its node selector)."""
+    import json
+    from functools import reduce
+
+    values = yaml.safe_load((ROOT / "charts" / "finetunejob" / "values.yaml").read_text())
+    page = (ROOT / "docs" / "reference" / "chart-values.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| (?:\\\||[^|])+ \| `(.*?)` \|", page, re.M)
+    shown = {path: json.loads(default) for path, default in rows}
+    for path, default in shown.items():
+        assert reduce(lambda node, key: node[key], path.split("."), values) == default, path
+    uncovered = [leaf for leaf in _leaves(values) if not any(leaf == p or leaf.startswith(p + ".") for p in shown)]
+    assert uncovered == []
+    assert shown["runtimes.catalogue.cpuSmall.maxNodes"] == 2 and shown["runtimes.catalogue.gpu8x.maxNodes"] == 8
+    assert shown["runtimes.catalogue.gpu8x.nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert shown["resources.requests"] == {"cpu": "100m", "memory": "256Mi"}
+
+
 def test_the_site_builds_in_strict_mode(tmp_path):
     """Every page in the nav exists, every link and anchor resolves, no page is left out of the nav."""
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],

@@ -76,8 +76,7 @@ class CatalogueEntry(_Values):
     enabled: bool = Field(default=False, description="Install this ClusterFineTuneRuntime.")
     default: bool = Field(default=False, description="Mark it the cluster default (jobs without spec.runtimeRef "
                           "use it); at most one entry should be.")
-    image: str = Field(default="", description="Trainer image; empty: the chart's trainerImage (with -cpu for "
-                       "cpu-small when it has no digest).")
+    image: str = Field(default="", description="Trainer image; empty: the chart's trainerImage.")
     queueName: str = Field(default="", description="Kueue LocalQueue its jobs go to; empty: none.")
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Where its pods run.")
     maxNodes: int = Field(default=1, ge=1, le=4096, description="limits.maxNodes.")
