@@ -10,6 +10,7 @@ import yaml
 
 from finetune_operator.api.reference import PAGES
 from finetune_operator.cli.reference import cli_reference
+from finetune_operator.reference_pages import PAGES as OBJECT_PAGES
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -24,11 +25,12 @@ def test_the_readme_is_a_front_door_that_starts_with_the_two_commands():
     assert "./hack/test.sh" in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
 
 
-@pytest.mark.parametrize("name", [*PAGES, "cli.md", "metrics.md"])
+@pytest.mark.parametrize("name", [*PAGES, *OBJECT_PAGES, "cli.md", "metrics.md"])
 def test_reference_pages_are_generated(name):
     from finetune_operator.controller.metrics_reference import metrics_reference
 
-    page = PAGES[name]() if name in PAGES else cli_reference() if name == "cli.md" else metrics_reference()
+    pages = {**PAGES, **OBJECT_PAGES, "cli.md": cli_reference, "metrics.md": metrics_reference}
+    page = pages[name]()
     assert (ROOT / "docs" / "reference" / name).read_text() == page, "run ./hack/generate.sh"
 
 

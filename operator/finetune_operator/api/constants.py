@@ -17,25 +17,33 @@ CLUSTER_RUNTIME_KIND: Final = "ClusterFineTuneRuntime"
 CLUSTER_RUNTIME_PLURAL: Final = "clusterfinetuneruntimes"
 CLUSTER_RUNTIME_SHORT_NAMES: Final = ["cftr"]
 
-# Standard recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels).
+# Kubernetes' recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels), each
+# with the comment docs/reference/labels.md shows for it.
+
+# Always finetunejob.
 LABEL_NAME: Final = "app.kubernetes.io/name"
+# The FineTuneJob's name.
 LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+# What the object is to the job: config, rendezvous (the headless Service), network, trainer, trainer-identity.
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+# Always finetunejob-operator: the objects the operator created.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+# Always finetunejob.
 LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 APP_NAME: Final = "finetunejob"
 MANAGED_BY: Final = "finetunejob-operator"
 
-# Our own labels: selectors for the headless Service and for finding an attempt's pods.
+# The FineTuneJob's name: selects the job's objects (kubectl get pods -l finetunejob.dev/job-name=NAME) and the
+# headless Service's pods.
 LABEL_JOB: Final = f"{GROUP}/job-name"
+# The attempt (1 for the first run, 0 for the preflight): selects one attempt's pods; the trainer reads it.
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
-LABEL_ROLE: Final = f"{GROUP}/role"
 
+KUEUE_PREFIX: Final = "kueue.x-k8s.io/"
 # Kueue admits a workload by flipping spec.suspend; it finds workloads by this label. Every label and annotation
 # under its prefix on a FineTuneJob (queue name, priority class, ...) is copied to the attempt's Job.
-KUEUE_PREFIX: Final = "kueue.x-k8s.io/"
 LABEL_KUEUE_QUEUE: Final = f"{KUEUE_PREFIX}queue-name"
-# A gang restart hands the admitted Workload of the failed attempt to the next one (controller/queueing.py).
+# A gang restart hands the admitted Workload of the failed attempt to the next one (the queued Job names it).
 LABEL_KUEUE_PREBUILT: Final = f"{KUEUE_PREFIX}prebuilt-workload-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
@@ -46,6 +54,7 @@ ANNOTATION_SUSPENDED: Final = f"{GROUP}/suspended-by-operator"
 
 # The Indexed Job controller writes each pod's completion index into this annotation; node rank comes from it.
 ANNOTATION_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+# The digest of the whole spec the attempt was rendered from.
 ANNOTATION_SPEC_HASH: Final = f"{GROUP}/spec-hash"
 # The digest of what an attempt was rendered from (the spec less runPolicy and suspend, which apply at once): an
 # edit of anything else applies from the next attempt, and resuming a suspended job with such an edit starts one.
