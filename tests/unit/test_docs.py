@@ -93,3 +93,55 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "not included in the \"nav\"" not in proc.stderr, proc.stderr
     assert (tmp_path / "reference" / "spec" / "index.html").exists()
+
+
+PAGES_MD = sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"])
+LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+[.)])\s+\S")
+
+
+def lists_glued_to_a_paragraph(text: str) -> list[int]:
+    """Lines where a list starts right under a paragraph line: Python-Markdown (mkdocs) needs a blank line there
+    and prints the items as literal "- " text inside the paragraph; GitHub renders a list, so only the site shows
+    it. Strict mode does not catch it."""
+    faults, in_list, fenced, previous = [], False, False, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            previous = line
+            continue
+        if fenced:
+            continue
+        if LIST_ITEM.match(line):
+            glued = previous.strip() and not in_list and not previous.lstrip().startswith(("#", "|", "<", "!!!"))
+            if glued:
+                faults.append(number)
+            in_list = True
+        elif line.strip().startswith("#") or (line.strip() and not previous.strip() and not line.startswith(" ")):
+            in_list = False  # a heading, or a paragraph after a blank line, ends a list
+        previous = line
+    return faults
+
+
+def test_the_list_check_finds_a_list_glued_to_a_paragraph():
+    assert lists_glued_to_a_paragraph("Text:\n- a\n- b\n") == [2]
+    assert lists_glued_to_a_paragraph("Text:\n\n- a\n  more\n- b\n\n1. one\n2. two\n") == []
+    assert lists_glued_to_a_paragraph("- a\n\n  indented\n- b\n") == []
+    assert lists_glued_to_a_paragraph("```\nx\n- a\n```\n") == []
+    assert lists_glued_to_a_paragraph("- a\n\nParagraph.\n- b\n") == [4]
+
+
+@pytest.mark.parametrize("page", PAGES_MD, ids=[p.relative_to(ROOT).as_posix() for p in PAGES_MD])
+def test_no_list_is_glued_to_a_paragraph(page):
+    assert lists_glued_to_a_paragraph(page.read_text()) == []
+
+
+CITED = re.compile(r"(?<![\w/.-])((?:tests|benchmarks|hack|examples|charts|docs|operator|trainer_image|requirements)"
+                   r"/[\w./-]*\.(?:py|sh|yaml|json|md|txt|lock|png))\b")
+OTHER_PROJECTS_FILES = {"examples/llama-3/README.md"}  # axolotl's, in results.md's comparison
+
+
+@pytest.mark.parametrize("page", PAGES_MD, ids=[p.relative_to(ROOT).as_posix() for p in PAGES_MD])
+def test_every_file_a_page_cites_exists(page):
+    """A page that cites a test file, a script or an example as evidence names one that is there."""
+    cited = {m.group(1) for m in CITED.finditer(page.read_text())} - OTHER_PROJECTS_FILES
+    assert sorted(path for path in cited if not (ROOT / path).exists() and not any(ROOT.glob(path))) == []
