@@ -22,7 +22,9 @@ from tests.conftest import ROOT
 
 DASHBOARD = ROOT / "charts" / "finetunejob" / "dashboards" / "finetunejob-operator.json"
 BACKGROUND, PANEL, TEXT, GRID = "#111217", "#181b1f", "#ccccdc", "#2c3235"
-PALETTE = ["#73bf69", "#f2cc0c", "#8ab8ff", "#ff780a", "#f2495c", "#5794f2", "#b877d9", "#fade2a"]
+# Grafana's classic palette (the first sixteen): a series without a fixed colour takes the next one no override took.
+PALETTE = ["#7EB26D", "#EAB839", "#6ED0E0", "#EF843C", "#E24D42", "#1F78C1", "#BA43A9", "#705DA0", "#508642",
+           "#CCA300", "#447EBC", "#C15C17", "#890F02", "#0A437C", "#6D1F62", "#584477"]
 
 
 class Scraper:
@@ -85,6 +87,25 @@ def with_unit(value: float, unit: str) -> str:
     return f"{value:.3g}"
 
 
+def fixed_colours(panel: dict) -> dict[str, str]:
+    """Series name -> the colour a panel's overrides fix for it (Grafana's byName matcher, fixed colour mode)."""
+    colours = {}
+    for override in panel.get("fieldConfig", {}).get("overrides", []):
+        if override["matcher"]["id"] == "byName":
+            for prop in override["properties"]:
+                if prop["id"] == "color" and prop["value"].get("mode") == "fixed":
+                    colours[override["matcher"]["options"]] = prop["value"]["fixedColor"]
+    return colours
+
+
+def series_colours(panel: dict, names: list[str]) -> dict[str, str]:
+    """As Grafana colours a panel's series: a fixed colour where an override gives one, else the palette's next
+    colour that no override took."""
+    fixed = fixed_colours(panel)
+    free = iter([c for c in PALETTE if c not in fixed.values()] * len(names))
+    return {name: fixed.get(name) or next(free) for name in names}
+
+
 def draw(dashboard: dict, results: dict[str, dict], path: Path, title_suffix: str = "") -> None:
     """The dashboard as Grafana lays it out: gridPos columns of 1/24 of the width, rows of 30 px."""
     import matplotlib
@@ -136,9 +157,10 @@ def draw(dashboard: dict, results: dict[str, dict], path: Path, title_suffix: st
             plot.text(0.5, 0.5, "No data", transform=plot.transAxes, ha="center", va="center", color=TEXT,
                       fontsize=14)
             continue
-        for i, (name, points) in enumerate(sorted(lines)):
+        colours = series_colours(panel, [name for name, _ in sorted(lines)])
+        for name, points in sorted(lines):
             times = [datetime.fromtimestamp(t / 1000, tz=UTC) for t, _ in points]
-            plot.plot(times, [v for _, v in points], color=PALETTE[i % len(PALETTE)], linewidth=1.6, label=name)
+            plot.plot(times, [v for _, v in points], color=colours[name], linewidth=1.6, label=name)
         plot.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=UTC))
         plot.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos, unit=unit: with_unit(v, unit)))
         plot.set_ylim(bottom=0)
