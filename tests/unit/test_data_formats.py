@@ -344,3 +344,45 @@ def test_the_stats_keep_the_longest_row_before_max_length(tiny_tokenizer, tmp_pa
     stats = prepared.stats["train"]
     assert stats["truncated"] >= 1 or stats["dropped_no_target"] >= 1
     assert stats["longest"] > 40, stats
+
+
+def _page_rows() -> dict[str, dict]:
+    """docs/tasks/data-formats.md's sample row of each format, under its `### \\`format\\`` heading."""
+    import re
+
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "tasks" / "data-formats.md").read_text()
+    return {m.group(1): json.loads(m.group(2))
+            for m in re.finditer(r"^### `(\w+)`\n\n```json\n(.*?)\n```", page, re.M | re.S)}
+
+
+def test_the_data_formats_page_shows_a_row_of_every_format_and_each_trains():
+    """Every format of the API has a sample row on the page, and the trainer reads it into something to learn."""
+    from typing import get_args
+
+    from finetune_operator.api.data import DataFormat
+
+    assert sorted(_page_rows()) == sorted(get_args(DataFormat))
+
+
+@pytest.mark.parametrize("fmt", ["alpaca", "sharegpt", "messages", "prompt_completion"])
+def test_the_pages_sample_row_of_a_chat_or_completion_format_has_tokens_to_learn(tiny_tokenizer, fmt):
+    _, _, labels = learned_text(tiny_tokenizer, _page_rows()[fmt], format=fmt)
+    assert any(label != D.IGNORE_INDEX for label in labels)
+
+
+@pytest.mark.parametrize("fmt", ["preference", "unpaired"])
+def test_the_pages_sample_pair_or_example_is_read_as_written(tiny_tokenizer, fmt):
+    from finetune_trainer.data.preference import checked_pair
+
+    row = _page_rows()[fmt]
+    pair = checked_pair(row, spec(format=fmt), tiny_tokenizer, "data-formats.md")
+    assert pair["prompt"] == row["prompt"] and (pair.get("label") is True or pair["chosen"] == row["chosen"])
+
+
+def test_the_pages_text_row_is_a_document_cut_into_blocks(tiny_tokenizer):
+    from finetune_trainer.data.tokenizing import tokenize
+
+    blocks, _ = tokenize([_page_rows()["text"]] * 4, spec(format="text", maxLength=16), tiny_tokenizer)
+    assert len(blocks) >= 1 and all(len(b["input_ids"]) == 16 for b in blocks)
