@@ -145,3 +145,15 @@ def test_every_file_a_page_cites_exists(page):
     """A page that cites a test file, a script or an example as evidence names one that is there."""
     cited = {m.group(1) for m in CITED.finditer(page.read_text())} - OTHER_PROJECTS_FILES
     assert sorted(path for path in cited if not (ROOT / path).exists() and not any(ROOT.glob(path))) == []
+
+
+# Code names a reader cannot use; the project's own issue numbers belong in results.md (what each figure answered).
+INTERNAL = re.compile(r"\brender_all\b|\brender_trainer_identity\b|\bRowEncoder\b|\bissue[ -]\d+|\bissues? #\d+")
+
+
+READER_PAGES = [p for p in PAGES_MD if p.name != "results.md"]
+
+
+@pytest.mark.parametrize("page", READER_PAGES, ids=[p.relative_to(ROOT).as_posix() for p in READER_PAGES])
+def test_no_internal_name_or_issue_number_outside_the_results(page):
+    assert INTERNAL.findall(page.read_text()) == []
