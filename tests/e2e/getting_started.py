@@ -1,13 +1,14 @@
 """docs/getting-started/first-cluster-job.md, run as written: every ```bash block of the page, verbatim, in order,
 against the test control plane, each block's output compared with the ```text block the page shows after it
-(tests/support/doc_commands.py); then the install page's commands for a cluster (INSTALL_SECTIONS). A page whose
-commands or output drift from the code fails here.
+(tests/support/doc_commands.py); then the install page's commands for a cluster (INSTALL_SECTIONS) and the object
+storage page, which start where it ends. A page whose commands or output drift from the code fails here.
 
 Run twice, by two modules that take the case from here: test_getting_started_processes.py (the operator and the
 pods as processes from this checkout) and test_getting_started_containers.py (the chart's operator Deployment and
 the trainer pods from our images). What stands in for a real cluster, and nothing else:
 
-- `<your registry>` is replaced by REGISTRY, the page's one placeholder;
+- the placeholders are replaced: `<your registry>` by REGISTRY, and the object storage page's `<your S3 endpoint>`
+  and `<your bucket>` by the suite's MinIO (tests/support/minio.py) and a bucket made there;
 - `docker` is tests/support/docker_stand_in.py: `docker build` names the images hack/build-images.sh built (no
   rebuild), `docker push` checks the name;
 - the test kubelet (tests/support/pod_runner.py) runs the pods, with the Hub at a local stand-in
@@ -42,6 +43,9 @@ PAGE = ROOT / "docs" / "getting-started" / "first-cluster-job.md"
 # the quick start's test's and the page's own).
 INSTALL = ROOT / "docs" / "operations" / "install.md"
 INSTALL_SECTIONS = ("Prerequisites", "Claims and the Hub token the examples use")
+# Then the object storage page, which starts where the first job's page ends, against MinIO.
+OBJECT_STORAGE = ROOT / "docs" / "getting-started" / "object-storage.md"
+BUCKET = "finetunejob-docs"
 REGISTRY = "localhost/finetunejob-docs"
 # The page's model: TRL's tiny test model, which TRL's own tests load with the transformers we pin.
 HUB_MODEL = "trl-internal-testing/tiny-Qwen2ForCausalLM-2.5"
@@ -82,13 +86,18 @@ def shell_env(control_plane, kubectl, tmp_path: Path, images: dict[str, str]) ->
             "HF_TOKEN": "hf_reader_token"}  # what install.md asks the reader to set
 
 
-def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_model, tmp_path):
+def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_model, minio, tmp_path):
     steps = [(PAGE, s) for s in doc_commands.steps(PAGE)]
     steps += [(INSTALL, s) for heading in INSTALL_SECTIONS for s in doc_commands.steps(INSTALL, heading)]
+    steps += [(OBJECT_STORAGE, s) for s in doc_commands.steps(OBJECT_STORAGE)]
+    fs = minio.filesystem()
+    if not fs.exists(BUCKET):
+        minio.bucket(BUCKET)
+    placeholders = {"<your registry>": REGISTRY, "<your S3 endpoint>": minio.url, "<your bucket>": BUCKET}
     (namespace,) = page_value([s for _, s in steps], r"kubectl create namespace (\S+)")
     release, system_ns = page_value([s for _, s in steps], r"helm install (\S+) \S+ --namespace (\S+)")
     images = dict(zip(("operator", "trainer"), built_images(), strict=True)) if runtime == "containers" else {}
-    env = shell_env(control_plane, kubectl, tmp_path, images)
+    env = {**shell_env(control_plane, kubectl, tmp_path, images), **minio.env}  # the reader's S3 credentials
     runner_class = ContainerPodRunner if runtime == "containers" else PodRunner
     operator = None
     with StandInHub(token="hf_unused") as hub, StandInProvisioner(kubectl, namespace) as provisioner, \
@@ -97,7 +106,9 @@ def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_
         hub.serve_model(HUB_MODEL, hub_model)
         try:
             for page, step in steps:
-                commands = step.commands.replace("<your registry>", REGISTRY)
+                commands = step.commands
+                for placeholder, value in placeholders.items():
+                    commands = commands.replace(placeholder, value)
                 proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=ROOT, env=env,
                                       capture_output=True, text=True, timeout=STEP_TIMEOUT)
                 where = f"{page.name}:{step.line}"
@@ -117,6 +128,8 @@ def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_
             # install.md's Secret: the token by reference, as the examples read it.
             secret = kubectl.json("get", "secret", "hf-token", "-n", namespace)
             assert base64.b64decode(secret["data"]["token"]).decode() == env["HF_TOKEN"]
+            # The object storage page's job: its model and final/ in the bucket, nothing on a claim.
+            assert fs.exists(f"{BUCKET}/runs/tiny-sft/final/adapter_model.safetensors")
             assert not runner.errors and not provisioner.errors, (runner.errors, provisioner.errors)
         finally:
             if operator is not None:
