@@ -157,3 +157,33 @@ READER_PAGES = [p for p in PAGES_MD if p.name != "results.md"]
 @pytest.mark.parametrize("page", READER_PAGES, ids=[p.relative_to(ROOT).as_posix() for p in READER_PAGES])
 def test_no_internal_name_or_issue_number_outside_the_results(page):
     assert INTERNAL.findall(page.read_text()) == []
+
+
+STEP_PAGES = sorted([*(ROOT / "docs" / "getting-started").glob("*.md"), *(ROOT / "docs" / "tasks").glob("*.md")])
+
+
+def sentence_lengths(text: str) -> list[int]:
+    """Words per sentence of a page's prose (code, tables, headings and images left out; a code span or a link
+    counts as its words; a list item or a "1." step starts a sentence)."""
+    prose, fenced = [], False
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.lstrip().startswith(("|", "#", "![")):
+            prose.append(line)
+    flat = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", re.sub(r"`[^`]*`", "X", " ".join(prose)))
+    sentences = re.split(r"(?<=[.!?:])\s+(?=[A-Z`(0-9*-])|\s+-\s+|\s+\d+\.\s+", flat)
+    counts = [sum(1 for word in s.split() if re.search(r"\w", word)) for s in sentences]
+    return [n for n in counts if n]
+
+
+def test_sentence_lengths_are_measured_as_a_reader_meets_them():
+    assert sentence_lengths("One two three. Four five:\n\n- six seven\n- eight\n\n```\nnot prose at all\n```\n") \
+        == [3, 2, 2, 1]
+
+
+@pytest.mark.parametrize("page", STEP_PAGES, ids=[p.relative_to(ROOT).as_posix() for p in STEP_PAGES])
+def test_getting_started_and_task_pages_are_short_sentences(page):
+    """Steps a reader follows, in sentences they read once: the why belongs on the concepts pages."""
+    lengths = sentence_lengths(page.read_text())
+    assert sum(lengths) / len(lengths) <= 16 and max(lengths) <= 35, (sum(lengths) / len(lengths), max(lengths))
