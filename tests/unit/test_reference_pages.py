@@ -47,6 +47,17 @@ def test_every_camelcase_word_of_the_operator_is_a_described_reason_or_one_it_re
     assert sorted(words - known) == []
 
 
+def test_the_operators_lists_of_reasons_are_described():
+    """The reasons the operator declares (why a gang waits, why it restarts, what Kueue never admits), wherever
+    their words are written (api/ too)."""
+    from finetune_operator.controller.metrics import RESTART_REASONS
+    from finetune_operator.controller.observed import WAITING_REASONS
+    from finetune_operator.controller.queueing import NEVER_ADMITTED
+
+    declared = {*WAITING_REASONS, *RESTART_REASONS, *NEVER_ADMITTED}
+    assert sorted(declared - set(REASONS) - EXIT_REASONS) == []
+
+
 def test_every_reason_the_trainer_gives_is_described():
     given = {r for path in TRAINER for r in _trainer_reasons(path)}
     assert sorted(given - set(TRAINER_NOTICES) - set(REASONS) - EXIT_REASONS) == []
@@ -54,7 +65,9 @@ def test_every_reason_the_trainer_gives_is_described():
 
 
 def test_every_described_reason_is_still_given_by_the_code():
-    code = set().union(*(_strings(p) for p in CONTROLLER if p.name != "reasons.py"), *map(_strings, TRAINER))
+    operator = [p for p in (ROOT / "operator" / "finetune_operator").rglob("*.py")
+                if p.name not in ("reasons.py", "reference_pages.py")]
+    code = set().union(*map(_strings, operator), *map(_strings, TRAINER))
     assert sorted(set(REASONS) - code) == []
     assert not KUBERNETES_WORDS & set(REASONS)
 

@@ -23,6 +23,8 @@ REASONS: Final = {
                           "edit, from the newest checkpoint (not counted as a restart)"),
     "RuntimeNotFound": Reason("Pending; Event Warning", "spec.runtimeRef names a runtime that does not exist (looked "
                               "at again every few seconds)"),
+    "RuntimeNotAllowed": Reason("Pending; Event Warning", "the ClusterFineTuneRuntime's namespaceSelector does not "
+                                "take the job's namespace: it waits until the namespace is labelled for it"),
     "Unschedulable": Reason("Pending; Event Warning", "no node can run a pod of the job (too many GPUs per node, a "
                             "nodeSelector or taint no node matches), said by the scheduler or seen at once by the "
                             "operator"),
