@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,6 @@ INSTALL = ROOT / "docs" / "operations" / "install.md"
 INSTALL_SECTIONS = ("Prerequisites", "Claims and the Hub token the examples use")
 # Then the object storage page, which starts where the first job's page ends, against MinIO.
 OBJECT_STORAGE = ROOT / "docs" / "getting-started" / "object-storage.md"
-BUCKET = "finetunejob-docs"
 REGISTRY = "localhost/finetunejob-docs"
 # The page's model: TRL's tiny test model, which TRL's own tests load with the transformers we pin.
 HUB_MODEL = "trl-internal-testing/tiny-Qwen2ForCausalLM-2.5"
@@ -91,9 +91,8 @@ def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_
     steps += [(INSTALL, s) for heading in INSTALL_SECTIONS for s in doc_commands.steps(INSTALL, heading)]
     steps += [(OBJECT_STORAGE, s) for s in doc_commands.steps(OBJECT_STORAGE)]
     fs = minio.filesystem()
-    if not fs.exists(BUCKET):
-        minio.bucket(BUCKET)
-    placeholders = {"<your registry>": REGISTRY, "<your S3 endpoint>": minio.url, "<your bucket>": BUCKET}
+    bucket = minio.bucket(f"finetunejob-docs-{runtime}-{uuid.uuid4().hex[:8]}").removeprefix("s3://")  # its own
+    placeholders = {"<your registry>": REGISTRY, "<your S3 endpoint>": minio.url, "<your bucket>": bucket}
     (namespace,) = page_value([s for _, s in steps], r"kubectl create namespace (\S+)")
     release, system_ns = page_value([s for _, s in steps], r"helm install (\S+) \S+ --namespace (\S+)")
     images = dict(zip(("operator", "trainer"), built_images(), strict=True)) if runtime == "containers" else {}
@@ -128,8 +127,8 @@ def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_
             # install.md's Secret: the token by reference, as the examples read it.
             secret = kubectl.json("get", "secret", "hf-token", "-n", namespace)
             assert base64.b64decode(secret["data"]["token"]).decode() == env["HF_TOKEN"]
-            # The object storage page's job: its model and final/ in the bucket, nothing on a claim.
-            assert fs.exists(f"{BUCKET}/runs/tiny-sft/final/adapter_model.safetensors")
+            # The object storage page's job: its final/ in the bucket.
+            assert fs.exists(f"{bucket}/runs/tiny-sft/final/adapter_model.safetensors")
             assert not runner.errors and not provisioner.errors, (runner.errors, provisioner.errors)
         finally:
             if operator is not None:
