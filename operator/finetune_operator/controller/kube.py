@@ -4,6 +4,7 @@ from the watch caches (handlers.py)."""
 
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -12,6 +13,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from ..api import constants as c
+from .fencing import FENCE, Fence, fence_client, fenced_configuration
 
 FIELD_MANAGER = "finetunejob-operator"
 # The nodes' shape is read at most this often (one list, only when a new job asks for GPUs), and not at all for a
@@ -60,19 +62,9 @@ def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: 
 
 # (connect, read) seconds. The client waits for ever by default, and a pooled connection lost without a reset (a
 # NAT or load balancer that forgot it) would hang a reconcile pass for good; a read timeout drops that connection
-# and the pass is retried on a new one. No request of ours streams or waits for the server on purpose.
+# and the pass is retried on a new one. No request of ours streams or waits for the server on purpose. Writes of a
+# leader are bounded tighter (fencing.py: leadership.Timing.write_timeout).
 REQUEST_TIMEOUT: tuple[float, float] = (10.0, 30.0)
-
-
-def bound_requests(api_client: client.ApiClient, timeout: tuple[float, float]) -> None:
-    """Every request of this client without a timeout of its own gets `timeout`."""
-    rest = api_client.rest_client
-    request = rest.request
-
-    def bounded(method: str, url: str, *args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
-        return request(method, url, *args, _request_timeout=_request_timeout or timeout, **kwargs)
-
-    rest.request = bounded
 
 
 class Kube:
@@ -101,18 +93,18 @@ class Kube:
         return cls._pooled(configuration, connections)
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None, connections: int = 16) -> "Kube":
+    def from_kubeconfig(cls, path: str | None, connections: int = 16, fence: Fence = FENCE) -> "Kube":
         """Credentials from a kubeconfig file (None: $KUBECONFIG / ~/.kube/config)."""
         configuration = client.Configuration()
         config.load_kube_config(config_file=path, client_configuration=configuration)
-        return cls._pooled(configuration, connections)
+        return cls._pooled(configuration, connections, fence)
 
     @classmethod
-    def _pooled(cls, configuration: client.Configuration, connections: int) -> "Kube":
+    def _pooled(cls, configuration: client.Configuration, connections: int, fence: Fence = FENCE) -> "Kube":
         """One pooled connection per worker thread (the client's default pool of 4 would serialise passes)."""
         configuration.connection_pool_maxsize = connections
-        api_client = client.ApiClient(configuration)
-        bound_requests(api_client, REQUEST_TIMEOUT)
+        api_client = client.ApiClient(fenced_configuration(configuration))
+        fence_client(api_client, REQUEST_TIMEOUT, fence)  # writes leave only while this replica leads (fencing.py)
         return cls(api_client)
 
     def _runtimes(self, kind: str) -> Any:
@@ -293,6 +285,20 @@ class Kube:
         return self.ftj.status.patch(name=name, namespace=namespace,
                                      body={"metadata": {"resourceVersion": resource_version}, "status": status},
                                      content_type="application/merge-patch+json").to_dict()
+
+    def post_event(self, obj: dict[str, Any], type: str, reason: str, message: str, instance: str) -> None:
+        """A core/v1 Event about `obj`, as `kubectl describe` shows it ("From: finetunejob-operator"). Through this
+        client, so Events are fenced like every other write (kopf's own poster, a queue drained later by another
+        client, could post an Event after the Lease moved on)."""
+        meta, now = obj["metadata"], datetime.now(UTC).isoformat()
+        self.events.create(namespace=meta["namespace"], body={
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"namespace": meta["namespace"], "generateName": f"{c.APP_NAME}-"},
+            "type": type, "reason": reason, "message": message, "action": reason,
+            "reportingComponent": c.MANAGED_BY, "reportingInstance": instance, "source": {"component": c.MANAGED_BY},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", c.API_VERSION), "kind": obj.get("kind", c.KIND),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "firstTimestamp": now, "lastTimestamp": now, "eventTime": now})
 
     def delete_finetunejob(self, namespace: str, name: str) -> None:
         self._delete(self.ftj, namespace, name)
