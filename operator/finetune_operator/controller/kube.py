@@ -24,11 +24,21 @@ NODE_SHAPE_FORBIDDEN_RETRY_SECONDS = 600.0
 RUNTIME_CRD_RETRY_SECONDS = 60.0
 
 
-class NameConflict(Exception):
-    """Objects the job would create exist already and are not its own: nothing was written."""
+# What to do about a name clash, said with it (the job's status and a Warning Event).
+CHILD_REMEDY = ("The operator never adopts or changes an object it did not create: rename or delete that object, or "
+                "create the FineTuneJob under another name")
+IDENTITY_REMEDY = ("The operator never adopts or changes an object it did not create, and finetunejob-trainer is its "
+                   "trainer identity in every namespace (another job name would meet the same object): delete that "
+                   "object (the operator then creates its own), or run the job as a ServiceAccount of yours "
+                   "(spec.pod.serviceAccountName)")
 
-    def __init__(self, conflicts: list[str]):
-        super().__init__("; ".join(conflicts))
+
+class NameConflict(Exception):
+    """Objects the job would create exist already and are not its own: nothing was written. The message ends with
+    the remedy: a job's child is the job's name plus a suffix, the trainer identity has one name everywhere."""
+
+    def __init__(self, conflicts: list[str], remedy: str = CHILD_REMEDY):
+        super().__init__(f"{'; '.join(conflicts)}. {remedy}")
         self.conflicts = conflicts
 
 
@@ -36,7 +46,8 @@ def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: 
                    ) -> str | None:
     """Why `existing` (the object now under `obj`'s name) must not be applied over, or None when it is absent or
     ours: a job's child must have that job (its UID) as controller owner; namespace infrastructure (the trainer
-    identity) must carry our managed-by label. A name alone proves nothing: a FineTuneJob `web` must never rewrite,
+    identity) must carry our managed-by label, which the chart's trainer-identity admission policy lets nobody but
+    the operator (and cluster admins) set. A name alone proves nothing: a FineTuneJob `web` must never rewrite,
     adopt, and so later delete, a ConfigMap `web-config` somebody else made."""
     if existing is None:
         return None
@@ -209,7 +220,7 @@ class Kube:
                 found = self._get(resource, namespace, name)  # created since it was read: whose is it?
                 conflict = owner_conflict(obj, found, owner)
                 if conflict is not None:
-                    raise NameConflict([conflict]) from None
+                    raise NameConflict([conflict], CHILD_REMEDY if owner is not None else IDENTITY_REMEDY) from None
         resource.server_side_apply(body=obj, name=name, namespace=namespace, field_manager=FIELD_MANAGER,
                                    force_conflicts=True)
 
@@ -222,7 +233,7 @@ class Kube:
         conflicts = [why for obj, there in zip(objects, found, strict=True)
                      if (why := owner_conflict(obj, there, owner)) is not None]
         if conflicts:
-            raise NameConflict(conflicts)
+            raise NameConflict(conflicts, CHILD_REMEDY if owner is not None else IDENTITY_REMEDY)
         for obj, there in zip(objects, found, strict=True):
             self.apply(obj, owner, exists=there is not None)
 
