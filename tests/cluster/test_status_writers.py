@@ -13,7 +13,8 @@ import pytest
 
 from finetune_operator.api import constants as c
 from tests.builders import make_job
-from tests.cluster.test_tenancy import as_tenant, bind, chart_objects, delete_all, events, wait_can
+from tests.cluster.test_tenancy import as_tenant, bind, chart_objects, delete_all, wait_can
+from tests.support.events import events_of, wait_events
 from tests.support.job_status import wait_status
 
 pytestmark = pytest.mark.cluster
@@ -176,8 +177,11 @@ def test_the_trainer_identity_cannot_be_forged_and_a_taken_name_has_a_remedy_tha
     created = next(cd for cd in st["conditions"] if cd["type"] == "Created")
     assert (created["status"], created["reason"]) == ("False", "NameConflict")
     assert not kubectl.json("get", "jobs", "-n", namespace, "-l", f"{c.LABEL_JOB}=taken")["items"]
-    assert not events(kubectl, namespace, "taken", "Created")  # no Normal Created for what was not created
-    assert [e["type"] for e in events(kubectl, namespace, "taken", "NameConflict")] == ["Warning"]
+    said = wait_events(kubectl, namespace, name="taken", kind=c.KIND, reason="NameConflict", op=operator)
+    assert [e["type"] for e in said] == ["Warning"]
+    # No Normal Created for what was not created (the pass that planned it posts it only once it has happened; it
+    # would have come before the Warning).
+    assert not events_of(kubectl, namespace, name="taken", kind=c.KIND, reason="Created")
     wait_status(kubectl, namespace, "own-identity", lambda s: s.get("phase") == "Running", operator)
     kubectl.run("delete", "serviceaccount", TRAINER, "-n", namespace)
     wait_status(kubectl, namespace, "taken", lambda s: s.get("phase") == "Running", operator, timeout=60)
