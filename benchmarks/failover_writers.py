@@ -24,6 +24,7 @@ from datetime import datetime
 from kubernetes import client
 
 from benchmarks.scale import percentile
+from finetune_operator.api import constants as c
 from finetune_operator.controller.leadership import Timing
 from tests.support import audit
 from tests.support.replicas import health
@@ -81,6 +82,12 @@ def _fenced(op, since_line: int) -> int:
     """Writes the replica's fence stopped (each failed pass names the NotLeading that ended it)."""
     lines = op.log_path.read_text(errors="replace").splitlines()[since_line:]
     return sum(1 for line in lines if "NotLeading" in line)
+
+
+def _failed_passes(op, since_line: int) -> int:
+    """Reconcile passes that failed on an API error (a write that timed out, a conflict that kept coming)."""
+    lines = op.log_path.read_text(errors="replace").splitlines()[since_line:]
+    return sum(1 for line in lines if "failed (" in line and "reconcile of" in line)
 
 
 def _lines(op) -> int:
@@ -172,21 +179,30 @@ def hog(cp, cluster, replicas: dict, minutes: float, hogs: int) -> dict:
     busy = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(hogs)]
     for p in busy:
         p.start()
-    step_downs, loads, created = [], [], {}
+    step_downs, loads, created, answered, deleted = [], [], {}, {}, set()
     marks = {u: _lines(op) for u, op in replicas.items()}
+    failed_passes = 0
+
+    def look() -> None:  # when each job first showed a phase: the operator kept working
+        for item in cluster.custom.list_namespaced_custom_object(c.GROUP, c.VERSION, "failover", c.PLURAL)["items"]:
+            name = item["metadata"]["name"]
+            if name in created and name not in answered and (item.get("status") or {}).get("phase"):
+                answered[name] = time.time() - created[name]
+
     try:
         i, end = 0, start + minutes * 60
         while time.time() < end:
             loads.append(os.getloadavg()[0])
+            look()
             name = f"hog-{i:04d}"
             try:
                 created[name] = cluster.create(name)
             except client.ApiException as exc:
                 print(f"create {name}: {exc.status}", flush=True)
-            for old, at in list(created.items()):
-                if time.time() - at > 60:
+            for old, at in created.items():
+                if time.time() - at > 60 and old in answered and old not in deleted:
                     cluster.delete(old)
-                    del created[old]
+                    deleted.add(old)
             for user, op in replicas.items():
                 if op.proc.poll() is not None:  # stepped down (or died): read why, and who holds the Lease now
                     holder = cluster.holder()
@@ -197,6 +213,7 @@ def hog(cp, cluster, replicas: dict, minutes: float, hogs: int) -> dict:
                                        "holder_after": holder})
                     print(f"step-down of {user} after {time.time() - start:.0f}s: {why}; holder now {holder}",
                           flush=True)
+                    failed_passes += _failed_passes(op, marks[user])
                     op.start()
                     marks[user] = _lines(op)
             i += 1
@@ -205,6 +222,8 @@ def hog(cp, cluster, replicas: dict, minutes: float, hogs: int) -> dict:
         for p in busy:
             p.kill()
     ended = time.time()
+    _wait("every job created under load reconciled", lambda: (look(), len(answered) == len(created))[1], 180, 1.0)
+    failed_passes += sum(_failed_passes(op, marks[u]) for u, op in replicas.items())
     transitions = leases.read_namespaced_lease("finetunejob-operator", "operator-system").spec.lease_transitions
     time.sleep(1.5)
     # Between two Lease writes of the same replica with no other replica's in between: one leader's renewals.
@@ -214,7 +233,10 @@ def hog(cp, cluster, replicas: dict, minutes: float, hogs: int) -> dict:
     nobody_else = [s for s in step_downs if s["holder_after"] in (None, s["replica"])]
     return {"minutes": minutes, "hog_processes": hogs, "cores": os.cpu_count(),
             "load_average_p50": round(percentile(loads, 50), 1), "load_average_max": round(max(loads), 1),
-            "jobs_created": i, "step_downs": len(step_downs), "step_downs_with_no_other_holder": len(nobody_else),
+            "jobs_created": len(created), "first_status_p50_s": round(percentile(list(answered.values()), 50), 2),
+            "first_status_p99_s": round(percentile(list(answered.values()), 99), 2),
+            "first_status_max_s": round(max(answered.values()), 2), "passes_failed": failed_passes,
+            "step_downs": len(step_downs), "step_downs_with_no_other_holder": len(nobody_else),
             "lease_transitions": (transitions or 0) - (transitions_before or 0),
             "renewal_gap_p99_s": round(percentile(gaps, 99), 2) if gaps else None,
             "renewal_gap_max_s": round(max(gaps), 2) if gaps else None,

@@ -98,6 +98,14 @@ def submit(kubectl, name: str) -> None:
     kubectl.run("apply", "-f", "-", input=json.dumps(doc))
 
 
+def submit_all(kubectl, prefix: str, count: int) -> list[str]:
+    """`count` jobs in one request."""
+    docs = [make_job({"metadata.name": f"{prefix}-{i}", "metadata.namespace": JOBS_NS, "spec.distributed.numNodes": 2,
+                      "spec.distributed.gpusPerNode": 0, "spec.training.precision": "fp32"}) for i in range(count)]
+    kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    return [d["metadata"]["name"] for d in docs]
+
+
 def reconciled(kubectl, job_names) -> bool:
     return all((kubectl.json("get", "ftj", n, "-n", JOBS_NS).get("status") or {}).get("phase") == "Running"
                for n in job_names)
@@ -178,9 +186,10 @@ def test_a_crashed_leader_leads_again_once_restarted_and_a_frozen_one_is_taken_o
         pods, kubectl, control_plane):
     """Two failures of the leader's pod. SIGKILL of its container: the kubelet restarts it at once, and the new
     process (the same pod, so the same identity in the Lease) leads again and reconciles a job created at the
-    crash. SIGSTOP of its container (a hung node): the other pod takes the Lease once it has seen it unrenewed for
-    the lease duration and reconciles what is created meanwhile; resumed, the frozen process writes nothing (the
-    audit log, by the pod its token is bound to), steps down, and is restarted (as the standby: the other pod keeps the Lease)."""
+    crash. SIGSTOP of its container (a hung node) as it creates a batch of jobs: the other pod takes the Lease once
+    it has seen it unrenewed for the lease duration and reconciles them, and those created meanwhile; resumed, with
+    passes half-done and its watch full of events, the frozen process writes nothing (the audit log, by the pod its
+    token is bound to), steps down, and is restarted (as the standby: the other pod keeps the Lease)."""
     leader = holder(kubectl)
     (other,) = names(operator_pods(kubectl)) - {leader}
     pods.kill(leader)
@@ -191,13 +200,15 @@ def test_a_crashed_leader_leads_again_once_restarted_and_a_frozen_one_is_taken_o
     last = pod_of(kubectl, leader)["status"]["containerStatuses"][0]["lastState"]["terminated"]
     assert last["exitCode"] == 137
 
+    in_flight = submit_all(kubectl, "in-flight", 6)  # it is creating their children when it freezes
+    time.sleep(0.3)
     frozen = time.time()
     pods.signal(leader, signal.SIGSTOP)
     try:
-        submit(kubectl, "while-frozen")
+        in_flight += submit_all(kubectl, "while-frozen", 3)  # its watch holds them for when it resumes
         wait_for(lambda: holder(kubectl) == other, 40, "the other replica leading", _Tail(pods, kubectl))
         took = time.time() - frozen
-        wait_for(lambda: reconciled(kubectl, ["while-frozen"]), 60, "the job reconciled", _Tail(pods, kubectl))
+        wait_for(lambda: reconciled(kubectl, in_flight), 90, "the jobs reconciled", _Tail(pods, kubectl))
     finally:
         pods.signal(leader, signal.SIGCONT)
     wait_for(lambda: restart_count(kubectl, leader) == 2, 60, "the frozen container stepped down, restarted",
