@@ -4,10 +4,7 @@ reach a job's status (generated: each identity x each thing it could try), with 
 runs their pods, so the tokens are bound to real pods of the jobs)."""
 
 import json
-import ssl
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -16,6 +13,7 @@ from tests.builders import make_job
 from tests.cluster.test_tenancy import as_tenant, bind, chart_objects, delete_all, wait_can
 from tests.support.events import events_of, wait_events
 from tests.support.job_status import wait_status
+from tests.support.status_requests import status_request
 
 pytestmark = pytest.mark.cluster
 TRAINER = "finetunejob-trainer"
@@ -28,20 +26,6 @@ def policies(control_plane, kubectl):
             for d in chart_objects(control_plane, kubectl, template)]
     yield docs
     delete_all(kubectl, docs)
-
-
-def status_request(control_plane, token: str, method: str, namespace: str, job: str, status: dict | None = None
-                   ) -> tuple[int, str]:
-    """(HTTP code, body) of a GET or merge PATCH of a job's status subresource, as `token`."""
-    url = f"{control_plane.server}/apis/{c.API_VERSION}/namespaces/{namespace}/{c.PLURAL}/{job}/status"
-    body = json.dumps({"status": status}).encode() if status is not None else None
-    request = urllib.request.Request(url, data=body, method=method, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=ssl._create_unverified_context()) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def token(kubectl, namespace: str, account: str, pod: dict | None = None) -> str:
