@@ -9,13 +9,18 @@ processes (each its own audited user, as the chart runs them: --leader-elect), a
      replica starts and stands by, then an old one gets SIGTERM; twice), while a new job is created every
      `--every` seconds and a running gang loses a pod every few seconds; measured: the longest any of those changes
      waited for its reconcile, and, from the audit log, whether two replicas ever wrote in the same period.
-Usage: .venv/bin/python benchmarks/failover.py [--kills 20] [--jobs 50] [--out FILE]
+  3. one writer at a time (benchmarks/failover_writers.py): `--freezes` SIGSTOP/SIGCONT trials and `--partitions`
+     partition trials of the leader with jobs in flight (its writes after the takeover, from the audit log), and
+     `--hog-minutes` with every core saturated (step-downs with nobody else holding the Lease).
+Usage: .venv/bin/python benchmarks/failover.py [--kills 20] [--jobs 50] [--freezes 20] [--partitions 20]
+       [--hog-minutes 30] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -28,12 +33,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 
+from benchmarks import failover_writers as writers  # noqa: E402
 from benchmarks.scale import add_nodes, job_doc, percentile  # noqa: E402
 from finetune_operator.api import constants as c  # noqa: E402
 from tests.conftest import CRD_FILE  # noqa: E402
 from tests.support import audit  # noqa: E402
 from tests.support.controlplane import REPLICA_USERS, ControlPlane, build_binaries  # noqa: E402
 from tests.support.replicas import health, replica  # noqa: E402
+from tests.support.tcp_proxy import FreezableProxy  # noqa: E402
 
 NAMESPACE, LEASES = "failover", "operator-system"
 FAIL_ATTEMPTS, FAIL_EXIT_CODE = "test.finetunejob.dev/fail-attempts", "test.finetunejob.dev/fail-exit-code"
@@ -55,6 +62,13 @@ class Cluster:
         self.custom.create_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL,
                                                     job_doc(name, NAMESPACE, nodes, gpus=0))
         return time.time()
+
+    def delete(self, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def status(self, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, name).get(
@@ -180,12 +194,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--every", type=float, default=0.5, help="seconds between changes during the upgrade")
     parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--freezes", type=int, default=0, help="SIGSTOP/SIGCONT trials of the leader")
+    parser.add_argument("--partitions", type=int, default=0, help="partition trials of the leader")
+    parser.add_argument("--trial-jobs", type=int, default=10, help="jobs created as each trial begins")
+    parser.add_argument("--hog-minutes", type=float, default=0, help="minutes with every core saturated")
+    parser.add_argument("--hogs", type=int, default=2 * (os.cpu_count() or 1), help="busy processes of the hog")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     # kwok nodes send no heartbeats: new nodes must not get the not-ready taint (as in scale.py).
     cp = ControlPlane(build_binaries(), apiserver_args=["--disable-admission-plugins=TaintNodesByCondition"]).start()
     replicas: dict = {}
+    proxies: dict = {}
     finished = False  # a run that fails keeps the control plane's directory (its logs)
     try:
         cluster = Cluster(cp)
@@ -194,16 +214,26 @@ def main() -> None:
         for ns in (NAMESPACE, LEASES):
             cluster.core.create_namespace({"metadata": {"name": ns}})
         time.sleep(2)
+        # With partitions, each replica talks to the apiserver through a proxy of its own (cut one, not both).
+        proxies = {user: FreezableProxy(cp.api_port) for user in REPLICA_USERS[:2]} if args.partitions else {}
         for user in REPLICA_USERS[:2]:
-            replicas[user] = replica(cp, LEASES, user, cp.work).start()
+            server = f"https://127.0.0.1:{proxies[user].port}" if user in proxies else None
+            replicas[user] = replica(cp, LEASES, user, cp.work, server=server).start()
             wait(f"{user} up", lambda u=user: health(replicas[u]), 120, 0.2)
-        figures = {"kill": kills(cluster, replicas, args.kills) if args.kills else None,
-                   "rolling_upgrade": rolling_upgrade(cp, cluster, replicas, args.jobs, args.every)
-                   if args.jobs else None}
+        figures = {"kill": kills(cluster, replicas, args.kills) if args.kills else None}
+        figures["freeze"] = writers.freezes(cp, cluster, replicas, args.freezes, args.trial_jobs) \
+            if args.freezes else None
+        figures["partition"] = writers.partitions(cp, cluster, replicas, proxies, args.partitions, args.trial_jobs) \
+            if args.partitions else None
+        figures["hog"] = writers.hog(cp, cluster, replicas, args.hog_minutes, args.hogs) if args.hog_minutes else None
+        figures["rolling_upgrade"] = rolling_upgrade(cp, cluster, replicas, args.jobs, args.every) \
+            if args.jobs else None
         finished = True
     finally:
         for op in replicas.values():
             op.stop()
+        for proxy in proxies.values():
+            proxy.close()
         cp.stop(remove=finished)
     print(json.dumps(figures, indent=1))
     if args.out:

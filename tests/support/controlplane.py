@@ -29,9 +29,14 @@ AUDITED_TOKEN = "finetunejob-test-audited-token"
 AUDITED_USER, AUDITED_GROUP = "operator-under-test", "finetunejob:audited"
 # Operator replicas told apart in the audit log (who wrote what, and when), audited like the user above.
 REPLICA_USERS = ("operator-replica-a", "operator-replica-b", "operator-replica-c", "operator-replica-d")
+# The chart's operator run as pods (tests/support/operator_pods.py) is installed here: its ServiceAccount's requests
+# are audited too, each told apart by the pod its token is bound to.
+AUDITED_RELEASE_NAMESPACE = "finetunejob-ha"
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived", "ResponseStarted"],
-    "rules": [{"level": "Metadata", "userGroups": [AUDITED_GROUP]}, {"level": "None"}],
+    "rules": [{"level": "Metadata",
+               "userGroups": [AUDITED_GROUP, f"system:serviceaccounts:{AUDITED_RELEASE_NAMESPACE}"]},
+              {"level": "None"}],
 }
 # Client rate limits sized for a 500-node cluster, as production control planes set them; the defaults (20 qps for
 # the controller manager) would measure client-go's throttle, not the operator.
@@ -92,10 +97,13 @@ class ControlPlane:
                 "--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--secure-port=0",
                 # resourcequota-controller: a ResourceQuota is enforced only once it has computed its usage;
                 # clusterrole-aggregation-controller: the built-in admin/edit/view roles gather the chart's user
-                # roles as in a real cluster (the tenancy tests act as users bound to them).
+                # roles as in a real cluster (the tenancy tests act as users bound to them); deployment, replicaset
+                # and disruption controllers: the chart's operator Deployment rolls out and its PodDisruptionBudget
+                # holds (tests/cluster/test_operator_pods.py).
                 "--controllers=garbage-collector-controller,job-controller,namespace-controller,"
                 "serviceaccount-controller,persistentvolume-binder-controller,resourcequota-controller,"
-                "clusterrole-aggregation-controller",
+                "clusterrole-aggregation-controller,deployment-controller,replicaset-controller,"
+                "disruption-controller",
                 "--concurrent-job-syncs=20", *CLIENT_QPS,
             ])
             self._start("kube-scheduler", [

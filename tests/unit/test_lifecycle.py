@@ -76,7 +76,8 @@ def test_new_job_creates_attempt_one():
     assert (p.status["phase"], p.status["nodes"], p.status["gpus"]) == ("Pending", "0/2", 16)
     assert p.status["startTime"] == ts(T0) and p.status["observedGeneration"] == 3
     assert conditions(p) == {"Created": "True"}
-    assert p.events[0].type == "Normal"
+    # Said once the attempt is created (reconcile.py posts create_events only then), not by the plan.
+    assert not p.events and [(e.type, e.reason) for e in p.create_events] == [("Normal", "Created")]
 
 
 def test_running_when_every_node_runs():
@@ -234,15 +235,24 @@ def test_a_refused_attempt_says_why_in_its_status_and_clears_once_its_job_exists
 
 
 def test_a_name_taken_by_an_object_not_ours_is_a_waiting_reason_said_once():
-    why = "ConfigMap web-config exists and is not this job's (not owned by any object, written by kubectl-create)"
+    from finetune_operator.controller.kube import NameConflict
+
+    why = str(NameConflict(["ConfigMap web-config exists and is not this job's (not owned by any object, written by "
+                            "kubectl-create)"]))
     first = plan(job(), observe())
     clash = plan(job(), dataclasses.replace(observe(first.status), refused=(1, "NameConflict", why)))
     assert clash.create_attempt == 1  # looked at again (the owner may rename or delete it)
     assert (clash.status["phase"], clash.status["reason"]) == ("Pending", "NameConflict")
+    assert clash.status["message"].startswith("attempt 1 was not created: ConfigMap web-config exists")
     assert why in clash.status["message"] and "never adopts or changes an object it did not create" in \
         clash.status["message"] and "rename or delete that object" in clash.status["message"]
     assert conditions(clash)["Waiting"] == "True"
-    assert [(e.type, e.reason) for e in clash.events] == [("Warning", "NameConflict")]
+    # Nothing was created: the Created condition says so (issue 41: it read "attempt 1 created"), and the only Event
+    # is the Warning (the first pass's Normal "Created" waited for a creation that never happened).
+    created = next(cd for cd in clash.status["conditions"] if cd["type"] == "Created")
+    assert (created["status"], created["reason"]) == ("False", "NameConflict")
+    assert created["message"] == clash.status["message"] and "attempt 1 created" not in str(clash.status)
+    assert [(e.type, e.reason) for e in clash.events] == [("Warning", "NameConflict")] and not clash.create_events
     again = plan(job(), dataclasses.replace(observe(clash.status), refused=(1, "NameConflict", why)))
     assert not again.events  # one Event, not one per look
     created = plan(job(), observe(clash.status, [workload(1)]))
@@ -711,7 +721,7 @@ def test_more_gpus_per_node_than_the_largest_node_has_is_a_warning_at_once():
     assert created.create_attempt == 1 and created.status["reason"] == "Unschedulable"  # an autoscaler sees it
     assert "created for a cluster autoscaler to see" in created.status["message"]
     fits = plan(job(), obs, SETTINGS)
-    assert fits.status["reason"] == "Created" and fits.events[0].type == "Normal"
+    assert fits.status["reason"] == "Created" and fits.create_events[0].type == "Normal"
     unknown = plan(sixteen, Observed(**{**obs.__dict__, "nodes": None}), SETTINGS)
     assert unknown.status["reason"] == "Created"  # nodes not readable: the scheduler will say it
 

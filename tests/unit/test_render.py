@@ -197,7 +197,7 @@ def test_trainer_identity_may_only_patch_status():
     objs = {o["kind"]: o for o in render_trainer_identity("ml", None)}
     assert list(objs) == ["ServiceAccount", "Role", "RoleBinding"]
     assert objs["Role"]["rules"] == [{"apiGroups": ["finetunejob.dev"], "resources": ["finetunejobs/status"],
-                                      "verbs": ["get", "patch"]}]
+                                      "verbs": ["patch"]}]
     assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "finetunejob-trainer",
                                                 "namespace": "ml"}]
     assert render_trainer_identity("ml", None) == render_trainer_identity("ml", None)  # shared, so identical
@@ -208,7 +208,7 @@ def test_a_user_service_account_may_patch_its_own_jobs_status_only_through_child
     objs = render({"spec.pod.serviceAccountName": "workload-identity"})
     assert objs["Role"]["metadata"]["name"] == objs["RoleBinding"]["metadata"]["name"] == "finetunejob-trainer-test-job"
     assert objs["Role"]["rules"] == [{"apiGroups": ["finetunejob.dev"], "resources": ["finetunejobs/status"],
-                                      "verbs": ["get", "patch"], "resourceNames": ["test-job"]}]
+                                      "verbs": ["patch"], "resourceNames": ["test-job"]}]
     assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "workload-identity",
                                                 "namespace": "ml"}]
     assert objs["Job"]["spec"]["template"]["spec"]["serviceAccountName"] == "workload-identity"

@@ -110,7 +110,8 @@ class Runtimes(_Values):
 class LeaderElection(_Values):
     enabled: bool = Field(default=True, description="Replicas take turns through a coordination.k8s.io Lease in the "
                           "release namespace: one reconciles, the others stand by and take over when it stops "
-                          "renewing (8 s lease, renewed every second; a clean shutdown hands over at once). Needed "
+                          "renewing (10 s lease, renewed every second; a leader writes nothing once its last "
+                          "renewal is 6 s old, and steps down; a clean shutdown hands over at once). Needed "
                           "whenever replicas > 1.")
 
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 from ..api import exit_codes
-from .observed import WAITING_REASONS, format_time, has_condition
+from .observed import ATTEMPT_REFUSED, NAME_CONFLICT, WAITING_REASONS, format_time, has_condition
 from .planning import CONDITION_TYPES, Observed, Plan
 
 
@@ -11,7 +11,8 @@ def set_conditions(p: Plan, obs: Observed) -> None:
     st = p.status
     phase = st.get("phase")
     wanted = {
-        "Created": bool(st.get("attempt")),
+        # Not while the attempt's creation is refused (a name clash, an admission policy): nothing was created.
+        "Created": bool(st.get("attempt")) and st.get("reason") not in (ATTEMPT_REFUSED, NAME_CONFLICT),
         "Waiting": phase == "Pending" and st.get("reason") in WAITING_REASONS,
         "Running": phase == "Running",
         "Restarting": phase == "Restarting",
@@ -50,6 +51,8 @@ def condition_false(kind: str, st: dict[str, Any], before: dict[str, Any] | None
     phase = st.get("phase") or "Pending"
     if before is not None and before.get("status") == "False" and before.get("message"):
         return before.get("reason") or phase, before["message"]  # unchanged since it became False
+    if kind == "Created":  # refused: the refusal says what was not created and why
+        return st.get("reason") or phase, st.get("message") or f"attempt {st.get('attempt')} was not created"
     return st.get("reason") or phase, f"{kind} no longer holds: the job is {phase}" + (
         f" ({exit_codes.short(st['message'], 200)})" if st.get("message") else "")
 

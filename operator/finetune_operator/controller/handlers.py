@@ -10,9 +10,12 @@ Run: python -m finetune_operator.controller --all-namespaces (main.py: health en
 import asyncio
 import logging
 import os
+import socket
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from ..api import constants as c
 from ..api import exit_codes
@@ -20,15 +23,24 @@ from . import metrics
 from .cache import finetunejob_of_job, slim_finetunejob, slim_workload, slim_workload_kueue
 from .health import HEALTH
 from .kube import Kube
+from .reconcile import EventSink
 from .runner import GATHER_SECONDS, INDEXES, Controller, Key
 from .settings import settings_from_env, watch_client_timeout
 
 EVENT_MESSAGE_LIMIT = 1024  # what `kubectl describe` shows whole
+log = logging.getLogger("finetune_operator")
 
 
-def post_event(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
-    # Cut at a word and marked (a hard cut mid-word hid the end of a remedy); the status keeps the whole message.
-    kopf.event(obj, type=kind, reason=reason, message=exit_codes.short(message, EVENT_MESSAGE_LIMIT))
+def event_poster(kube: Kube, instance: str) -> EventSink:
+    """Events go through the operator's own (fenced) client, from the pass that decided them."""
+    def post(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        try:
+            # Cut at a word and marked (a hard cut mid-word hid the end of a remedy); the status keeps it whole.
+            kube.post_event(obj, kind, reason, exit_codes.short(message, EVENT_MESSAGE_LIMIT), instance)
+        except (ApiException, HTTPError, OSError) as exc:  # an Event helps; it never fails a pass
+            log.warning("could not post Event %s about %s/%s: %s", reason, obj["metadata"].get("namespace"),
+                        obj["metadata"].get("name"), exc)
+    return post
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -48,9 +60,9 @@ class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ours = settings_from_env(os.environ)
-    settings.posting.level = logging.WARNING  # our Events tell the story; kopf's own would double them
-    settings.posting.reporting_component = c.MANAGED_BY  # Events read "From: finetunejob-operator", not kopf
-    settings.posting.event_name_prefix = f"{c.APP_NAME}-"
+    # Our Events tell the story (event_poster); kopf's own would double them, and its poster is a background queue
+    # on another client, outside the write fence.
+    settings.posting.enabled = False
     # kopf logs every handler call at INFO: tens of thousands of lines a minute for a thousand gangs starting.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = ours.watch_seconds
@@ -60,7 +72,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.connect_timeout = 30
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = NoDiffBase(prefix=c.GROUP)
-    memo.controller = Controller(Kube.from_environment(connections=ours.workers), ours, post_event)
+    kube = Kube.from_environment(connections=ours.workers)
+    instance = os.environ.get("POD_NAME") or socket.gethostname()
+    memo.controller = Controller(kube, ours, event_poster(kube, instance))
     HEALTH.stuck_pass_seconds, HEALTH.oldest_pass = ours.stuck_pass_seconds, memo.controller.oldest_pass
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)

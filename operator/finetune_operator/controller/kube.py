@@ -4,6 +4,7 @@ from the watch caches (handlers.py)."""
 
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -12,6 +13,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from ..api import constants as c
+from .fencing import FENCE, Fence, fence_client, fenced_configuration
 
 FIELD_MANAGER = "finetunejob-operator"
 # The nodes' shape is read at most this often (one list, only when a new job asks for GPUs), and not at all for a
@@ -22,11 +24,21 @@ NODE_SHAPE_FORBIDDEN_RETRY_SECONDS = 600.0
 RUNTIME_CRD_RETRY_SECONDS = 60.0
 
 
-class NameConflict(Exception):
-    """Objects the job would create exist already and are not its own: nothing was written."""
+# What to do about a name clash, said with it (the job's status and a Warning Event).
+CHILD_REMEDY = ("The operator never adopts or changes an object it did not create: rename or delete that object, or "
+                "create the FineTuneJob under another name")
+IDENTITY_REMEDY = ("The operator never adopts or changes an object it did not create, and finetunejob-trainer is its "
+                   "trainer identity in every namespace (another job name would meet the same object): delete that "
+                   "object (the operator then creates its own), or run the job as a ServiceAccount of yours "
+                   "(spec.pod.serviceAccountName)")
 
-    def __init__(self, conflicts: list[str]):
-        super().__init__("; ".join(conflicts))
+
+class NameConflict(Exception):
+    """Objects the job would create exist already and are not its own: nothing was written. The message ends with
+    the remedy: a job's child is the job's name plus a suffix, the trainer identity has one name everywhere."""
+
+    def __init__(self, conflicts: list[str], remedy: str = CHILD_REMEDY):
+        super().__init__(f"{'; '.join(conflicts)}. {remedy}")
         self.conflicts = conflicts
 
 
@@ -34,7 +46,8 @@ def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: 
                    ) -> str | None:
     """Why `existing` (the object now under `obj`'s name) must not be applied over, or None when it is absent or
     ours: a job's child must have that job (its UID) as controller owner; namespace infrastructure (the trainer
-    identity) must carry our managed-by label. A name alone proves nothing: a FineTuneJob `web` must never rewrite,
+    identity) must carry our managed-by label, which the chart's trainer-identity admission policy lets nobody but
+    the operator (and cluster admins) set. A name alone proves nothing: a FineTuneJob `web` must never rewrite,
     adopt, and so later delete, a ConfigMap `web-config` somebody else made."""
     if existing is None:
         return None
@@ -60,19 +73,9 @@ def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: 
 
 # (connect, read) seconds. The client waits for ever by default, and a pooled connection lost without a reset (a
 # NAT or load balancer that forgot it) would hang a reconcile pass for good; a read timeout drops that connection
-# and the pass is retried on a new one. No request of ours streams or waits for the server on purpose.
+# and the pass is retried on a new one. No request of ours streams or waits for the server on purpose. Writes of a
+# leader are bounded tighter (fencing.py: leadership.Timing.write_timeout).
 REQUEST_TIMEOUT: tuple[float, float] = (10.0, 30.0)
-
-
-def bound_requests(api_client: client.ApiClient, timeout: tuple[float, float]) -> None:
-    """Every request of this client without a timeout of its own gets `timeout`."""
-    rest = api_client.rest_client
-    request = rest.request
-
-    def bounded(method: str, url: str, *args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
-        return request(method, url, *args, _request_timeout=_request_timeout or timeout, **kwargs)
-
-    rest.request = bounded
 
 
 class Kube:
@@ -101,18 +104,18 @@ class Kube:
         return cls._pooled(configuration, connections)
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None, connections: int = 16) -> "Kube":
+    def from_kubeconfig(cls, path: str | None, connections: int = 16, fence: Fence = FENCE) -> "Kube":
         """Credentials from a kubeconfig file (None: $KUBECONFIG / ~/.kube/config)."""
         configuration = client.Configuration()
         config.load_kube_config(config_file=path, client_configuration=configuration)
-        return cls._pooled(configuration, connections)
+        return cls._pooled(configuration, connections, fence)
 
     @classmethod
-    def _pooled(cls, configuration: client.Configuration, connections: int) -> "Kube":
+    def _pooled(cls, configuration: client.Configuration, connections: int, fence: Fence = FENCE) -> "Kube":
         """One pooled connection per worker thread (the client's default pool of 4 would serialise passes)."""
         configuration.connection_pool_maxsize = connections
-        api_client = client.ApiClient(configuration)
-        bound_requests(api_client, REQUEST_TIMEOUT)
+        api_client = client.ApiClient(fenced_configuration(configuration))
+        fence_client(api_client, REQUEST_TIMEOUT, fence)  # writes leave only while this replica leads (fencing.py)
         return cls(api_client)
 
     def _runtimes(self, kind: str) -> Any:
@@ -217,7 +220,7 @@ class Kube:
                 found = self._get(resource, namespace, name)  # created since it was read: whose is it?
                 conflict = owner_conflict(obj, found, owner)
                 if conflict is not None:
-                    raise NameConflict([conflict]) from None
+                    raise NameConflict([conflict], CHILD_REMEDY if owner is not None else IDENTITY_REMEDY) from None
         resource.server_side_apply(body=obj, name=name, namespace=namespace, field_manager=FIELD_MANAGER,
                                    force_conflicts=True)
 
@@ -230,7 +233,7 @@ class Kube:
         conflicts = [why for obj, there in zip(objects, found, strict=True)
                      if (why := owner_conflict(obj, there, owner)) is not None]
         if conflicts:
-            raise NameConflict(conflicts)
+            raise NameConflict(conflicts, CHILD_REMEDY if owner is not None else IDENTITY_REMEDY)
         for obj, there in zip(objects, found, strict=True):
             self.apply(obj, owner, exists=there is not None)
 
@@ -293,6 +296,20 @@ class Kube:
         return self.ftj.status.patch(name=name, namespace=namespace,
                                      body={"metadata": {"resourceVersion": resource_version}, "status": status},
                                      content_type="application/merge-patch+json").to_dict()
+
+    def post_event(self, obj: dict[str, Any], type: str, reason: str, message: str, instance: str) -> None:
+        """A core/v1 Event about `obj`, as `kubectl describe` shows it ("From: finetunejob-operator"). Through this
+        client, so Events are fenced like every other write (kopf's own poster, a queue drained later by another
+        client, could post an Event after the Lease moved on)."""
+        meta, now = obj["metadata"], datetime.now(UTC).isoformat()
+        self.events.create(namespace=meta["namespace"], body={
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"namespace": meta["namespace"], "generateName": f"{c.APP_NAME}-"},
+            "type": type, "reason": reason, "message": message, "action": reason,
+            "reportingComponent": c.MANAGED_BY, "reportingInstance": instance, "source": {"component": c.MANAGED_BY},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", c.API_VERSION), "kind": obj.get("kind", c.KIND),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "firstTimestamp": now, "lastTimestamp": now, "eventTime": now})
 
     def delete_finetunejob(self, namespace: str, name: str) -> None:
         self._delete(self.ftj, namespace, name)

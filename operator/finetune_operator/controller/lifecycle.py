@@ -80,8 +80,12 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
     told = waits or queued or reason in CREATE_REFUSALS
     if phase != previous_phase or (told and reason != obs.status.get("reason")):
         warn = phase in ("Failed", "Restarting") or waits or reason in (*queueing.NEVER_ADMITTED, "Preempted")
-        p.events.append(Event("Warning" if warn else "Normal", reason or p.status["phase"],
-                              p.status.get("message") or f"phase {p.status['phase']}"))
+        event = Event("Warning" if warn else "Normal", reason or p.status["phase"],
+                      p.status.get("message") or f"phase {p.status['phase']}")
+        # "Created" (or any good news) of a pass that creates the attempt is said once the creation happened: a
+        # name clash or a refusal is told instead, by the next pass.
+        creates = p.create_attempt is not None or p.create_preflight
+        (p.create_events if creates and not warn else p.events).append(event)
     return p
 
 

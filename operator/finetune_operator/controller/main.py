@@ -16,6 +16,7 @@ import kopf
 from kubernetes import client, config
 
 from ..api import constants as c
+from .fencing import FENCE, fenced_configuration
 from .health import HEALTH, serve
 from .leadership import LeaseElector, Timing
 
@@ -44,17 +45,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def coordination_api() -> client.CoordinationV1Api:
+    """The Lease's own client: not fenced (it is what keeps the fence open), no client retries (each renewal is
+    bounded by the renew deadline, and a resent renewal conflicts with itself), resets on close."""
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         config.load_kube_config(client_configuration=configuration)
-    return client.CoordinationV1Api(client.ApiClient(configuration))
+    return client.CoordinationV1Api(client.ApiClient(fenced_configuration(configuration, retry_reads=0)))
 
 
 def lost(why: str) -> None:
     """Another replica may write from now on: stop at once, mid-pass if need be (passes are idempotent), and let
-    the kubelet restart us as a standby."""
+    the kubelet restart us as a standby. The fence already refuses every write; the exit resets every connection
+    (fencing.py), so nothing of ours still on its way lands later."""
+    FENCE.release()
     log.error("leader election: lost the lead (%s); exiting so that one replica writes", why)
     logging.shutdown()
     os._exit(1)
@@ -68,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     elector, renewer, renewing = None, None, threading.Event()
     if args.leader_elect:
         HEALTH.role = "standby"
-        elector = LeaseElector(coordination_api(), args.lease_namespace, args.lease_name, args.identity, Timing())
+        elector = LeaseElector(coordination_api(), args.lease_namespace, args.lease_name, args.identity, Timing(),
+                               fence=FENCE)
         if not elector.acquire(threading.Event()):
             return 1
         renewer = HEALTH.renewer = elector.hold(renewing, lost)

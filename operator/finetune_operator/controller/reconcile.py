@@ -239,9 +239,11 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
                 result.events.extend(result.create_events)
                 expectations.refused.pop((ns, name), None)
         except NameConflict as exc:
-            # Nothing was written; the next pass says so (reason NameConflict, one Event) and looks again later.
+            # Nothing was written; the next pass says so (reason NameConflict, one Event) at once, then looks again
+            # every NAME_CONFLICT_RETRY_SECONDS: the status this pass wrote planned a creation that did not happen.
             expectations.refused[(ns, name)] = (creates, NAME_CONFLICT, str(exc))
-            result.requeue(NAME_CONFLICT_RETRY_SECONDS)
+            told = result.status.get("reason") == NAME_CONFLICT
+            result.requeue(NAME_CONFLICT_RETRY_SECONDS if told else 0)
         except ApiException as exc:
             if exc.status == 403 and "NamespaceTerminating" in str(exc.body):
                 # The namespace is being deleted, and this job with it: nothing can be created there, nor need be,

@@ -11,7 +11,6 @@ Passes run in a thread pool (the Kubernetes client blocks); the caches are copie
 """
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections.abc import Callable
@@ -85,9 +84,8 @@ class Controller:
         self.started[key] = time.monotonic()
         try:
             with metrics.RECONCILE_SECONDS.time():
-                # kopf's Event queue lives in context variables: the worker thread needs a copy of them.
-                done = await loop.run_in_executor(self.executor, contextvars.copy_context().run, self.reconcile_fn,
-                                                  self.kube, view, self.settings, self.post_event, self.expectations)
+                done = await loop.run_in_executor(self.executor, self.reconcile_fn, self.kube, view, self.settings,
+                                                  self.post_event, self.expectations)
         except (ApiException, HTTPError, OSError) as exc:
             # A timeout, an apiserver restart, a conflict that kept coming: count it and look again shortly.
             code = str(getattr(exc, "status", None) or type(exc).__name__)

@@ -103,10 +103,8 @@ def refused(p: Plan, obs: Observed, attempt: int) -> None:
         return
     _, reason, why = obs.refused
     what = "the preflight" if attempt == PREFLIGHT_ATTEMPT else f"attempt {attempt}"
-    if reason == NAME_CONFLICT:
-        message = (f"{what} was not created: {why}. The operator never adopts or changes an object it did not "
-                   "create: rename or delete that object, or create the FineTuneJob under another name (looked at "
-                   "again every 15 s)")
+    if reason == NAME_CONFLICT:  # `why` ends with what to do (kube.NameConflict)
+        message = f"{what} was not created: {why} (looked at again every 15 s)"
     else:
         message = (f"the apiserver refused to create {what}'s Job or its children ({why}); retried until it is "
                    "allowed: change the admission policy or webhook that refuses it, or the job's spec")

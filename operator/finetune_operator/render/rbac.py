@@ -1,5 +1,7 @@
 """The trainer's identity: one ServiceAccount per namespace whose only right is to patch FineTuneJob status, or a
-user's ServiceAccount allowed to patch its own job's status only.
+user's ServiceAccount allowed to patch its own job's status only. Patch, not get: a get of the status subresource
+returns the whole object, spec included, of any job in the namespace (the trainer never reads its job; the answer to
+its own patch is its own job, which it was started with).
 
 It is namespace infrastructure, shared by every FineTuneJob there and created once (not per job: three fewer
 writes per submission, which matters at a thousand jobs a minute). What stops a trainer from writing another
@@ -15,7 +17,7 @@ from .context import RenderContext
 from .names import job_labels
 
 TRAINER_IDENTITY = "finetunejob-trainer"
-_STATUS_RULE = {"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "verbs": ["get", "patch"]}
+_STATUS_RULE = {"apiGroups": [c.GROUP], "resources": [f"{c.PLURAL}/status"], "verbs": ["patch"]}
 
 
 def render_trainer_identity(namespace: str, service_account: str | None) -> list[dict[str, Any]]:
