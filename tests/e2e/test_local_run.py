@@ -22,8 +22,10 @@ RUNNING: list[subprocess.Popen] = []
 
 
 def finetune(*args, **kwargs) -> subprocess.Popen:
+    # This checkout's packages, not the ones the shared environment has installed (another checkout's).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
     proc = subprocess.Popen([sys.executable, "-m", "finetune_operator", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kwargs)
+                            stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
     RUNNING.append(proc)
     return proc
 
