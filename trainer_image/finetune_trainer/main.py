@@ -206,6 +206,8 @@ def run(config_path: str) -> dict[str, Any]:
         step = checkpoints.step_of(Path(resume)) or 0
         reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": source}}, force=True)
     result = trainer.train(resume_from_checkpoint=resume)
+    if stop.requested is None:  # a run that ended (not one stopped to resume) is judged at its end, however short
+        watchdog.judge_end(trainer.state.global_step)
     if watchdog.diverged_at is not None:
         raise LossDiverged(advice.diverged(cfg.output_dir, watchdog))
     if stop.requested is not None:

@@ -12,9 +12,10 @@ Warn = Callable[[str, str], None]
 
 
 def diverged(output_dir: Path, watch: Any) -> str:
-    """What diverged (DivergenceWatch's text), the checkpoint left from before it (verified; newer ones may hold
-    diverged weights) and the way out."""
-    good = checkpoints.newest_complete(output_dir, at_most=watch.last_good_step)
+    """What diverged (DivergenceWatch's text), the checkpoint left from before it (verified, and saved while the
+    loss was under the threshold: newer ones, or one saved on a hard batch, may hold diverged weights) and the way
+    out."""
+    good = checkpoints.newest_complete(output_dir, at_most=watch.last_good_step, accept=watch.kept_good)
     newest = checkpoints.newest_complete(output_dir)
     if good is None:
         kept = ("no checkpoint was saved" if newest is None else
