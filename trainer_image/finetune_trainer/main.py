@@ -283,6 +283,21 @@ def write_result(code: int, summary: dict[str, Any]) -> None:
     Path(directory, f"result-{rank}.json").write_text(json.dumps({"exitCode": code, **summary}, default=str))
 
 
+def release_process_group() -> None:
+    """Destroys torch.distributed's process group while the interpreter is whole. Left to the exit, a worker thread
+    of a gloo group may drop the last reference to a finished collective's tensor while Python finalizes: the GIL
+    that release needs is gone, the thread is torn down inside a C++ destructor, and a run that succeeded dies of
+    SIGABRT ("terminate called without an active exception"). Local: no collective, so a rank that failed alone
+    does not wait for the others."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # the outcome is already written; the exit must still happen
+        log.warning("could not destroy the process group before exiting: %s", exc)
+
+
 def _stop_before_training(signum: int, _frame: Any) -> None:
     """A stop while loading or tokenizing: nothing to save yet, so stop at once (exit 143, resumable), without a
     traceback; a cached tokenization is written atomically, so a half one is never reused. The signal is also
@@ -310,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif code != exit_codes.SUCCESS:
         log.error("%s: %s", summary["reason"], summary["message"])
     write_result(code, summary)
+    release_process_group()
     if unexpected is not None:
         raise unexpected
     if code == exit_codes.SUCCESS and os.environ.get(c.ENV_RANK, "0") == "0":
