@@ -251,7 +251,7 @@ def test_nothing_outlives_a_killed_cli_and_a_second_run_on_its_output_is_refused
     second = finetune(*args)
     out, _ = second.communicate(timeout=120)
     assert second.returncode == exit_codes.CONFIG_ERROR, out
-    assert f"is in use by another finetune run ({{\"pid\": {first.pid}" in out and "another --output" in out, out
+    assert f"is in use by another finetune run (pid {first.pid}, started " in out and "another --output" in out, out
     assert first.poll() is None  # the first goes on, untouched
 
     assert processes_of(tmp_path)  # the nodes of the first run, seen by this very check
