@@ -109,7 +109,7 @@ def cache_key(data: DataSpec, tokenizer: Any) -> str:
     h.update(json.dumps(data.model_dump(mode="json", exclude={"preprocessing_workers"}), sort_keys=True).encode())
     for source in [*data.train, *(data.validation or [])]:
         if source.path is not None:
-            for f in files_of(source.path):
+            for f in files_of(source.path, source.file_type):
                 h.update(f"{f}:{_identity(f)}".encode())
     h.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
     h.update(str(tokenizer.chat_template).encode())
