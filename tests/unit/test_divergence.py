@@ -199,12 +199,15 @@ def test_rows_cut_at_max_length_are_announced_once_with_the_count():
 
     from finetune_trainer.training import advice
 
-    spec = SimpleNamespace(data=SimpleNamespace(max_length=128))
+    spec = SimpleNamespace(data=SimpleNamespace(max_length=128, format="alpaca"))
     said: list[tuple[str, str]] = []
-    advice.truncated(spec, {"train": {"rows": 300, "truncated": 12, "longest": 900},
-                            "eval": {"rows": 10, "truncated": 0}}, lambda *w: said.append(w))
+    advice.row_outcomes(spec, {"train": {"rows": 300, "kept": 300, "truncated": 12, "longest": 900,
+                                         "reply_tokens_cut": 40, "trainable_tokens": 5000,
+                                         "first": {"truncated": "train.jsonl, row 7"}},
+                               "eval": {"rows": 10, "truncated": 0}}, lambda *w: said.append(w))
     assert [reason for reason, _ in said] == ["RowsTruncated"]
     assert said[0][1].startswith("12 of 300 training row(s) were longer than data.maxLength=128 tokens (the "
-                                 "longest: 900 tokens) and were cut")
-    advice.truncated(spec, {"train": {"rows": 300, "truncated": 0}}, lambda *w: said.append(w))
+                                 "first: train.jsonl, row 7; the longest: 900 tokens) and were cut: 40 reply token(s) "
+                                 "past the cut are not trained")
+    advice.row_outcomes(spec, {"train": {"rows": 300, "truncated": 0}}, lambda *w: said.append(w))
     assert len(said) == 1  # nothing cut: nothing said
