@@ -169,7 +169,7 @@ def run(config_path: str) -> dict[str, Any]:
     data = prepare_data(cfg, args, tokenizer, reporter)
     warnings = Warnings(reporter, journal=cfg.output_dir / c.NOTICES_FILE if args.process_index == 0 else None)
     advice.folded_system(cfg.spec, data.stats, warnings)
-    advice.truncated(cfg.spec, data.stats, warnings)
+    advice.row_outcomes(cfg.spec, data.stats, warnings)
     # spec.training.seed covers the weights' init too: new rows of a grown vocabulary, LoRA's A matrices.
     from transformers import set_seed
 
@@ -215,6 +215,7 @@ def run(config_path: str) -> dict[str, Any]:
             remote.drain()  # the checkpoint of the stop reaches the bucket within the pod's grace period
         raise Interrupted(f"stopped by {stop_cause(stop.requested)} at step {trainer.state.global_step}; a checkpoint "
                           "was saved and the next run resumes from it")
+    streamed = streamed_rows(cfg, warnings)
     paths = save_final(cfg, trainer, tokenizer)
     if trainer.args.should_save:
         paths.update(loss_plot(cfg))
@@ -241,7 +242,7 @@ def run(config_path: str) -> dict[str, Any]:
         "totalParameters": total, "worldSize": args.world_size,
         "distributedType": str(trainer.accelerator.distributed_type),
         "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), **peak_memory(),
-        "data": data.stats, **paths, **({"trackerRuns": runs} if runs else {}),
+        "data": {**data.stats, **streamed}, **paths, **({"trackerRuns": runs} if runs else {}),
         **({"warnings": warnings.said} if warnings.said else {}),
     }
     if pusher is not None:
@@ -272,6 +273,28 @@ def run(config_path: str) -> dict[str, Any]:
             (cfg.output_dir / SUMMARY_FILE).write_text(json.dumps(failed, default=str))
             raise
     return summary
+
+
+def streamed_rows(cfg: TrainerConfig, warnings) -> dict[str, Any]:
+    """data.streaming: the rows were tokenized while training ran, so what was cut or dropped is known only now:
+    summed over every process (a collective: every rank gets here), said, and kept for the summary."""
+    if not cfg.spec.data.streaming or cfg.spec.method.objective != "sft":
+        return {}
+    from finetune_trainer.data.streaming import add, streamed_stats
+
+    counts = [streamed_stats()]
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        counts = [None] * dist.get_world_size()
+        dist.all_gather_object(counts, streamed_stats())
+    total: dict[str, Any] = {}
+    for rank in counts:
+        for split, stats in (rank or {}).items():
+            add(total.setdefault(split, {}), stats)
+    advice.folded_system(cfg.spec, total, warnings)
+    advice.row_outcomes(cfg.spec, total, warnings, streamed=True)
+    return {"streamed": total}
 
 
 def write_result(code: int, summary: dict[str, Any]) -> None:
