@@ -344,3 +344,27 @@ def test_the_trainer_destroys_its_process_group_before_the_interpreter_exits(tmp
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, **TEST_ENV}, check=False)
     assert f"exit {exit_codes.CONFIG_ERROR} group alive False" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("scheduler", ["constant", "linear"])
+def test_a_resume_with_another_learning_rate_honours_it_and_says_so(tiny_model_dir, tmp_path, scheduler):
+    """The issue: a resumed run with a new learningRate silently went on with the old one (the checkpoint's
+    scheduler state wins). Now the spec's rate is the peak of the same schedule from the resumed step on, and a
+    LearningRateChanged warning says what changed and how to keep the old one."""
+    first = job(tiny_model_dir, **{"spec.training.maxSteps": 8, "spec.training.lrScheduler": scheduler})
+    ok(run_nodes(job(tiny_model_dir, **{"spec.training.maxSteps": 4, "spec.training.lrScheduler": "constant"})
+                 if scheduler == "constant" else first, tmp_path))
+    if scheduler == "linear":  # stop it at step 4: the run resumes from checkpoint-4 of an 8-step schedule
+        for extra in sorted((tmp_path / "output").glob("checkpoint-*"))[1:]:
+            shutil.rmtree(extra)
+    again = job(tiny_model_dir, **{"spec.training.maxSteps": 8, "spec.training.learningRate": 0.03,
+                                   "spec.training.lrScheduler": scheduler})
+    (result,) = ok(run_nodes(again, tmp_path))
+    (said,) = [w for w in result.summary.get("warnings", []) if w["reason"] == "LearningRateChanged"]
+    assert "resuming at step 4, trained with learningRate 0.003, with learningRate 0.03" in said["message"], said
+    assert "to continue unchanged set spec.training.learningRate: 0.003" in said["message"]
+    rates = {r["step"]: r["learningRate"] for r in progress(tmp_path) if r.get("learningRate") is not None}
+    if scheduler == "constant":
+        assert [rates[s] for s in range(5, 9)] == [pytest.approx(0.03)] * 4, rates
+    else:  # linear decay to 0 at step 8, from 0.03 instead of 0.003: ten times the old rate at each step
+        assert [rates[s] for s in range(5, 9)] == [pytest.approx(0.03 * (8 - s + 1) / 8) for s in range(5, 9)], rates

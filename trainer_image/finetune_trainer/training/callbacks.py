@@ -5,6 +5,7 @@ import json
 import math
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,38 @@ class UploadCallback(TrainerCallback):
             dist.barrier()
         if self.uploader is not None:
             self.uploader.submit(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+
+
+class LearningRateOnResume(TrainerCallback):
+    """A resumed run whose spec.training.learningRate changed: the checkpoint's scheduler and optimizer state would
+    silently keep the old rate (the Trainer loads them over the new one). The new one is honoured, as the peak of
+    the same schedule at the same step, and said (LearningRateChanged)."""
+
+    def __init__(self, warn: Callable[[str, str], None]):
+        self.warn = warn
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate wraps it
+        base = getattr(scheduler, "base_lrs", None)
+        if state.global_step == 0 or optimizer is None or not base or not base[0]:
+            return
+        old, new = float(base[0]), float(args.learning_rate)
+        if math.isclose(old, new, rel_tol=1e-9):
+            return
+        ratio = new / old
+        scheduler.base_lrs = [lr * ratio for lr in base]
+        for group in optimizer.param_groups:
+            group["lr"] *= ratio
+            if "initial_lr" in group:
+                group["initial_lr"] *= ratio
+        if hasattr(scheduler, "_last_lr"):
+            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        self.warn("LearningRateChanged",
+                  f"resuming at step {state.global_step}, trained with learningRate {old:g}, with learningRate "
+                  f"{new:g}: the {args.lr_scheduler_type} schedule goes on from step {state.global_step} with its "
+                  f"peak at {new:g} instead of {old:g} (the learning rate is now "
+                  f"{optimizer.param_groups[0]['lr']:.4g}); to continue unchanged set spec.training.learningRate: "
+                  f"{old:g}")
 
 
 class GracefulStop(TrainerCallback):

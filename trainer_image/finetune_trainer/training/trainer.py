@@ -14,7 +14,12 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     from transformers import Trainer
 
     from finetune_trainer.data.collators import make_collator
-    from finetune_trainer.training.callbacks import CheckpointMarkerCallback, GracefulStop, ProgressCallback
+    from finetune_trainer.training.callbacks import (
+        CheckpointMarkerCallback,
+        GracefulStop,
+        LearningRateOnResume,
+        ProgressCallback,
+    )
     from finetune_trainer.training.divergence import DivergenceWatch, FirstRows
 
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
@@ -27,7 +32,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
     # With output.uri, status.checkpoint names a checkpoint once it is complete in the bucket (remote_output).
     marked = CheckpointMarkerCallback(cfg.output_dir, None if cfg.spec.output.uri else progress, producer)
-    callbacks = [marked, progress, watchdog, stop]
+    callbacks = [marked, progress, watchdog, stop, LearningRateOnResume(warnings)]
     early = cfg.spec.evaluation.early_stopping
     if early is not None:
         from transformers import EarlyStoppingCallback
