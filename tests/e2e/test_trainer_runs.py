@@ -181,7 +181,9 @@ def test_streaming_on_two_nodes_trains_evaluates_and_tokenizes_nothing_ahead(tin
         "spec.training.evalStrategy": "steps", "spec.training.evalSteps": 3, "spec.checkpoints.saveSteps": 3})
     results = ok(run_nodes(doc, tmp_path / "run"))
     s = results[0].summary
-    assert (s["steps"], s["worldSize"], s["data"]) == (6, 2, {"streaming": {"trainShards": 2}})
+    assert (s["steps"], s["worldSize"], s["data"]["streaming"]) == (6, 2, {"trainShards": 2})
+    streamed = s["data"]["streamed"]  # the rows both ranks read, summed: none cut or left out here
+    assert streamed["train"]["kept"] == streamed["train"]["rows"] > 0 and streamed["train"]["first"] == {}
     assert s["tokensSeen"] > 0 and (tmp_path / "run" / "output" / "final" / "model.safetensors").stat().st_size > 0
     assert [r["step"] for r in progress(tmp_path / "run") if r.get("evalLoss") is not None] == [3, 6]
     assert not (tmp_path / "run" / "output" / ".cache" / "tokenized").exists()  # streamed: nothing tokenized ahead

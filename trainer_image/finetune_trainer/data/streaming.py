@@ -70,6 +70,7 @@ def add(total: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
         if key == "first":
             for outcome, where in value.items():
                 total.setdefault("first", {}).setdefault(outcome, where)
+            total.setdefault("first", {})
         elif key == "longest":
             total[key] = max(total.get(key, 0), value)
         else:
