@@ -223,16 +223,15 @@ class DivergenceWatch(TrainerCallback):
                 f"step {rows.then:.4g}; diverged above {self._rows_limit(rows):.4g})")
 
     def _shifted(self, step: int, rows: FirstRows, control: Any) -> None:
-        old, first = self.threshold, self.spike[0][0]
-        level = self.level if self.level is not None else self.spike[-1][1]
-        self._take_level(step, level)
+        old, first, lasted = self.threshold, self.spike[0][0], step - self.spike_from
+        self._take_level(step, self.level if self.level is not None else self.spike[-1][1])
         self._rebased_at = step
         self._warn("LossShifted",
-                   f"the loss rose above {old:.4g} at step {first} and stayed there for {step - first} optimizer "
-                   f"steps, but {self._rows_text(rows)}: the rows are new (a fixed data order, a curriculum, other "
-                   f"data resumed on), the model did not diverge. From step {step} the threshold is "
-                   f"{self.threshold:.4g}, from the loss now ({level:.4g}); no checkpoint was saved meanwhile, one is "
-                   "saved now")
+                   f"the loss rose above {old:.4g} at step {first} and stayed there for {lasted} optimizer steps, "
+                   f"but {self._rows_text(rows)}: the rows are new (a fixed data order, a curriculum, other data "
+                   f"resumed on), the model did not diverge. From step {step} the threshold is {self.threshold:.4g}, "
+                   f"measured from the loss's level now, {self.rebased:.4g}; no checkpoint was saved meanwhile, one "
+                   "is saved now")
         if self.save_owed and control is not None:
             control.should_save = True
         self.save_owed = False
