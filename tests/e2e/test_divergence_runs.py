@@ -38,7 +38,7 @@ def test_a_sequential_curriculum_whose_new_rows_start_high_is_not_stopped(tiny_m
                               extraArgs={"train_sampling_strategy": "sequential"}), tmp_path / "curriculum")
     assert result.returncode == exit_codes.SUCCESS, result.summary.get("message") or result.log[-3000:]
     (shifted,) = [w["message"] for w in result.summary.get("warnings", []) if w["reason"] == "LossShifted"]
-    assert "the rows of the first optimizer step, measured again, have a loss of" in shifted
+    assert "when it rose the rows of the first optimizer step, measured again, had a loss of" in shifted
     assert "the rows are new (a fixed data order, a curriculum, other data resumed on)" in shifted
     records = [json.loads(line) for line in (tmp_path / "curriculum" / "output" / "progress.jsonl").read_text()
                .splitlines()]

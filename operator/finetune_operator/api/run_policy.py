@@ -13,18 +13,18 @@ class DivergencePolicy(ApiModel):
     the loss of guessing uniformly over the vocabulary (ln vocab size): one easy first batch (rows the model already
     knows) cannot make a healthy run look diverged, and a run that blows up at once is still caught. Every run is
     judged at its end too, however short: one that ends above the threshold fails rather than saving the weights.
-    Below the threshold of a uniform guess, SFT measures the rows of its first step again before calling it
-    divergence: a model that still knows them met new rows (a fixed order, a curriculum), not divergence."""
+    Below the threshold of a uniform guess, SFT measures the rows of its first step again when the loss rises:
+    a model that still knew them met new rows (a fixed order, a curriculum), not divergence."""
 
     action: FalseIsOff[Literal["stop", "warn", "off"]] = Field(
         default="stop",
         description="stop: the run stops (exit 79, reason LossDiverged, not retried) once the training loss has "
         "stayed above the threshold for `patience` optimizer steps (a spike starts when the losses of the last 10 "
         "steps average above it, and lasts while each logged loss is), or when training ends during such a spike "
-        "however short the run (the final weights are not saved); SFT first measures the rows of its first step "
-        "again: a model that still knows them met new rows (LossShifted: the threshold then follows the new "
-        "level); warn: a Warning Event only; off: no check (YAML's unquoted off, read as false, means off too). A "
-        "NaN or infinite loss or gradient norm always stops the run at once.",
+        "however short the run (the final weights are not saved); SFT measures the rows of its first step again "
+        "when the loss rises: a model that still knew them met new rows (LossShifted: the threshold then follows "
+        "the new level); warn: a Warning Event only; off: no check (YAML's unquoted off, read as false, means off "
+        "too). A NaN or infinite loss or gradient norm always stops the run at once.",
     )
     factor: float = Field(
         default=3.0, ge=1.5, le=1000,
