@@ -206,7 +206,10 @@ def run(config_path: str) -> dict[str, Any]:
         step = checkpoints.step_of(Path(resume)) or 0
         reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": source}}, force=True)
     result = trainer.train(resume_from_checkpoint=resume)
-    if stop.requested is None:  # a run that ended (not one stopped to resume) is judged at its end, however short
+    # A run that ended (not one stopped to resume) is judged at its end, however short; with early stopping the
+    # final model is the best checkpoint, saved before any spike (none is saved during one), not the last weights.
+    best = trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint
+    if stop.requested is None and not best:
         watchdog.judge_end(trainer.state.global_step)
     if watchdog.diverged_at is not None:
         raise LossDiverged(advice.diverged(cfg.output_dir, watchdog))
