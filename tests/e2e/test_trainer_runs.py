@@ -331,7 +331,7 @@ def test_the_trainer_destroys_its_process_group_before_the_interpreter_exits(tmp
     """The crash of a two-node streaming run (rank 0: SIGABRT, "terminate called without an active exception", after
     its run succeeded): a process that exits with its gloo group alive lets a worker thread of the group drop the
     last reference to a finished collective's tensor while the interpreter finalizes; the GIL it needs is gone, the
-    thread is torn down inside a C++ destructor and the process aborts (2 of 60 bare gloo runs did, docs/results.md).
+    thread is torn down inside a C++ destructor and the process aborts (4 of 60 bare gloo runs did, docs/results.md).
     The trainer destroys the group on every way out, here a config error, while Python is still whole."""
     import subprocess
     import sys
