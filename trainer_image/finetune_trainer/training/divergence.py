@@ -56,7 +56,7 @@ class DivergenceWatch(TrainerCallback):
                  first_rows: Callable[[], FirstRows | None] | None = None):
         self.policy = policy
         self.first_rows = first_rows
-        self.warn = warn or (lambda reason, message: None)
+        self._say = warn or (lambda reason, message: None)
         self.chance = math.log(vocab_size) if vocab_size and vocab_size > 1 else None
         self.diverged_at: int | None = None
         self.value: float | None = None
@@ -189,7 +189,7 @@ class DivergenceWatch(TrainerCallback):
             self._stop(step, control, loss, text)
         elif not self.warned_persistent:
             self.warned_persistent = True
-            self._warn("LossDiverging", text + " (runPolicy.divergence.action: warn, training goes on)")
+            self.warn("LossDiverging", text + " (runPolicy.divergence.action: warn, training goes on)")
 
     def judge_end(self, step: int) -> None:
         """Training ended (not stopped on request): a spike still open is judged now, however short the run, by the
@@ -198,7 +198,7 @@ class DivergenceWatch(TrainerCallback):
             return
         rows = self._rows()
         if rows is not None and rows.now <= self._rows_limit(rows):
-            self._warn("LossAboveEarlyLevel",
+            self.warn("LossAboveEarlyLevel",
                        f"training ended with the loss above {self.threshold:.4g} ({self._early_text()}) since step "
                        f"{self.spike[0][0]} (at the end {self.spike[-1][1]:.4g}), but {self._rows_text(rows)}: the "
                        f"rows are new, the model did not diverge; no checkpoint was saved since step "
@@ -209,7 +209,7 @@ class DivergenceWatch(TrainerCallback):
             self.diverged_at, self.value, self.message = step, self.spike[-1][1], text
         elif not self.warned_persistent:
             self.warned_persistent = True
-            self._warn("LossDiverging", text + " (runPolicy.divergence.action: warn, the final model is saved)")
+            self.warn("LossDiverging", text + " (runPolicy.divergence.action: warn, the final model is saved)")
 
     def _first_rows(self) -> FirstRows | None:
         """The first step's rows measured again, unless the loss is above the ceiling (no rows are that new)."""
@@ -239,7 +239,7 @@ class DivergenceWatch(TrainerCallback):
         old, first, lasted = self.threshold, self.spike[0][0], step - self.spike_from
         self._take_level(step, self.level if self.level is not None else self.spike[-1][1])
         self._rebased_at = step
-        self._warn("LossShifted",
+        self.warn("LossShifted",
                    f"the loss rose above {old:.4g} at step {first} and stayed there for {lasted} optimizer steps, "
                    f"but {self._rows_text(rows)}: the rows are new (a fixed data order, a curriculum, other data "
                    f"resumed on), the model did not diverge. From step {step} the threshold is {self.threshold:.4g}, "
@@ -259,9 +259,10 @@ class DivergenceWatch(TrainerCallback):
         if self.logged and self.logged[-1][0] == step:
             self.logged[-1] = (step, True)
 
-    def _warn(self, reason: str, message: str) -> None:
+    def warn(self, reason: str, message: str) -> None:
+        """A warning (the log, a Warning Event), unless the losses of a resumed run's history are replayed."""
         if not self.replaying:
-            self.warn(reason, message)
+            self._say(reason, message)
 
     def _early_text(self) -> str:
         if self.rebased is not None:
@@ -293,7 +294,7 @@ class DivergenceWatch(TrainerCallback):
         lasted = steps[-1] - self.spike_from
         if (self.acting and not self.warned_persistent and len(steps) >= 2
                 and lasted >= max(2, self.policy.patience // 4)):
-            self._warn("LossSpike", f"the loss spiked to {peak:.4g} at step {steps[0]}"
+            self.warn("LossSpike", f"the loss spiked to {peak:.4g} at step {steps[0]}"
                        f"{'' if len(steps) == 1 else f'-{steps[-1]}'} (above {self.threshold:.4g}, {lasted} "
                        f"optimizer step(s); {self.policy.patience} stop the run) and came back to {loss:.4g} at step "
                        f"{step}; no checkpoint was saved during the spike")
