@@ -22,8 +22,10 @@ RUNNING: list[subprocess.Popen] = []
 
 
 def finetune(*args, **kwargs) -> subprocess.Popen:
+    # This checkout's packages, not the ones the shared environment has installed (another checkout's).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
     proc = subprocess.Popen([sys.executable, "-m", "finetune_operator", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kwargs)
+                            stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
     RUNNING.append(proc)
     return proc
 
@@ -187,6 +189,31 @@ def test_a_run_that_diverges_stops_with_its_own_exit_class_and_names_the_good_ch
     assert last.startswith("finetune launch: LossDiverged (exit 79): the loss diverged"), last
 
 
+def test_a_diverging_run_shorter_than_the_patience_fails_at_its_end_and_saves_no_final_model(tiny_model_dir,
+                                                                                                tmp_path):
+    """The issue's runs: learning rate 10 for fewer steps than runPolicy.divergence.patience (here 12, logged every
+    5: steps 1, 5, 10 and the last) ended "Succeeded: 10 steps, final loss 2348" with those weights saved. Judged at
+    the end: exit 79, the reason and numbers in the summary, no final model, no checkpoint of the diverged weights."""
+    proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set", "spec.method.type=full",
+                    "--set", "spec.training.learningRate=10", "--set", "spec.training.maxSteps=12",
+                    "--set", "spec.training.loggingSteps=5", "--set", "spec.checkpoints.saveSteps=1",
+                    "--output", str(tmp_path))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == exit_codes.DIVERGED, out
+    summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
+    assert summary["reason"] == "LossDiverged", summary
+    assert "the loss diverged: training ended with the loss above its threshold: every loss logged from step 5 to 12" \
+        in summary["message"]
+    assert "the final weights are not saved" in summary["message"]
+    assert not (tmp_path / "output" / "final").exists()
+    records = [json.loads(line) for line in (tmp_path / "output" / "progress.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("loss") is not None] == [1, 5, 10, 12]  # the last step is logged
+    # Saves every step, keep 2: steps 3 and 4 were saved before step 5's log showed the rise; they are not "good".
+    assert sorted(int(p.name.split("-")[1]) for p in (tmp_path / "output").glob("checkpoint-*")) == [3, 4]
+    assert "no checkpoint was saved before the loss began to rise at step 1: the ones saved since (the newest: " \
+        f"{tmp_path / 'output' / 'checkpoint-4'}) hold the diverged weights" in summary["message"]
+
+
 def test_a_noisy_batch_of_one_never_trips_the_divergence_check(tiny_model_dir, tmp_path):
     proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--set",
                     "spec.training.perDeviceTrainBatchSize=1", "--set", "spec.training.maxSteps=60",
@@ -224,7 +251,7 @@ def test_nothing_outlives_a_killed_cli_and_a_second_run_on_its_output_is_refused
     second = finetune(*args)
     out, _ = second.communicate(timeout=120)
     assert second.returncode == exit_codes.CONFIG_ERROR, out
-    assert f"is in use by another finetune run ({{\"pid\": {first.pid}" in out and "another --output" in out, out
+    assert f"is in use by another finetune run (pid {first.pid}, started " in out and "another --output" in out, out
     assert first.poll() is None  # the first goes on, untouched
 
     assert processes_of(tmp_path)  # the nodes of the first run, seen by this very check

@@ -181,7 +181,9 @@ def test_streaming_on_two_nodes_trains_evaluates_and_tokenizes_nothing_ahead(tin
         "spec.training.evalStrategy": "steps", "spec.training.evalSteps": 3, "spec.checkpoints.saveSteps": 3})
     results = ok(run_nodes(doc, tmp_path / "run"))
     s = results[0].summary
-    assert (s["steps"], s["worldSize"], s["data"]) == (6, 2, {"streaming": {"trainShards": 2}})
+    assert (s["steps"], s["worldSize"], s["data"]["streaming"]) == (6, 2, {"trainShards": 2})
+    streamed = s["data"]["streamed"]  # the rows both ranks read, summed: none cut or left out here
+    assert streamed["train"]["kept"] == streamed["train"]["rows"] > 0 and streamed["train"]["first"] == {}
     assert s["tokensSeen"] > 0 and (tmp_path / "run" / "output" / "final" / "model.safetensors").stat().st_size > 0
     assert [r["step"] for r in progress(tmp_path / "run") if r.get("evalLoss") is not None] == [3, 6]
     assert not (tmp_path / "run" / "output" / ".cache" / "tokenized").exists()  # streamed: nothing tokenized ahead
@@ -323,3 +325,48 @@ def test_generation_samples_at_every_evaluation_and_at_the_end(tiny_model_dir, t
     assert [r["completion"] for r in records[2:4]] == [r["completion"] for r in records[4:]]
     events = b"".join(f.read_bytes() for f in output.rglob("events.out.tfevents.*"))
     assert b"samples/0" in events and prompts[0].encode() in events  # TensorBoard text
+
+
+def test_the_trainer_destroys_its_process_group_before_the_interpreter_exits(tmp_path):
+    """The crash of a two-node streaming run (rank 0: SIGABRT, "terminate called without an active exception", after
+    its run succeeded): a process that exits with its gloo group alive lets a worker thread of the group drop the
+    last reference to a finished collective's tensor while the interpreter finalizes; the GIL it needs is gone, the
+    thread is torn down inside a C++ destructor and the process aborts (4 of 60 bare gloo runs did, docs/results.md).
+    The trainer destroys the group on every way out, here a config error, while Python is still whole."""
+    import subprocess
+    import sys
+
+    from tests.support.trainer_run import TEST_ENV
+
+    script = ("import sys, torch.distributed as dist\n"
+              "from finetune_trainer.main import main\n"
+              f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
+              f"code = main(['--config', '{tmp_path / 'missing.json'}'])\n"
+              "print('exit', code, 'group alive', dist.is_initialized())\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, **TEST_ENV}, check=False)
+    assert f"exit {exit_codes.CONFIG_ERROR} group alive False" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("scheduler", ["constant", "linear"])
+def test_a_resume_with_another_learning_rate_honours_it_and_says_so(tiny_model_dir, tmp_path, scheduler):
+    """The issue: a resumed run with a new learningRate silently went on with the old one (the checkpoint's
+    scheduler state wins). Now the spec's rate is the peak of the same schedule from the resumed step on, and a
+    LearningRateChanged warning says what changed and how to keep the old one."""
+    first = job(tiny_model_dir, **{"spec.training.maxSteps": 8, "spec.training.lrScheduler": scheduler})
+    ok(run_nodes(job(tiny_model_dir, **{"spec.training.maxSteps": 4, "spec.training.lrScheduler": "constant"})
+                 if scheduler == "constant" else first, tmp_path))
+    if scheduler == "linear":  # stop it at step 4: the run resumes from checkpoint-4 of an 8-step schedule
+        for extra in sorted((tmp_path / "output").glob("checkpoint-*"))[1:]:
+            shutil.rmtree(extra)
+    again = job(tiny_model_dir, **{"spec.training.maxSteps": 8, "spec.training.learningRate": 0.03,
+                                   "spec.training.lrScheduler": scheduler})
+    (result,) = ok(run_nodes(again, tmp_path))
+    (said,) = [w for w in result.summary.get("warnings", []) if w["reason"] == "LearningRateChanged"]
+    assert "resuming at step 4, trained with learningRate 0.003, with learningRate 0.03" in said["message"], said
+    assert "to continue unchanged set spec.training.learningRate: 0.003" in said["message"]
+    rates = {r["step"]: r["learningRate"] for r in progress(tmp_path) if r.get("learningRate") is not None}
+    if scheduler == "constant":
+        assert [rates[s] for s in range(5, 9)] == [pytest.approx(0.03)] * 4, rates
+    else:  # linear decay to 0 at step 8, from 0.03 instead of 0.003: ten times the old rate at each step
+        assert [rates[s] for s in range(5, 9)] == [pytest.approx(0.03 * (8 - s + 1) / 8) for s in range(5, 9)], rates

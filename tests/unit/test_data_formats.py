@@ -135,7 +135,7 @@ def test_truncation_policy_is_counted(tiny_tokenizer, policy, kept, truncated, d
 def test_sample_whose_answer_is_truncated_away_is_dropped_and_counted(tiny_tokenizer):
     rows = [{"instruction": "word " * 40, "output": "Yo."}]
     examples, stats = D.tokenize(rows, spec(maxLength=16), tiny_tokenizer)
-    assert len(examples) == 0 and stats.dropped_no_target == 1
+    assert len(examples) == 0 and stats.dropped_cut_before_reply == 1 and stats.dropped_no_target == 0
 
 
 def test_padding_is_masked_by_attention_mask_not_by_token_id(tiny_tokenizer):
@@ -178,8 +178,7 @@ def test_no_trainable_example_is_a_data_error_naming_the_source_the_counts_and_a
     with pytest.raises(DataError, match="no trainable example") as caught:
         D.prepare(data, tiny_tokenizer, tmp_path, seed=1)
     text = str(caught.value)
-    assert "from inline rows: 1 row(s)" in text, text
-    assert "with nothing to learn" in text or "longer than data.maxLength=16" in text, text
+    assert "from inline rows: 1 row(s), 1 cut at data.maxLength=16 before their reply began" in text, text
     assert 'the first row (inline rows, row 1): {"instruction": "word word' in text, text
     # A file whose prompts fill maxLength: its name, the count and the first row show why.
     rows = tmp_path / "long-prompts.jsonl"
@@ -187,7 +186,7 @@ def test_no_trainable_example_is_a_data_error_naming_the_source_the_counts_and_a
     with pytest.raises(DataError) as caught:
         D.prepare(spec(train=[{"path": str(rows)}], maxLength=16), tiny_tokenizer, tmp_path / "c2", seed=1)
     text = str(caught.value)
-    assert f"from {rows}: 2 row(s), 2 with nothing to learn" in text, text
+    assert f"from {rows}: 2 row(s), 2 cut at data.maxLength=16 before their reply began" in text, text
     assert f'the first row ({rows}, row 1): {{"instruction": "word word' in text, text
 
 
@@ -342,7 +341,7 @@ def test_the_stats_keep_the_longest_row_before_max_length(tiny_tokenizer, tmp_pa
     data = spec(train=[{"inline": rows}], maxLength=32)
     prepared = D.prepare(data, tiny_tokenizer, tmp_path, seed=1)
     stats = prepared.stats["train"]
-    assert stats["truncated"] >= 1 or stats["dropped_no_target"] >= 1
+    assert stats["truncated"] + stats["dropped_cut_before_reply"] == 1  # the first row: its prompt fills 32
     assert stats["longest"] > 40, stats
 
 

@@ -10,7 +10,7 @@ import yaml
 from transformers import TrainerControl, TrainerState
 
 from finetune_operator.api.run_policy import DivergencePolicy
-from finetune_trainer.training.callbacks import DivergenceWatch
+from finetune_trainer.training.divergence import DivergenceWatch
 
 VOCAB = 2048  # ln = 7.62: the loss of a uniform guess over the tiny model's vocabulary
 
@@ -138,7 +138,7 @@ def test_off_ignores_the_loss_but_never_a_nan_and_remembers_where_the_loss_rose(
     watch, warnings, saves = drive([6.0] * 10 + [100.0] * 30, off)
     assert watch.diverged_at is None and warnings == [] and saves == list(range(1, 41))  # nothing held back
     watch, _, _ = drive([6.0] * 10 + [100.0] * 5 + [math.nan], off)
-    assert watch.diverged_at == 16 and watch.last_good_step == 11  # step 11 alone did not lift the level
+    assert watch.diverged_at == 16 and watch.last_good_step == 10  # the last loss under the threshold
 
 
 @pytest.mark.parametrize("written", ["off", "'off'", "false"])
@@ -152,7 +152,9 @@ def test_off_as_yaml_writes_it_unquoted_is_off(written):
 def test_a_resumed_run_keeps_the_early_loss_of_the_run_it_continues():
     history = [{"loss": 2.0, "step": s} for s in range(1, 31)]
     watch, _, _ = drive([20.0] * 25, history=history)
-    assert watch.early_done and watch.baseline == 2.0 and watch.diverged_at == 50
+    assert watch.early_done and watch.baseline == 2.0
+    # The losses before the checkpoint are replayed (their level too): stopped where the whole run would stop.
+    assert watch.diverged_at == drive([2.0] * 30 + [20.0] * 25)[0].diverged_at == 52
 
 
 def test_tuned_thresholds():
@@ -197,12 +199,15 @@ def test_rows_cut_at_max_length_are_announced_once_with_the_count():
 
     from finetune_trainer.training import advice
 
-    spec = SimpleNamespace(data=SimpleNamespace(max_length=128))
+    spec = SimpleNamespace(data=SimpleNamespace(max_length=128, format="alpaca"))
     said: list[tuple[str, str]] = []
-    advice.truncated(spec, {"train": {"rows": 300, "truncated": 12, "longest": 900},
-                            "eval": {"rows": 10, "truncated": 0}}, lambda *w: said.append(w))
+    advice.row_outcomes(spec, {"train": {"rows": 300, "kept": 300, "truncated": 12, "longest": 900,
+                                         "reply_tokens_cut": 40, "trainable_tokens": 5000,
+                                         "first": {"truncated": "train.jsonl, row 7"}},
+                               "eval": {"rows": 10, "truncated": 0}}, lambda *w: said.append(w))
     assert [reason for reason, _ in said] == ["RowsTruncated"]
     assert said[0][1].startswith("12 of 300 training row(s) were longer than data.maxLength=128 tokens (the "
-                                 "longest: 900 tokens) and were cut")
-    advice.truncated(spec, {"train": {"rows": 300, "truncated": 0}}, lambda *w: said.append(w))
+                                 "first: train.jsonl, row 7; the longest: 900 tokens) and were cut: 40 reply token(s) "
+                                 "past the cut are not trained")
+    advice.row_outcomes(spec, {"train": {"rows": 300, "truncated": 0}}, lambda *w: said.append(w))
     assert len(said) == 1  # nothing cut: nothing said

@@ -169,7 +169,7 @@ def run(config_path: str) -> dict[str, Any]:
     data = prepare_data(cfg, args, tokenizer, reporter)
     warnings = Warnings(reporter, journal=cfg.output_dir / c.NOTICES_FILE if args.process_index == 0 else None)
     advice.folded_system(cfg.spec, data.stats, warnings)
-    advice.truncated(cfg.spec, data.stats, warnings)
+    advice.row_outcomes(cfg.spec, data.stats, warnings)
     # spec.training.seed covers the weights' init too: new rows of a grown vocabulary, LoRA's A matrices.
     from transformers import set_seed
 
@@ -206,6 +206,11 @@ def run(config_path: str) -> dict[str, Any]:
         step = checkpoints.step_of(Path(resume)) or 0
         reporter.report({"checkpoint": {"step": step, "path": resume, "restoredFrom": source}}, force=True)
     result = trainer.train(resume_from_checkpoint=resume)
+    # A run that ended (not one stopped to resume) is judged at its end, however short; with early stopping the
+    # final model is the best checkpoint, saved before any spike (none is saved during one), not the last weights.
+    best = trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint
+    if stop.requested is None and not best:
+        watchdog.judge_end(trainer.state.global_step)
     if watchdog.diverged_at is not None:
         raise LossDiverged(advice.diverged(cfg.output_dir, watchdog))
     if stop.requested is not None:
@@ -213,6 +218,7 @@ def run(config_path: str) -> dict[str, Any]:
             remote.drain()  # the checkpoint of the stop reaches the bucket within the pod's grace period
         raise Interrupted(f"stopped by {stop_cause(stop.requested)} at step {trainer.state.global_step}; a checkpoint "
                           "was saved and the next run resumes from it")
+    streamed = streamed_rows(cfg, warnings)
     paths = save_final(cfg, trainer, tokenizer)
     if trainer.args.should_save:
         paths.update(loss_plot(cfg))
@@ -239,7 +245,7 @@ def run(config_path: str) -> dict[str, Any]:
         "totalParameters": total, "worldSize": args.world_size,
         "distributedType": str(trainer.accelerator.distributed_type),
         "modelWrapper": type(trainer.model_wrapped).__name__, **sharding(trainer), **peak_memory(),
-        "data": data.stats, **paths, **({"trackerRuns": runs} if runs else {}),
+        "data": {**data.stats, **streamed}, **paths, **({"trackerRuns": runs} if runs else {}),
         **({"warnings": warnings.said} if warnings.said else {}),
     }
     if pusher is not None:
@@ -272,6 +278,28 @@ def run(config_path: str) -> dict[str, Any]:
     return summary
 
 
+def streamed_rows(cfg: TrainerConfig, warnings) -> dict[str, Any]:
+    """data.streaming: the rows were tokenized while training ran, so what was cut or dropped is known only now:
+    summed over every process (a collective: every rank gets here), said, and kept for the summary."""
+    if not cfg.spec.data.streaming or cfg.spec.method.objective != "sft":
+        return {}
+    from finetune_trainer.data.streaming import add, streamed_stats
+
+    counts = [streamed_stats()]
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        counts = [None] * dist.get_world_size()
+        dist.all_gather_object(counts, streamed_stats())
+    total: dict[str, Any] = {}
+    for rank in counts:
+        for split, stats in (rank or {}).items():
+            add(total.setdefault(split, {}), stats)
+    advice.folded_system(cfg.spec, total, warnings)
+    advice.row_outcomes(cfg.spec, total, warnings, streamed=True)
+    return {"streamed": total}
+
+
 def write_result(code: int, summary: dict[str, Any]) -> None:
     """Each process leaves its result where the launcher aggregates it into the pod's termination message."""
     directory = os.environ.get(c.ENV_RESULT_DIR)
@@ -279,6 +307,21 @@ def write_result(code: int, summary: dict[str, Any]) -> None:
         return
     rank = os.environ.get(c.ENV_LOCAL_RANK, "0")
     Path(directory, f"result-{rank}.json").write_text(json.dumps({"exitCode": code, **summary}, default=str))
+
+
+def release_process_group() -> None:
+    """Destroys torch.distributed's process group while the interpreter is whole. Left to the exit, a worker thread
+    of a gloo group may drop the last reference to a finished collective's tensor while Python finalizes: the GIL
+    that release needs is gone, the thread is torn down inside a C++ destructor, and a run that succeeded dies of
+    SIGABRT ("terminate called without an active exception"). Local: no collective, so a rank that failed alone
+    does not wait for the others."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # the outcome is already written; the exit must still happen
+        log.warning("could not destroy the process group before exiting: %s", exc)
 
 
 def _stop_before_training(signum: int, _frame: Any) -> None:
@@ -308,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif code != exit_codes.SUCCESS:
         log.error("%s: %s", summary["reason"], summary["message"])
     write_result(code, summary)
+    release_process_group()
     if unexpected is not None:
         raise unexpected
     if code == exit_codes.SUCCESS and os.environ.get(c.ENV_RANK, "0") == "0":

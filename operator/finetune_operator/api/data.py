@@ -38,7 +38,9 @@ class DataSource(ApiModel):
         description=f"Rows written directly in the spec (at most {MAX_INLINE_ROWS}); for smoke tests and demos.",
     )
     file_type: FileType | None = Field(
-        default=None, description="File type of `path`; inferred from the extension when unset."
+        default=None, description="File type of `path`; inferred from the extension when unset. In a directory only "
+        "the files of this type are read; unset, a README.md (a dataset card, as in a Hub dataset's files) beside "
+        "other data files is skipped."
     )
 
     @model_validator(mode="after")

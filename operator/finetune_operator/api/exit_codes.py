@@ -15,7 +15,7 @@ RENDEZVOUS_DNS_TIMEOUT: Final = 75  # EX_TEMPFAIL: node 0's name never resolved;
 PUSH_REFUSED: Final = 77  # EX_NOPERM: the Hub refused the push (token, permission, repo), or the object store refused
 # the credentials or has no such bucket (reason StorageRefused)
 CONFIG_ERROR: Final = 78  # EX_CONFIG: the config, model or tokenizer cannot work (e.g. QLoRA on CPU)
-DIVERGED: Final = 79  # the loss became NaN/inf; restarting from the last checkpoint would diverge again
+DIVERGED: Final = 79  # the loss became NaN/inf or stayed far above its early level; a restart diverges again
 INTERRUPTED: Final = 143  # 128 + SIGTERM: stopped on request after saving a checkpoint; resumable
 
 PERMANENT: Final = frozenset({DATA_ERROR, PUSH_REFUSED, CONFIG_ERROR, DIVERGED})
@@ -39,7 +39,8 @@ DESCRIPTIONS: Final = {
     CONFIG_ERROR: "the config, model or tokenizer cannot work (e.g. QLoRA on CPU, flash attention missing from the "
                   "image)",
     DIVERGED: "the loss or gradient norm became NaN/inf, or the loss stayed far above its early level for 20 "
-              "optimizer steps (runPolicy.divergence); nothing is checkpointed after it",
+              "optimizer steps or until the end of a shorter run (runPolicy.divergence); nothing is checkpointed "
+              "after it, no final model is saved",
     PUSH_REFUSED: "the model is saved; the Hub refused the push (token, permission, repo) - PushRefused - or the "
                   "object store refused the credentials or has no such bucket - StorageRefused",
     PUSH_FAILED: "the model is saved; the Hub was unreachable or failing (the retry only pushes) - PushFailed -, "

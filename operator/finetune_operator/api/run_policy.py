@@ -11,15 +11,20 @@ class DivergencePolicy(ApiModel):
     """A loss that stays far above the run's own early level is divergence: retrying from a checkpoint diverges
     again. The early level is the mean of the losses logged in the first `warmupSteps` optimizer steps, never above
     the loss of guessing uniformly over the vocabulary (ln vocab size): one easy first batch (rows the model already
-    knows) cannot make a healthy run look diverged, and a run that blows up at once is still caught."""
+    knows) cannot make a healthy run look diverged, and a run that blows up at once is still caught. Every run is
+    judged at its end too, however short: one that ends above the threshold fails rather than saving the weights.
+    Below the threshold of a uniform guess, SFT measures the rows of its first step again when the loss rises:
+    a model that still knew them met new rows (a fixed order, a curriculum), not divergence."""
 
     action: FalseIsOff[Literal["stop", "warn", "off"]] = Field(
         default="stop",
         description="stop: the run stops (exit 79, reason LossDiverged, not retried) once the training loss has "
         "stayed above the threshold for `patience` optimizer steps (a spike starts when the losses of the last 10 "
-        "steps average above it, and lasts while each logged loss is); warn: a Warning Event only; off: no check "
-        "(YAML's unquoted off, read as false, means off too). A NaN or infinite loss or gradient norm always stops "
-        "the run at once.",
+        "steps average above it, and lasts while each logged loss is), or when training ends during such a spike "
+        "however short the run (the final weights are not saved); SFT measures the rows of its first step again "
+        "when the loss rises: a model that still knew them met new rows (LossShifted: the threshold then follows "
+        "the new level); warn: a Warning Event only; off: no check (YAML's unquoted off, read as false, means off "
+        "too). A NaN or infinite loss or gradient norm always stops the run at once.",
     )
     factor: float = Field(
         default=3.0, ge=1.5, le=1000,
@@ -72,8 +77,8 @@ class RunPolicy(ApiModel):
     divergence: DivergencePolicy = Field(
         default_factory=DivergencePolicy,
         description="Stop a run whose loss stays far above its early level (e.g. a learning rate 1000x too high): "
-        "by default a loss above max(3 x early, early + 3) for 20 optimizer steps, where early is the mean of the "
-        "losses of the first 20 steps.",
+        "by default a loss above max(3 x early, early + 3) for 20 optimizer steps, or at the end of a shorter run, "
+        "where early is the mean of the losses of the first 20 steps.",
     )
     schedule_retry_limit: int = Field(
         default=5, ge=0, le=1000,

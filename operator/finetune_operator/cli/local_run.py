@@ -271,6 +271,12 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def unwritable(workdir: Path, exc: OSError) -> str:
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(workdir) else ""
+    return (f"cannot write the run directory --output {workdir}{where}: {exc.strerror or exc}; give --output a "
+            "directory this user can create and write (a path on a local disk, not under a file, /proc or /sys)")
+
+
 def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int | None = None) -> int:
     out = out or sys.stdout  # looked up per call: a default bound at import keeps whatever stdout was then
     # Explicit handlers: a process started in the background inherits SIGINT as ignored, and `kill` sends SIGTERM;
@@ -291,8 +297,16 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
     except OutputBusy as exc:
         print(exc, file=out, flush=True)
         return exit_codes.CONFIG_ERROR
+    except OSError as exc:  # a path under a file, /proc, /sys, a read-only or full disk: no traceback
+        print(unwritable(workdir, exc), file=out, flush=True)
+        return exit_codes.CONFIG_ERROR
     try:
-        nodes = start_nodes(job, workdir, port, lock=lock)
+        try:
+            nodes = start_nodes(job, workdir, port, lock=lock)
+        except OSError as exc:
+            print(unwritable(workdir, exc), file=out, flush=True)
+            return exit_codes.CONFIG_ERROR
+        lock.note_nodes([n.process.pid for n in nodes])
         d = job.spec.distributed
         print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "
               f"output in {workdir / 'output'}", file=out, flush=True)

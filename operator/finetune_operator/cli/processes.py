@@ -64,7 +64,6 @@ class OutputLock:
 
     def __init__(self, workdir: Path):
         import fcntl
-        import json
         import time
 
         workdir.mkdir(parents=True, exist_ok=True)
@@ -75,12 +74,57 @@ class OutputLock:
         except BlockingIOError:
             holder = os.pread(self.fd, 4096, 0).decode(errors="replace").strip() or "{}"
             os.close(self.fd)
-            raise OutputBusy(f"{workdir} is in use by another finetune run ({holder}): wait for it to end or stop "
-                             "it (Ctrl-C), or give this run another --output") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                       "command": " ".join(sys.argv)}).encode(), 0)
+            raise OutputBusy(busy_message(workdir, holder)) from None
+        self.record = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                       "command": " ".join(sys.argv)}
+        self._write()
         os.set_inheritable(self.fd, True)
+
+    def note_nodes(self, pids: list[int]) -> None:
+        """The node launchers that hold the lock with this process, for the message a second run gets."""
+        self.record["nodes"] = pids
+        self._write()
+
+    def _write(self) -> None:
+        import json
+
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps(self.record).encode(), 0)
 
     def release(self) -> None:
         os.close(self.fd)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def busy_message(workdir: Path, holder: str) -> str:
+    """Who holds a run directory and what to do about it. After kill -9 of `finetune run` its nodes hold the lock
+    while they stop (they got SIGTERM and save a checkpoint): Ctrl-C of a dead process is no advice."""
+    import json
+
+    try:
+        record = json.loads(holder)
+    except ValueError:
+        record = {}
+    pid, nodes = record.get("pid"), [n for n in record.get("nodes") or [] if isinstance(n, int) and alive(n)]
+    started = f", started {record['started']}" if record.get("started") else ""
+    if isinstance(pid, int) and alive(pid):
+        return (f"{workdir} is in use by another finetune run (pid {pid}{started}: {record.get('command', '?')}): "
+                f"wait for it to end, stop it (Ctrl-C in its terminal, or kill -INT {pid}), or give this run "
+                "another --output")
+    gone = f"the finetune run that used it (pid {pid}{started}) is gone" if pid else "a finetune run used it"
+    if nodes:
+        return (f"{workdir} is still in use: {gone}, but its node process(es) {', '.join(map(str, nodes))} still "
+                "run: they were told to stop and save a checkpoint, which takes up to a step and a save. Wait for "
+                f"them and run this again (it resumes from that checkpoint), or stop them now: kill "
+                f"{' '.join(map(str, nodes))}; or give this run another --output")
+    return (f"{workdir} is still in use: {gone}, and the processes it started still hold the directory (they stop "
+            "after saving a checkpoint). Wait a moment and run this again, or give this run another --output")

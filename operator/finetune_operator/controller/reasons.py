@@ -99,7 +99,14 @@ TRAINER_NOTICES: Final = {
     "LossDiverging": "runPolicy.divergence with action warn: the loss stays far above its early level",
     "GlobalBatchChanged": "the run resumed on another number of processes: the global batch size changed",
     "SystemPromptFolded": "the chat template refuses system messages: they were folded into the first user turn",
+    "LossShifted": "the loss rose and stayed up, but the model still knew its first rows when it rose: new rows, "
+                   "not divergence; the divergence threshold follows the new level",
+    "LossAboveEarlyLevel": "the run ended with its loss above the divergence threshold, on new rows the model was "
+                           "still learning (it still knew its first rows when the loss rose)",
+    "LearningRateChanged": "the run resumed with another learningRate: honoured from the resumed step",
     "RowsTruncated": "rows longer than data.maxLength were cut",
+    "RowsDropped": "rows were left out: too long (truncation: drop), cut before their reply began, or without a "
+                   "reply",
     "PairsDropped": "preference pairs too long for data.maxLength were left out",
 }
 

@@ -7,6 +7,7 @@ tokenizing.py the dataset, prepared.py caches it; this module hands their names 
 
 from finetune_trainer.data.chat import IGNORE_INDEX
 from finetune_trainer.data.encoding import (
+    DROPPED_CUT,
     DROPPED_NO_TARGET,
     DROPPED_TOO_LONG,
     KEPT,
@@ -24,7 +25,7 @@ from finetune_trainer.data.prepared import PreparedData, prepare
 from finetune_trainer.data.tokenizing import cache_key, text_blocks, tokenize, tokenize_documents, tokenize_parts
 from finetune_trainer.errors import DataError
 
-__all__ = ["DROPPED_NO_TARGET", "DROPPED_TOO_LONG", "EXTENSIONS", "IGNORE_INDEX", "KEPT", "TRUNCATED", "DataError",
-           "Part", "PreparedData", "RowEncoder", "TokenizeStats", "cache_key", "encode_completion", "fit",
+__all__ = ["DROPPED_CUT", "DROPPED_NO_TARGET", "DROPPED_TOO_LONG", "EXTENSIONS", "IGNORE_INDEX", "KEPT", "TRUNCATED",
+           "DataError", "Part", "PreparedData", "RowEncoder", "TokenizeStats", "cache_key", "encode_completion", "fit",
            "fit_counted", "load_rows", "load_source", "prepare", "sft_example", "text_blocks", "tokenize",
            "tokenize_documents", "tokenize_parts", "uses_chat_template"]

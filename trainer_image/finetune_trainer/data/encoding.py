@@ -2,7 +2,7 @@
 count of what happened to every row (TokenizeStats)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_operator.api.data import DataSpec
@@ -10,8 +10,13 @@ from finetune_trainer.data import formats
 from finetune_trainer.data.chat import IGNORE_INDEX, ChatEncoder, Encoded, labels_from_spans
 from finetune_trainer.errors import DataError
 
-# What happened to each row (the `status` column of the tokenized dataset).
-KEPT, TRUNCATED, DROPPED_TOO_LONG, DROPPED_NO_TARGET = 0, 1, 2, 3
+# What happened to each row (the `status` column of the tokenized dataset). DROPPED_CUT: cut at maxLength before
+# its reply began (nothing left to learn), not a row without a reply (DROPPED_NO_TARGET).
+KEPT, TRUNCATED, DROPPED_TOO_LONG, DROPPED_NO_TARGET, DROPPED_CUT = 0, 1, 2, 3, 4
+# The TokenizeStats counter of each outcome, and the key of its first example in `first`.
+OUTCOMES = {TRUNCATED: "truncated", DROPPED_TOO_LONG: "dropped_too_long", DROPPED_NO_TARGET: "dropped_no_target",
+            DROPPED_CUT: "dropped_cut_before_reply"}
+FOLDED = "system_folded"
 
 
 @dataclass
@@ -21,25 +26,34 @@ class TokenizeStats:
     truncated: int = 0
     dropped_too_long: int = 0
     dropped_no_target: int = 0
+    dropped_cut_before_reply: int = 0
     trainable_tokens: int = 0
+    reply_tokens_cut: int = 0  # learned tokens the truncated rows lost at maxLength
     tokens: int = 0
     system_folded: int = 0  # rows whose system prompt the template refused, folded into the first user turn
     longest: int = 0  # tokens of the longest row before maxLength applied (what a maxLength would need)
+    first: dict[str, str] = field(default_factory=dict)  # outcome -> where its first row is ("file, row N")
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "first": dict(self.first)}
 
-    def count(self, status: int, ids: list[int], labels: list[int], folded: bool = False, length: int = 0) -> None:
+    def example(self, outcome: str, where: str | None) -> None:
+        if where is not None:
+            self.first.setdefault(outcome, where)
+
+    def count(self, status: int, ids: list[int], labels: list[int], folded: bool = False, length: int = 0,
+              where: str | None = None, cut: int = 0) -> None:
         self.rows += 1
         self.longest = max(self.longest, length, len(ids))
         self.system_folded += folded
-        if status == DROPPED_TOO_LONG:
-            self.dropped_too_long += 1
-        elif status == DROPPED_NO_TARGET:
-            self.dropped_no_target += 1
-        else:
+        if folded:
+            self.example(FOLDED, where)
+        if status in OUTCOMES:
+            setattr(self, OUTCOMES[status], getattr(self, OUTCOMES[status]) + 1)
+            self.example(OUTCOMES[status], where)
+        if status in (KEPT, TRUNCATED):
             self.kept += 1
-            self.truncated += status == TRUNCATED
+            self.reply_tokens_cut += cut
             self.tokens += len(ids)
             self.trainable_tokens += sum(1 for t in labels if t != IGNORE_INDEX)
 
@@ -110,21 +124,24 @@ def encode_completion(prompt: str, completion: str, tokenizer: Any, train_on_pro
 
 def fit(ids: list[int], labels: list[int], data: DataSpec) -> tuple[list[int], list[int], int]:
     """maxLength and truncation applied: (ids, labels, status)."""
-    ids, labels, status, _ = fit_counted(ids, labels, data)
+    ids, labels, status, _, _ = fit_counted(ids, labels, data)
     return ids, labels, status
 
 
-def fit_counted(ids: list[int], labels: list[int], data: DataSpec) -> tuple[list[int], list[int], int, int]:
-    """fit, and the number of learned tokens it kept (counted once)."""
+def fit_counted(ids: list[int], labels: list[int], data: DataSpec) -> tuple[list[int], list[int], int, int, int]:
+    """fit, the number of learned tokens it kept (counted once) and the number a cut took away."""
+    learned = len(labels) - labels.count(IGNORE_INDEX)
+    if not learned:
+        return [], [], DROPPED_NO_TARGET, 0, 0
     status = KEPT
     if len(ids) > data.max_length:
         if data.truncation == "drop":
-            return [], [], DROPPED_TOO_LONG, 0
+            return [], [], DROPPED_TOO_LONG, 0, 0
         ids, labels, status = ids[: data.max_length], labels[: data.max_length], TRUNCATED
-    learned = len(labels) - labels.count(IGNORE_INDEX)
-    if not learned:
-        return [], [], DROPPED_NO_TARGET, 0
-    return ids, labels, status, learned
+    kept = len(labels) - labels.count(IGNORE_INDEX)
+    if not kept:
+        return [], [], DROPPED_CUT, 0, 0
+    return ids, labels, status, kept, learned - kept
 
 
 def sft_example(row: dict[str, Any], encoder: RowEncoder, stats: TokenizeStats, where: str = "row"
@@ -135,6 +152,6 @@ def sft_example(row: dict[str, Any], encoder: RowEncoder, stats: TokenizeStats, 
     except DataError as exc:
         raise DataError(f"{where}: {exc}") from None
     length = len(ids)
-    ids, labels, status = fit(ids, labels, encoder.data)
-    stats.count(status, ids, labels, folded, length)
+    ids, labels, status, _, cut = fit_counted(ids, labels, encoder.data)
+    stats.count(status, ids, labels, folded, length, where, cut)
     return {"input_ids": ids, "labels": labels} if status in (KEPT, TRUNCATED) else None

@@ -30,12 +30,18 @@ class Part:
 # --- loading ----------------------------------------------------------------------------------------------------
 
 
-def files_of(path: str) -> list[str]:
+# A dataset repository's card (the Hub's layout: README.md beside data/*.jsonl), not data, in a directory.
+DATASET_CARDS = ("readme.md",)
+
+
+def files_of(path: str, file_type: str | None = None) -> list[str]:
+    """The data files of a source path. In a directory (or under an s3:// prefix): the files of `file_type` when
+    it is set, else every data file but a dataset card (README.md) beside other data."""
     if is_s3(path):
-        return _objects_of(path)
+        return _objects_of(path, file_type)
     if os.path.isdir(path):
-        found = sorted(p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True)
-                       if Path(p).suffix in EXTENSIONS)
+        found = _data_files(sorted(p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True)
+                                   if Path(p).suffix in EXTENSIONS and os.path.isfile(p)), file_type)
     else:
         found = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
     missing = [p for p in found if not os.path.isfile(p)]
@@ -44,7 +50,20 @@ def files_of(path: str) -> list[str]:
     return found
 
 
-def _objects_of(uri: str) -> list[str]:
+def _data_files(found: list[str], file_type: str | None) -> list[str]:
+    if file_type is not None:
+        return [f for f in found if _kind_of(Path(f).suffix) == _kind_of(file_type)]
+    data = [f for f in found if Path(f).name.lower() not in DATASET_CARDS]
+    return data or found
+
+
+def _kind_of(suffix_or_type: str) -> str | None:
+    """json and jsonl are one kind (datasets' json loader reads both)."""
+    kind = EXTENSIONS.get(suffix_or_type, suffix_or_type.lstrip("."))
+    return "json" if kind in ("json", "jsonl") else kind
+
+
+def _objects_of(uri: str, file_type: str | None = None) -> list[str]:
     """s3:// files: a glob, every data file under a prefix, or one object; none is a DataError naming the URI."""
     fs = objectstore.filesystem()
     try:
@@ -53,7 +72,8 @@ def _objects_of(uri: str) -> list[str]:
         elif fs.isfile(uri):
             found = [uri]
         else:
-            found = sorted(k for k in fs.find(uri.rstrip("/") + "/") if Path(k).suffix in EXTENSIONS)
+            found = _data_files(sorted(k for k in fs.find(uri.rstrip("/") + "/") if Path(k).suffix in EXTENSIONS),
+                                file_type)
     except Exception as exc:  # s3fs and botocore raise many types
         raise objectstore.failure(exc, uri) from exc
     if not found:
@@ -84,10 +104,16 @@ def load_source(source: DataSource, data: DataSpec, streaming: bool = False) -> 
         except Exception as exc:  # datasets raises many types for unreachable or unreadable data
             raise DataError(f"cannot load {name}: {exc}") from exc
         return [Part(name, rows)]
-    files = files_of(str(source.path))
+    files = files_of(str(source.path), source.file_type)
     kinds = {source.file_type or EXTENSIONS.get(Path(f).suffix) for f in files}
     if None in kinds or len(kinds) != 1:
-        raise DataError(f"cannot tell the file type of {source.path} ({sorted(map(str, kinds))}); set fileType")
+        by_kind = {str(kind): [f for f in files if EXTENSIONS.get(Path(f).suffix) == kind] for kind in kinds}
+        examples = "; ".join(f"{kind}: {', '.join(map(os.path.basename, names[:2]))}"
+                             + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+                             for kind, names in sorted(by_kind.items()))
+        raise DataError(f"{source.path} holds files of more than one type ({examples}); set fileType to the one "
+                        "that is the data (in a directory only files of that type are read), or point path at "
+                        "those files")
     kind = kinds.pop()
     groups = [[f] for f in files] if len(files) <= MAX_FILES_ONE_BY_ONE else [files]
     return [Part(group[0] if len(group) == 1 else str(source.path), _load_files(group, kind, data, streaming))
@@ -128,15 +154,20 @@ def _check_json_lines(path: str) -> None:
         if first == "[":
             return
         f.seek(0)
+        rows = 0
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
+            rows += 1
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}, line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
             if not isinstance(value, dict):
                 raise DataError(f"{path}, line {number}: a row must be a JSON object, got {type(value).__name__}")
+        if not rows:
+            raise DataError(f"{path}: no rows (the file holds only blank lines); JSON Lines has one JSON object per "
+                            "line")
 
 
 def _kind(value: Any) -> str | None:

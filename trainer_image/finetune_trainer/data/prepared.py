@@ -28,6 +28,9 @@ def nothing_trainable(kind: str, parts: list[Part], stats: TokenizeStats, data: 
     why = []
     if stats.dropped_too_long:
         why.append(f"{stats.dropped_too_long} longer than data.maxLength={data.max_length} (truncation: drop)")
+    if stats.dropped_cut_before_reply:
+        why.append(f"{stats.dropped_cut_before_reply} cut at data.maxLength={data.max_length} before their reply "
+                   "began (the prompt alone fills it)")
     if stats.dropped_no_target:
         why.append(f"{stats.dropped_no_target} with nothing to learn (no reply, or an empty one, in the columns "
                    f"format {data.format} reads)")

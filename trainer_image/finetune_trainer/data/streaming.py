@@ -24,11 +24,15 @@ from finetune_trainer.data import (
 
 # Examples shuffled within this window (re-seeded every epoch by the Trainer's set_epoch); shard order is shuffled too.
 SHUFFLE_BUFFER = 10_000
+# What the rows this process streamed gave (cut, dropped, folded), per split and group of shards: a group read again
+# (the next epoch) starts its count again, so a row read twice is counted once. Said once training is over.
+SEEN: dict[tuple[str, tuple[int, ...]], TokenizeStats] = {}
 
 
-def tokenized_examples(parts: list[Part], data: DataSpec, tokenizer: Any) -> Iterator[dict[str, list[int]]]:
+def tokenized_examples(parts: list[Part], data: DataSpec, tokenizer: Any, split: str = "train"
+                       ) -> Iterator[dict[str, list[int]]]:
     """The examples of some shards of the row stream; the same tokenization as the cached (non-streaming) path."""
-    stats = TokenizeStats()
+    stats = SEEN[(split, tuple(id(part.rows) for part in parts))] = TokenizeStats()
     if data.format == "text":
         for part in parts:
             yield from text_blocks(tokenize_documents(part, data, tokenizer), data.block_size or data.max_length,
@@ -42,14 +46,36 @@ def tokenized_examples(parts: list[Part], data: DataSpec, tokenizer: Any) -> Ite
                 yield example
 
 
-def tokenized_stream(parts: list[Part], data: DataSpec, tokenizer: Any):
+def tokenized_stream(parts: list[Part], data: DataSpec, tokenizer: Any, split: str = "train"):
     """An IterableDataset of token ids and labels with one shard per shard of every part."""
     import datasets
 
     shards = [Part(part.name, part.rows.shard(num_shards=part.rows.n_shards, index=i))
               for part in parts for i in range(part.rows.n_shards)]
     return datasets.IterableDataset.from_generator(
-        tokenized_examples, gen_kwargs={"parts": shards, "data": data, "tokenizer": tokenizer})
+        tokenized_examples, gen_kwargs={"parts": shards, "data": data, "tokenizer": tokenizer, "split": split})
+
+
+def streamed_stats() -> dict[str, dict[str, Any]]:
+    """The counts of the rows this process streamed, per split (TokenizeStats.as_dict), summed over its shards."""
+    total: dict[str, dict[str, Any]] = {}
+    for (split, _), stats in SEEN.items():
+        add(total.setdefault(split, {}), stats.as_dict())
+    return total
+
+
+def add(total: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+    """Counts added into `total` (the longest row is a maximum, the first example the first one seen)."""
+    for key, value in counts.items():
+        if key == "first":
+            for outcome, where in value.items():
+                total.setdefault("first", {}).setdefault(outcome, where)
+            total.setdefault("first", {})
+        elif key == "longest":
+            total[key] = max(total.get(key, 0), value)
+        else:
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def _limited(parts: list[Part], limit: int | None) -> list[Part]:
@@ -68,5 +94,5 @@ def prepare_streaming(data: DataSpec, tokenizer: Any, seed: int) -> PreparedData
     evaluation = None
     if data.validation:
         evaluation = tokenized_stream(_limited(load_rows(data.validation, data, streaming=True),
-                                                  data.max_eval_samples), data, tokenizer)
+                                                  data.max_eval_samples), data, tokenizer, "eval")
     return PreparedData(train, evaluation, {"streaming": {"trainShards": shards}})

@@ -14,9 +14,9 @@ from finetune_operator.api.data import DataSpec
 from finetune_operator.api.storage import is_s3
 from finetune_trainer import objectstore
 from finetune_trainer.data.encoding import (
-    DROPPED_NO_TARGET,
-    DROPPED_TOO_LONG,
+    FOLDED,
     KEPT,
+    OUTCOMES,
     TRUNCATED,
     RowEncoder,
     TokenizeStats,
@@ -25,24 +25,26 @@ from finetune_trainer.data.encoding import (
 from finetune_trainer.data.loading import Part, files_of
 from finetune_trainer.errors import DataError
 
-CACHE_VERSION = "5"  # bump when tokenization changes, so stale caches are never reused
+CACHE_VERSION = "6"  # bump when tokenization changes, so stale caches are never reused
 MAP_BATCH = 256
 
 
 def _sft_batch(batch: dict[str, list[Any]], indices: list[int], encoder: RowEncoder, name: str
                ) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "status": [], "trainable": [], "folded": [],
-                                 "length": []}
+                                 "length": [], "cut": [], "row": []}
     rows = [dict(zip(batch.keys(), values, strict=True)) for values in zip(*batch.values(), strict=True)]
     encoded = encoder.encode_batch(rows, [f"{name}, row {index + 1}" for index in indices])
-    for ids, labels, folded in encoded:
+    for index, (ids, labels, folded) in zip(indices, encoded, strict=True):
         out["length"].append(len(ids))  # before maxLength: the longest row is announced with the truncation
-        ids, labels, status, learned = fit_counted(ids, labels, encoder.data)
+        ids, labels, status, learned, cut = fit_counted(ids, labels, encoder.data)
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["status"].append(status)
         out["folded"].append(folded)
         out["trainable"].append(learned)
+        out["cut"].append(cut)
+        out["row"].append(index + 1)  # what a message calls it: the first row of each outcome is named
     return out
 
 
@@ -109,7 +111,7 @@ def cache_key(data: DataSpec, tokenizer: Any) -> str:
     h.update(json.dumps(data.model_dump(mode="json", exclude={"preprocessing_workers"}), sort_keys=True).encode())
     for source in [*data.train, *(data.validation or [])]:
         if source.path is not None:
-            for f in files_of(source.path):
+            for f in files_of(source.path, source.file_type):
                 h.update(f"{f}:{_identity(f)}".encode())
     h.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
     h.update(str(tokenizer.chat_template).encode())
@@ -181,11 +183,11 @@ def tokenize_parts(parts: list[Part], data: DataSpec, tokenizer: Any, scratch: P
                              cache_file_name=str(scratch / f"part-{i:05d}.arrow"),
                              desc=f"tokenizing {Path(part.name).name}")
         before = stats.kept
-        _count(stats, done)
+        _count(stats, done, part.name)
         if stats.kept - before < len(done):  # some rows were dropped: a filter pass (skipped in the usual case)
             done = done.filter(lambda status: [s in (KEPT, TRUNCATED) for s in status], input_columns="status",
                                batched=True, batch_size=4096)
-        tokenized.append(done.remove_columns(["status", "trainable", "folded", "length"]))
+        tokenized.append(done.remove_columns(["status", "trainable", "folded", "length", "cut", "row"]))
     return datasets.concatenate_datasets(tokenized), stats
 
 
@@ -204,20 +206,28 @@ def tokenize(rows: list[dict[str, Any]] | list[Part], data: DataSpec, tokenizer:
         return tokenized.flatten_indices() if len(tokenized) else tokenized, stats
 
 
-def _count(stats: TokenizeStats, done: Any) -> None:
-    """Row outcomes and token counts from the tokenized columns, as arrays (never the whole dataset as lists)."""
+def _count(stats: TokenizeStats, done: Any, name: str) -> None:
+    """Row outcomes and token counts from the tokenized columns, as arrays (never the whole dataset as lists), and
+    where the first row of each outcome is."""
     import numpy as np
     import pyarrow.compute as pc
 
     status = np.asarray(done.data.column("status"))
     kept = (status == KEPT) | (status == TRUNCATED)
+    rows = np.asarray(done.data.column("row"))
     stats.rows += len(status)
     stats.kept += int(kept.sum())
-    stats.truncated += int((status == TRUNCATED).sum())
-    stats.dropped_too_long += int((status == DROPPED_TOO_LONG).sum())
-    stats.dropped_no_target += int((status == DROPPED_NO_TARGET).sum())
+    for outcome, counter in OUTCOMES.items():
+        hit = status == outcome
+        if hit.any():
+            setattr(stats, counter, getattr(stats, counter) + int(hit.sum()))
+            stats.example(counter, f"{name}, row {int(rows[hit.argmax()])}")
+    folded = np.asarray(done.data.column("folded"))
+    if folded.any():
+        stats.example(FOLDED, f"{name}, row {int(rows[folded.argmax()])}")
     stats.trainable_tokens += int(np.asarray(done.data.column("trainable"))[kept].sum())
-    stats.system_folded += int(np.asarray(done.data.column("folded")).sum())
+    stats.reply_tokens_cut += int(np.asarray(done.data.column("cut"))[kept].sum())
+    stats.system_folded += int(folded.sum())
     if len(status):
         stats.longest = max(stats.longest, int(np.asarray(done.data.column("length")).max()))
     lengths = np.asarray(pc.list_value_length(done.data.column("input_ids")).fill_null(0))
@@ -261,7 +271,8 @@ def _sft_features():
     return datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
                               "labels": datasets.Sequence(datasets.Value("int32")),
                               "status": datasets.Value("int8"), "trainable": datasets.Value("int32"),
-                              "folded": datasets.Value("bool"), "length": datasets.Value("int32")})
+                              "folded": datasets.Value("bool"), "length": datasets.Value("int32"),
+                              "cut": datasets.Value("int32"), "row": datasets.Value("int64")})
 
 
 def _features():

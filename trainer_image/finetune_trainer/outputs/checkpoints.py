@@ -5,6 +5,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +91,15 @@ def step_of(directory: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def newest_complete(output_dir: Path, at_most: int | None = None) -> Path | None:
-    """The highest-step checkpoint (at most step `at_most`) that carries the marker and still verifies; partial
-    ones are skipped."""
+def newest_complete(output_dir: Path, at_most: int | None = None,
+                    accept: Callable[[int | None], bool] | None = None) -> Path | None:
+    """The highest-step checkpoint (at most step `at_most`, and whose step `accept`s) that carries the marker and
+    still verifies; partial ones are skipped."""
     if not output_dir.is_dir():
         return None
     candidates = sorted((d for d in output_dir.iterdir() if d.is_dir() and step_of(d) is not None
-                         and (at_most is None or (step_of(d) or 0) <= at_most)), key=step_of, reverse=True)
+                         and (at_most is None or (step_of(d) or 0) <= at_most)
+                         and (accept is None or accept(step_of(d)))), key=step_of, reverse=True)
     for directory in candidates:
         if not (directory / COMPLETE_MARKER).exists():
             continue

@@ -12,9 +12,10 @@ Warn = Callable[[str, str], None]
 
 
 def diverged(output_dir: Path, watch: Any) -> str:
-    """What diverged (DivergenceWatch's text), the checkpoint left from before it (verified; newer ones may hold
-    diverged weights) and the way out."""
-    good = checkpoints.newest_complete(output_dir, at_most=watch.last_good_step)
+    """What diverged (DivergenceWatch's text), the checkpoint left from before it (verified, and saved while the
+    loss was under the threshold: newer ones, or one saved on a hard batch, may hold diverged weights) and the way
+    out."""
+    good = checkpoints.newest_complete(output_dir, at_most=watch.last_good_step, accept=watch.kept_good)
     newest = checkpoints.newest_complete(output_dir)
     if good is None:
         kept = ("no checkpoint was saved" if newest is None else
@@ -57,23 +58,50 @@ def batch_changed(checkpoint: Path, args: Any, warn: Warn) -> None:
 
 def folded_system(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
     """Once per run, when the chat template refused a system message and it went into the first user turn."""
-    folded = sum(int((part or {}).get("system_folded") or 0) for part in stats.values() if isinstance(part, dict))
+    parts = [part for part in stats.values() if isinstance(part, dict)]
+    folded = sum(int(part.get("system_folded") or 0) for part in parts)
     if folded:
         warn("SystemPromptFolded",
              f"the chat template of {spec.model.tokenizer or spec.model.name} cannot render a system message: in "
-             f"{folded} row(s) the system prompt was put at the start of the first user turn (what such models "
-             "expect); prompts at inference should do the same")
+             f"{folded} row(s){_first(parts, 'system_folded')} the system prompt was put at the start of the first "
+             "user turn (what such models expect); prompts at inference should do the same")
 
 
-def truncated(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
-    """Once per run, when rows were cut at data.maxLength (truncation: truncate): a cut row loses its end, the
-    reply's last tokens and its end-of-sequence, so the model learns replies that do not stop there."""
+def _first(parts: list[dict[str, Any]], outcome: str) -> str:
+    where = next(((part.get("first") or {}).get(outcome) for part in parts if (part.get("first") or {}).get(outcome)),
+                 None)
+    return f" (the first: {where})" if where else ""
+
+
+def row_outcomes(spec: Any, stats: dict[str, Any], warn: Warn, streamed: bool = False) -> None:
+    """Every row that is not trained whole, counted and said once per run, each kind with its first row: rows cut
+    at data.maxLength (their ends, end-of-sequence included, are not learned) and rows left out (too long under
+    truncation: drop, cut before their reply began, no reply at all)."""
+    length, seen = spec.data.max_length, " streamed" if streamed else ""
     for part, name in (("train", "training"), ("eval", "validation")):
         counts = stats.get(part) or {}
+        rows, kept, trainable = counts.get("rows", 0), counts.get("kept", 0), counts.get("trainable_tokens", 0)
         cut = int(counts.get("truncated") or 0)
         if cut:
-            longest = f" (the longest: {counts['longest']} tokens)" if counts.get("longest") else ""
+            notes = [f"the first: {first}" for first in [(counts.get("first") or {}).get("truncated")] if first]
+            notes += [f"the longest: {counts['longest']} tokens"] if counts.get("longest") else []
             warn("RowsTruncated",
-                 f"{cut} of {counts.get('rows', '?')} {name} row(s) were longer than data.maxLength="
-                 f"{spec.data.max_length} tokens{longest} and were cut: their ends (and end-of-sequence tokens) "
-                 "are not trained; raise data.maxLength, or set data.truncation: drop to leave such rows out")
+                 f"{cut} of {rows}{seen} {name} row(s) were longer than data.maxLength={length} tokens"
+                 f"{' (' + '; '.join(notes) + ')' if notes else ''} and were cut: "
+                 f"{counts.get('reply_tokens_cut', 0)} reply token(s) past the cut are not trained, nor their "
+                 f"end-of-sequence, so the model learns replies that do not stop there ({trainable} reply token(s) "
+                 f"of {kept} row(s) are trained); raise data.maxLength, or set data.truncation: drop to leave such "
+                 "rows out")
+        kinds = [(int(counts.get("dropped_too_long") or 0), "dropped_too_long",
+                  f"longer than data.maxLength={length} tokens under truncation: drop"),
+                 (int(counts.get("dropped_cut_before_reply") or 0), "dropped_cut_before_reply",
+                  f"cut at data.maxLength={length} before their reply began, the prompt alone filling it"),
+                 (int(counts.get("dropped_no_target") or 0), "dropped_no_target",
+                  f"with no reply to learn, none or an empty one in the columns format {spec.data.format} reads")]
+        dropped = sum(n for n, _, _ in kinds)
+        if dropped:
+            said = "; ".join(f"{n} {why}{_first([counts], key)}" for n, key, why in kinds if n)
+            warn("RowsDropped",
+                 f"{dropped} of {rows}{seen} {name} row(s) were left out and are not trained: {said}. {kept} row(s) "
+                 f"with {trainable} reply token(s) are; raise data.maxLength (or shorten the prompts), or check "
+                 "data.format and data.columns")

@@ -1,11 +1,10 @@
-"""Trainer callbacks: progress records (JSONL + FineTuneJob status), checkpoint completion markers, divergence."""
+"""Trainer callbacks: progress records (JSONL + FineTuneJob status), checkpoint completion markers, uploads, graceful
+stop. The divergence guard is in divergence.py."""
 
 import json
 import math
 import signal
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,6 @@ from finetune_trainer.errors import EARLY_STOPS
 from finetune_trainer.outputs import checkpoints
 from finetune_trainer.outputs.status_report import StatusReporter
 from finetune_trainer.training import throughput
-
-# The divergence guard's smoothing: a spike starts when the losses logged over this many optimizer steps average
-# above the threshold (DivergenceWatch), so one hard batch in a mix of easy and hard rows never opens one.
-LEVEL_WINDOW_STEPS = 10
 
 
 def _utc_now() -> str:
@@ -201,145 +196,36 @@ class UploadCallback(TrainerCallback):
             self.uploader.submit(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
-class DivergenceWatch(TrainerCallback):
-    """Stops a run that diverged; main() then exits with DIVERGED (79, permanent: a retry diverges again).
+class LearningRateOnResume(TrainerCallback):
+    """A resumed run whose spec.training.learningRate changed: the checkpoint's scheduler and optimizer state would
+    silently keep the old rate (the Trainer loads them over the new one). The new one is honoured, as the peak of
+    the same schedule at the same step, and said (LearningRateChanged)."""
 
-    A NaN or infinite loss or gradient norm stops it at once. Otherwise the loss is compared with the run's early
-    loss (`baseline`): the mean of the losses logged in the first warmupSteps optimizer steps, never above the loss
-    of a uniform guess over the vocabulary (ln V), which stands in for it until the warm-up is over. A mean, because
-    a mix of rows the model knows (loss ~0) and new ones (~ln V) is bimodal: a median lands in either mode, a mean is
-    what later windows of the same mix average to; one easy first batch moves it by 1/N. A run that blows up inside
-    the warm-up is measured against ln V.
+    def __init__(self, warn: Callable[[str, str], None]):
+        self.warn = warn
 
-    A spike starts when the mean of the losses logged over the last LEVEL_WINDOW_STEPS steps is above the threshold
-    (a single hard batch is not one) and lasts while the logged losses stay above it. No checkpoint is saved while it
-    lasts, so the checkpoints before it are never rotated out by diverged ones; a spike lasting `patience` optimizer
-    steps (over at least two logged losses) is divergence (stop, or a warning with action: warn); one that comes back
-    sooner, after at least a quarter of the patience and two logged losses, is a warning (a shorter one is a hard
-    stretch of batches, not news), and the save that was due during it is made at the step the loss is back.
-    Warnings go to `warn` (reason, message): the log and a Warning Event on the FineTuneJob. With action: off nothing
-    is said or held back, but spikes are still tracked so that a NaN names the last good checkpoint."""
-
-    def __init__(self, policy: Any, warn: Callable[[str, str], None] | None = None, vocab_size: int | None = None):
-        self.policy = policy
-        self.warn = warn or (lambda reason, message: None)
-        self.chance = math.log(vocab_size) if vocab_size and vocab_size > 1 else None
-        self.diverged_at: int | None = None
-        self.value: float | None = None
-        self.message: str | None = None
-        self.early: list[float] = []  # losses logged in the warm-up window
-        self.recent: deque[tuple[int, float]] = deque()  # (step, loss) logged in the last LEVEL_WINDOW_STEPS
-        self.early_done = False
-        self.spike: list[tuple[int, float]] = []
-        self.last_good_step = 0  # the last logged step whose loss was under the threshold
-        self.warned_persistent = False
-        self.save_owed = False  # a save that fell inside a spike, made once the loss is back
-
-    @property
-    def acting(self) -> bool:
-        return self.policy.action != "off"
-
-    @property
-    def baseline(self) -> float | None:
-        """The early loss the threshold is relative to; None while neither it nor the vocabulary is known."""
-        if not self.early_done:
-            return self.chance
-        mean = statistics.fmean(self.early)
-        return mean if self.chance is None else min(mean, self.chance)
-
-    @property
-    def threshold(self) -> float | None:
-        early = self.baseline
-        return None if early is None else max(self.policy.factor * early, early + self.policy.min_increase)
-
-    def _observe_early(self, step: int, loss: float) -> None:
-        if self.early_done or not math.isfinite(loss):
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate wraps it
+        base = getattr(scheduler, "base_lrs", None)
+        if state.global_step == 0 or optimizer is None or not base or not base[0]:
             return
-        self.early.append(loss)
-        self.early_done = step >= self.policy.warmup_steps and len(self.early) >= 3
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        # A resumed run keeps the early loss of the run it continues (the history is in the checkpoint).
-        for entry in state.log_history:
-            if isinstance(entry.get("loss"), (int, float)) and "train_loss" not in entry:
-                self._observe_early(int(entry.get("step", 0)), float(entry["loss"]))
-        self.last_good_step = state.global_step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.spike and self.acting and control.should_save:
-            control.should_save = False
-            self.save_owed = True
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
-        for key in ("loss", "grad_norm"):
-            value = logs.get(key)
-            if isinstance(value, float) and not math.isfinite(value):
-                self._stop(state, control, value, f"the {'loss' if key == 'loss' else 'gradient norm'} became "
-                                                  f"{value} at step {state.global_step}")
-                return
-        loss = logs.get("loss")
-        if not isinstance(loss, (int, float)) or "train_loss" in logs:
+        old, new = float(base[0]), float(args.learning_rate)
+        if math.isclose(old, new, rel_tol=1e-9):
             return
-        step, loss = state.global_step, float(loss)
-        self._observe_early(step, loss)
-        self.recent.append((step, loss))
-        while self.recent[0][0] <= step - LEVEL_WINDOW_STEPS:
-            self.recent.popleft()
-        level = statistics.fmean(value for _, value in self.recent)
-        threshold = self.threshold
-        if threshold is None or loss <= threshold or (not self.spike and level <= threshold):
-            if self.spike:
-                self._spike_over(state, control, loss)
-            self.last_good_step = step
-            return
-        self.spike.append((step, loss))
-        if not self.acting:
-            return
-        control.should_save = False
-        if len(self.spike) < 2 or step - self.last_good_step < self.policy.patience:
-            return
-        text = self._describe(step)
-        if self.policy.action == "stop":
-            self._stop(state, control, loss, text)
-        elif not self.warned_persistent:
-            self.warned_persistent = True
-            self.warn("LossDiverging", text + " (runPolicy.divergence.action: warn, training goes on)")
-
-    def _early_text(self) -> str:
-        chance = f"ln(vocabulary size) = {self.chance:.4g}, the loss of a uniform guess"
-        if not self.early_done:
-            return chance + ", until the first warmupSteps are logged"
-        mean = statistics.fmean(self.early)
-        text = f"the mean of the {len(self.early)} losses logged in the first steps, {mean:.4g}"
-        return text if self.chance is None or mean <= self.chance else f"{chance} (below {text})"
-
-    def _describe(self, step: int) -> str:
-        peak = max(value for _, value in self.spike)
-        return (f"the loss diverged: every loss logged from step {self.spike[0][0]} to {step} "
-                f"({step - self.last_good_step} optimizer steps, {len(self.spike)} logs) is above "
-                f"{self.threshold:.4g} = max({self.policy.factor:g} x early, early + {self.policy.min_increase:g}), "
-                f"early being {self._early_text()}; up to {peak:.4g}, now {self.spike[-1][1]:.4g}")
-
-    def _spike_over(self, state, control, loss: float) -> None:
-        steps = [s for s, _ in self.spike]
-        peak = max(value for _, value in self.spike)
-        lasted = steps[-1] - self.last_good_step
-        if (self.acting and not self.warned_persistent and len(steps) >= 2
-                and lasted >= max(2, self.policy.patience // 4)):
-            self.warn("LossSpike", f"the loss spiked to {peak:.4g} at step {steps[0]}"
-                      f"{'' if len(steps) == 1 else f'-{steps[-1]}'} (above {self.threshold:.4g}, {lasted} "
-                      f"optimizer step(s); {self.policy.patience} stop the run) and came back to {loss:.4g} at step "
-                      f"{state.global_step}; no checkpoint was saved during the spike")
-        if self.save_owed and self.acting:
-            control.should_save = True  # the Trainer saves after on_log: these weights are past the spike
-        self.spike.clear()
-        self.warned_persistent = self.save_owed = False
-
-    def _stop(self, state, control, value: float, text: str) -> None:
-        self.diverged_at, self.value, self.message = state.global_step, value, text
-        control.should_training_stop = True
-        control.should_save = False  # never checkpoint diverged weights over good ones
+        ratio = new / old
+        scheduler.base_lrs = [lr * ratio for lr in base]
+        for group in optimizer.param_groups:
+            group["lr"] *= ratio
+            if "initial_lr" in group:
+                group["initial_lr"] *= ratio
+        if hasattr(scheduler, "_last_lr"):
+            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        self.warn("LearningRateChanged",
+                  f"resuming at step {state.global_step}, trained with learningRate {old:g}, with learningRate "
+                  f"{new:g}: the {args.lr_scheduler_type} schedule goes on from step {state.global_step} with its "
+                  f"peak at {new:g} instead of {old:g} (the learning rate is now "
+                  f"{optimizer.param_groups[0]['lr']:.4g}); to continue unchanged set spec.training.learningRate: "
+                  f"{old:g}")
 
 
 class GracefulStop(TrainerCallback):

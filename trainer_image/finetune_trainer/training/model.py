@@ -10,11 +10,12 @@ DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "a
 
 
 def load_tokenizer(spec: FineTuneJobSpec):
-    from transformers import AutoTokenizer
-
     m = spec.model
     # A tokenizer is configs and vocabulary files: an s3:// model's weights are not fetched for it.
     name = source(m.tokenizer, "spec.model.tokenizer", configs_only=True) or source(m.name, configs_only=True)
+    no_vocabulary(name, "spec.model.tokenizer" if m.tokenizer else "spec.model.name", m.tokenizer or m.name)
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, revision=_revision(name, m.revision),
                                                   trust_remote_code=m.trust_remote_code)
@@ -31,6 +32,23 @@ def load_tokenizer(spec: FineTuneJobSpec):
 
         tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     return tokenizer
+
+
+# The files a tokenizer's vocabulary lives in (fast, SentencePiece, WordPiece/BPE, tiktoken); tokenizer_config.json
+# alone is not one: transformers then tries to convert a slow tokenizer and fails with advice about packages.
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                    "vocab.txt", "tiktoken.model", "*.tiktoken", "qwen.tiktoken")
+
+
+def no_vocabulary(directory: str | None, field: str, given: str | None) -> None:
+    """A local model folder copied without its tokenizer files is said at once, with the fix."""
+    if directory is None or not Path(directory).is_dir():
+        return
+    if any(next(Path(directory).glob(pattern), None) is not None for pattern in VOCABULARY_FILES):
+        return
+    raise ConfigError(f"{field}: {given} has no tokenizer files (none of {', '.join(VOCABULARY_FILES[:6])}, ...): "
+                      "copy them from where the model came from (its Hub repository has them) into the folder, or "
+                      "set spec.model.tokenizer to a folder or Hub id that has them")
 
 
 def source(name: str | None, field: str = "spec.model.name", configs_only: bool = False) -> str | None:

@@ -16,10 +16,12 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     from finetune_trainer.data.collators import make_collator
     from finetune_trainer.training.callbacks import (
         CheckpointMarkerCallback,
-        DivergenceWatch,
         GracefulStop,
+        LearningRateOnResume,
         ProgressCallback,
     )
+    from finetune_trainer.training.divergence import DivergenceWatch, FirstRows
+
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
                                 cfg.spec.resources.peak_tflops_per_gpu, attempt=cfg.attempt)
     # A reward model's loss is a pair's -log sigmoid(margin), not a guess over the vocabulary: no ln V stand-in.
@@ -30,7 +32,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
     # With output.uri, status.checkpoint names a checkpoint once it is complete in the bucket (remote_output).
     marked = CheckpointMarkerCallback(cfg.output_dir, None if cfg.spec.output.uri else progress, producer)
-    callbacks = [marked, progress, watchdog, stop]
+    callbacks = [marked, progress, watchdog, stop, LearningRateOnResume(warnings)]
     early = cfg.spec.evaluation.early_stopping
     if early is not None:
         from transformers import EarlyStoppingCallback
@@ -46,6 +48,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
                                  cfg.output_dir, cfg.spec.distributed.shards_parameters, stop)
         callbacks.append(samples)
 
+    # SFT: the rows of the first step, for the guard to measure again (a loss that rose on new rows is no divergence).
+    first = FirstStepRows() if cfg.spec.method.objective == "sft" else None
     base: Any = Trainer
     kwargs: dict[str, Any] = {"data_collator": make_collator(tokenizer, cfg.spec.data.packing,
                                                              cfg.spec.model.attn_implementation)}
@@ -77,6 +81,35 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
             seen = torch.as_tensor(sum(int(m.sum()) for m in masks), device=self.args.device, dtype=torch.int64)
             self.state.num_input_tokens_seen += self.accelerator.gather(seen).sum().item()
 
+        def training_step(self, model, inputs, *rest: Any, **kwargs: Any):
+            if first is not None and first.collecting(self.state.global_step):
+                first.keep(dict(inputs), self._loss_now(model, inputs))
+            return super().training_step(model, inputs, *rest, **kwargs)
+
+        def _loss_now(self, model, inputs):
+            """The loss of `inputs` with the weights as they are, without dropout and without a gradient."""
+            import torch
+
+            was = model.training
+            model.eval()
+            try:
+                with torch.no_grad(), self.compute_loss_context_manager():
+                    loss = self.compute_loss(model, dict(self._prepare_inputs(dict(inputs))))
+            finally:
+                model.train(was)
+            return loss.detach().float()
+
+        def first_rows_loss(self) -> "FirstRows | None":
+            """The first step's rows measured again, averaged over every process (a collective: every rank asks at
+            the same logged step, the logged losses being the same on all)."""
+            if first is None or not first.batches:
+                return None
+            import torch
+
+            now = torch.stack([self._loss_now(self.model_wrapped, b) for b in first.batches]).mean()
+            both = self.accelerator.reduce(torch.stack([now, torch.stack(first.losses).mean()]), "mean")
+            return FirstRows(now=float(both[0]), then=float(both[1]))
+
         def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
             # transformers trains one step past max_steps when it resumes a checkpoint saved at max_steps in mid-epoch
             # (its skip-ahead runs a step before any stop check): an attempt that resumes a finished run, e.g. to
@@ -88,12 +121,32 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
 
     trainer = FineTuneTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
                               processing_class=tokenizer, callbacks=callbacks, **kwargs)
+    if first is not None:
+        watchdog.first_rows = trainer.first_rows_loss
     if reward:
         dropped_pairs(cfg, data, trainer, warnings)
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
     return trainer, progress, watchdog, stop, samples
+
+
+class FirstStepRows:
+    """The micro-batches of this process's first optimizer step, with their loss before it (on this rank)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.batches: list[dict[str, Any]] = []
+        self.losses: list[Any] = []
+
+    def collecting(self, global_step: int) -> bool:
+        if self.step is None:
+            self.step = global_step
+        return global_step == self.step
+
+    def keep(self, batch: dict[str, Any], loss: Any) -> None:
+        self.batches.append(batch)
+        self.losses.append(loss)
 
 
 def dropped_pairs(cfg: TrainerConfig, data, trainer, warn) -> None:
