@@ -271,7 +271,8 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int | None = None) -> int:
+def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int | None = None,
+        take_over: bool = False) -> int:
     out = out or sys.stdout  # looked up per call: a default bound at import keeps whatever stdout was then
     # Explicit handlers: a process started in the background inherits SIGINT as ignored, and `kill` sends SIGTERM;
     # both must still stop the nodes gracefully.
@@ -292,7 +293,8 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
         print(exc, file=out, flush=True)
         return exit_codes.CONFIG_ERROR
     try:
-        nodes = start_nodes(job, workdir, port, lock=lock)
+        extra = {c.ENV_OUTPUT_TAKE_OVER: "1"} if take_over else None  # outputs/owner.py in the trainer
+        nodes = start_nodes(job, workdir, port, extra_env=extra, lock=lock)
         d = job.spec.distributed
         print(f"{job.name}: {d.num_nodes} node(s) x {d.processes_per_node} process(es) on this machine; "
               f"output in {workdir / 'output'}", file=out, flush=True)

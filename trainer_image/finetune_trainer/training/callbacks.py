@@ -185,22 +185,6 @@ class CheckpointMarkerCallback(TrainerCallback):
             self.progress.checkpoint = {"step": state.global_step, "path": str(directory)}
 
 
-class UploadCallback(TrainerCallback):
-    """output.uri: after each save every rank waits until all have written their files, then the node's first
-    process hands the checkpoint to the node's uploader (remote_output.CheckpointUploader), which snapshots it."""
-
-    def __init__(self, uploader: Any):
-        self.uploader = uploader
-
-    def on_save(self, args, state, control, **kwargs):
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
-        if self.uploader is not None:
-            self.uploader.submit(Path(args.output_dir) / f"checkpoint-{state.global_step}")
-
-
 class DivergenceWatch(TrainerCallback):
     """Stops a run that diverged; main() then exits with DIVERGED (79, permanent: a retry diverges again).
 
