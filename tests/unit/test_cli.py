@@ -382,7 +382,8 @@ def test_validate_says_what_a_preference_objective_trains_on(tmp_path, capsys):
     doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-dpo.yaml").read_text())
     for objective, says in [("dpo", "(lora, dpo on pairs)"),
                             ("kto", "(lora, kto on pairs, each one desirable and one undesirable example)"),
-                            ("orpo", "(lora, orpo on pairs, no reference model)")]:
+                            ("orpo", "(lora, orpo on pairs, no reference model)"),
+                            ("cpo", "(lora, cpo on pairs, no reference model)")]:
         doc["spec"]["method"].update(objective=objective, preference={"beta": 0.1})
         job = tmp_path / f"{objective}.yaml"
         job.write_text(yaml.safe_dump(doc))

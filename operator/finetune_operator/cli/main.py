@@ -172,7 +172,7 @@ def _objective_data(job: ValidatedJob) -> str:
     if objective == "reward":
         return "pairs: a reward model, the base with a one-output score head"
     return {"preference": "pairs", "unpaired": "labelled examples"}.get(data, data) + (
-        ", no reference model" if objective in ("orpo", "simpo") else "")
+        ", no reference model" if objective in ("orpo", "simpo", "cpo") else "")
 
 
 def _strategy(job: ValidatedJob) -> str:
