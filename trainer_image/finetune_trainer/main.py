@@ -78,7 +78,8 @@ def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
     if cfg.spec.method.objective != "sft":  # pairs, checked here and tokenized by TRL's trainer
         from finetune_trainer.data.preference import prepare_preference
 
-        return prepare_preference(cfg.spec.data, tokenizer, args.seed, cfg.spec.method.objective)
+        sequential = cfg.spec.training.extra_args.get("train_sampling_strategy") == "sequential"  # the data's order
+        return prepare_preference(cfg.spec.data, tokenizer, args.seed, cfg.spec.method.objective, sequential)
     if cfg.spec.data.streaming:
         from finetune_trainer.data.streaming import prepare_streaming
 

@@ -86,10 +86,12 @@ def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) 
     stats = TokenizeStats()
     if data.format in ("preference", "unpaired"):  # the rows as the trainer checks them, prompt lengths included
         from finetune_trainer.data.preference import checked_pair
+        from finetune_trainer.data.row_names import row_namer
 
         for part in parts:
+            name = row_namer(part)
             for i, row in enumerate(part.rows):
-                checked_pair(row, data, tokenizer, f"{part.name}, row {i + 1}")
+                checked_pair(row, data, tokenizer, name(i))
                 stats.rows += 1
                 stats.kept += 1
         if stats.rows == 0:

@@ -23,7 +23,7 @@ from ..render.configmap import config_files
 from ..render.env import trainer_env
 from .ports import free_port
 from .processes import OutputBusy, OutputLock, die_with_parent, kill_tree
-from .progress import ProgressLine
+from .progress import ProgressLine, held_out_preference
 
 POLL_SECONDS = 0.5
 # A node that failed leaves the others waiting in a collective or in the rendezvous (torch's default: 600 s). They
@@ -232,6 +232,7 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
                  + (f", eval loss {_number(summary['evalLoss'])}" if summary.get("evalLoss") is not None else "")
                  + (f" (perplexity {_number(summary['evalPerplexity'])})"
                     if summary.get("evalPerplexity") is not None else "")
+                 + held_out_preference(summary)
                  + (f"; stopped early, best checkpoint {summary['bestCheckpoint']}"
                     if summary.get("stoppedEarly") else ""),
                  f"  tokens/s:   {rate:.0f}" if rate else "",

@@ -35,10 +35,13 @@ def format_eta(seconds: float | None) -> str | None:
 
 
 # TRL's preference metrics -> our progress record and status.progress. RewardTrainer names a reward model's score
-# margin and accuracy (chosen scored above rejected) without the prefix.
+# margin and accuracy (chosen scored above rejected) without the prefix. An evaluation's (eval_*) are the held-out
+# preference: what a preference objective has instead of a perplexity.
 REWARD_LOGS = {"rewards/margins": "rewardsMargin", "rewards/accuracies": "rewardsAccuracy",
                "rewards/chosen": "rewardsChosen", "rewards/rejected": "rewardsRejected",
-               "margin": "rewardsMargin", "accuracy": "rewardsAccuracy"}
+               "margin": "rewardsMargin", "accuracy": "rewardsAccuracy",
+               "eval_rewards/margins": "evalRewardsMargin", "eval_rewards/accuracies": "evalRewardsAccuracy",
+               "eval_margin": "evalRewardsMargin", "eval_accuracy": "evalRewardsAccuracy"}
 
 
 class ProgressCallback(TrainerCallback):
