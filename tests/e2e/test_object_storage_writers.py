@@ -128,6 +128,9 @@ def test_a_lease_not_renewed_is_taken_over_and_a_released_one_is_free(minio, sto
         assert a.claim() is None
         with pytest.raises(ConfigError, match=r"is being written by run A \(since .*, lease renewed \d+ s ago\)"):
             b.claim()
+        with pytest.raises(ConfigError, match="is being written by run A"):
+            b.check()  # the preflight's judgement, before any GPU is asked for
+        a.check()
         assert a.claim() is None  # the same writer again (a gang restart, a rerun on the same --output)
         monkeypatch.setattr(owner, "LEASE_SECONDS", -1.0)  # as if A had missed its renewals for long
         assert "was held by run A, which stopped renewing its lease" in (b.claim() or "")

@@ -100,6 +100,14 @@ class OwnerRecord:
         objectstore.filesystem().pipe_file(self.path, json.dumps(body).encode())
 
     # --- the lease ----------------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """claim()'s judgement without taking the lease (the preflight): ConfigError when another run holds it."""
+        try:
+            record, age = self.read()
+        except Exception as exc:  # s3fs and botocore raise many types
+            raise objectstore.failure(exc, self.uri, ConfigError) from exc
+        self._judge(record, age)
+
     def claim(self) -> str | None:
         """Takes the prefix for this writer, or raises ConfigError naming the holder and the ways out. Returns a
         note for the console when it took a lease over (an expired one, or on request). Renewed until release()."""
