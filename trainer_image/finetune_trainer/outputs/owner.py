@@ -66,12 +66,12 @@ class OwnerRecord:
         self._thread: threading.Thread | None = None
 
     # --- the record ---------------------------------------------------------------------------------------------
-    def read(self) -> tuple[dict[str, Any] | None, float | None]:
-        """The record and its age in seconds on the store's clock (None, None when there is none)."""
+    def read(self, age: bool = True) -> tuple[dict[str, Any] | None, float | None]:
+        """The record and (when `age`) its age in seconds on the store's clock; (None, None) when there is none."""
         fs = objectstore.filesystem()
         try:
             body = fs.cat_file(self.path)
-            written = fs.info(self.path, refresh=True).get("LastModified")
+            written = fs.info(self.path, refresh=True).get("LastModified") if age else None
         except FileNotFoundError:
             return None, None
         try:
@@ -116,7 +116,7 @@ class OwnerRecord:
             note = self._judge(record, age)
             self._write()
             # Two runs that claimed at the same moment: the later write stands, the earlier one sees it here.
-            mine, _ = self.read()
+            mine, _ = self.read(age=False)
         except ConfigError:
             raise
         except Exception as exc:  # s3fs and botocore raise many types
@@ -155,7 +155,7 @@ class OwnerRecord:
         if self.lost is not None:
             raise self.lost
         try:
-            record, _ = self.read()
+            record, _ = self.read(age=False)
         except Exception:  # s3fs and botocore raise many types: judged by the upload that follows
             return
         if record is not None and not record.get("released") and record.get("owner") != self.writer.id:
@@ -168,7 +168,7 @@ class OwnerRecord:
     def _renew_loop(self) -> None:
         while not self._stop.wait(RENEW_SECONDS):
             try:
-                record, _ = self.read()
+                record, _ = self.read(age=False)
                 if record is not None and record.get("owner") != self.writer.id:
                     self.verify()
                     return
@@ -186,7 +186,7 @@ class OwnerRecord:
             return
         self._thread = None
         try:
-            record, _ = self.read()
+            record, _ = self.read(age=False)
             if record is not None and record.get("owner") == self.writer.id:
                 self._write(since=record.get("since"), released=True)
         except Exception as exc:  # s3fs and botocore raise many types
