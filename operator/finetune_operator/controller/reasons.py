@@ -101,6 +101,7 @@ TRAINER_NOTICES: Final = {
     "SystemPromptFolded": "the chat template refuses system messages: they were folded into the first user turn",
     "RowsTruncated": "rows longer than data.maxLength were cut",
     "PairsDropped": "preference pairs too long for data.maxLength were left out",
+    "RowsRepeated": "several processes: the last batch of an epoch is filled up with rows repeated from its start",
 }
 
 # CamelCase words the operator reads from Kubernetes and Kueue (pod, Job and Workload conditions and reasons,
