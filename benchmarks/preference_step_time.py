@@ -25,7 +25,7 @@ from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
 from tests.support.trl_reference import run_ours  # noqa: E402
 
 EXAMPLES = {"dpo": "tiny-cpu-dpo.yaml", "kto": "tiny-cpu-kto.yaml", "orpo": "tiny-cpu-dpo.yaml",
-            "simpo": "tiny-cpu-dpo.yaml", "reward": "tiny-cpu-reward.yaml"}
+            "simpo": "tiny-cpu-dpo.yaml", "cpo": "tiny-cpu-dpo.yaml", "reward": "tiny-cpu-reward.yaml"}
 
 
 def trl_in_a_fresh_process(doc: dict, model: Path, work: Path, steps: int) -> tuple[list[dict], float]:

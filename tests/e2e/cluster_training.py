@@ -310,3 +310,47 @@ def test_two_nodes_without_any_volume_resume_a_killed_gang_from_the_bucket(runti
     assert max(complete) == KILLED_RUN_STEPS and len(complete) <= 2  # checkpoints.keep: 2 of the example
     secret_in_spec = kubectl.run("get", "ftj", "tiny-cpu-sft", "-n", namespace, "-o", "yaml").stdout
     assert SECRET_KEY not in secret_in_spec
+
+
+@pytest.mark.parametrize("volume", ["claim", "emptyDir"])
+def test_two_nodes_upload_complete_checkpoints_to_a_bucket_with_a_claim_or_without(
+        runtime, chart_operator, kubectl, control_plane, namespace, tiny_model_dir, minio, tmp_path, volume):
+    """output.uri on 2 nodes, both pods on one ReadWriteMany claim (node 0 uploads what the shared directory holds)
+    or each on its emptyDir (each node uploads its own files, node 0 marks them complete): Succeeded, every kept
+    checkpoint complete in the bucket with both processes' files, nothing partial, the prefix's lease released by
+    the job that held it (issue 42, 5)."""
+    from tests.support.minio import ACCESS_KEY, SECRET_KEY
+
+    fs = minio.filesystem()
+    bucket = minio.bucket(f"e2e-{volume.lower()}-{namespace.rsplit('-', 1)[-1]}")
+    for path in tiny_model_dir.iterdir():
+        fs.put_file(str(path), f"{bucket}/models/tiny/{path.name}")
+    doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-sft.yaml").read_text())
+    doc["spec"]["model"]["name"] = f"{bucket}/models/tiny"
+    doc["spec"]["distributed"].update(numNodes=2, rendezvousPort=free_port())
+    doc["spec"]["output"] = {"uri": f"{bucket}/runs/tiny"}
+    if volume == "claim":
+        shared_volume(kubectl, namespace, tmp_path / "pvc" / "shared")
+        doc["spec"]["output"]["claimName"] = "shared"
+    doc["spec"]["s3"] = {"endpointURL": minio.url, "region": "us-east-1", "credentialsSecret": "s3-creds"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    kubectl.run("create", "secret", "generic", "s3-creds", "-n", namespace,
+                f"--from-literal=AWS_ACCESS_KEY_ID={ACCESS_KEY}", f"--from-literal=AWS_SECRET_ACCESS_KEY={SECRET_KEY}")
+    with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
+        kubectl.run("apply", "-n", namespace, "-f", str(job))
+        st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300,
+                         chart_operator, runner)
+    assert st["phase"] == "Succeeded", st
+    run = f"{bucket}/runs/tiny"
+    steps = {entry.rstrip("/").rsplit("-", 1)[-1] for entry in fs.ls(run, detail=False, refresh=True)
+             if entry.rstrip("/").rsplit("/", 1)[-1].startswith("checkpoint-")}
+    assert steps == {"20", "30"} and minio.complete_checkpoints(run) == {20, 30}, steps  # keep 2, none partial
+    names = {p.rsplit("/", 1)[-1] for p in fs.find(f"{run}/checkpoint-30")}
+    assert {"trainer_state.json", "adapter_model.safetensors", "rng_state_0.pth", "rng_state_1.pth"} <= names, names
+    assert st["upload"]["completeStep"] == 30 and st["checkpoint"]["path"] == f"{run}/checkpoint-30"
+    summary = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a1-0-*/termination-log")).read_text())
+    assert summary["uploaded"]["checkpointUploadRetries"] == 0 and "checkpointUploadFailures" not in summary["uploaded"]
+    owner = json.loads(fs.cat_file(f"{run}/.finetune-owner.json"))
+    uid = kubectl.json("get", "ftj", "tiny-cpu-sft", "-n", namespace)["metadata"]["uid"]
+    assert owner["released"] is True and owner["writer"] == f"FineTuneJob {namespace}/tiny-cpu-sft (uid {uid})"

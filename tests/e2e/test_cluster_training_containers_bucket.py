@@ -5,6 +5,7 @@ import pytest
 
 from tests.e2e.cluster_training import (  # noqa: F401 - the case and its module fixture, collected here
     chart_operator,
+    test_two_nodes_upload_complete_checkpoints_to_a_bucket_with_a_claim_or_without,
     test_two_nodes_without_any_volume_resume_a_killed_gang_from_the_bucket,
 )
 

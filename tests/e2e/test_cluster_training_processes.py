@@ -8,6 +8,7 @@ from tests.e2e.cluster_training import (  # noqa: F401 - the cases and their mod
     chart_operator,
     test_a_diverging_job_fails_at_once_with_its_reason_and_is_not_retried,
     test_two_node_job_trains_and_reports,
+    test_two_nodes_upload_complete_checkpoints_to_a_bucket_with_a_claim_or_without,
 )
 
 

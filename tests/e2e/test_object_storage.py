@@ -2,82 +2,19 @@
 127.0.0.1 by the tests. Data, model and output in buckets through `finetune run`; Ctrl-C, then a resume in an empty
 directory from the bucket alone; refusals before training; the store going away while training runs."""
 
-import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from finetune_operator.api import exit_codes
 from finetune_operator.api.storage import S3Spec
 from finetune_operator.cli.processes import kill_tree
 from finetune_trainer import errors, objectstore
-from finetune_trainer.outputs import remote_output
-from tests.conftest import ROOT
-from tests.support.trainer_run import TEST_ENV
-
-ROWS = [{"instruction": q, "output": a} for q, a in [
-    ("Name a primary colour.", "Red."), ("What is 2 + 2?", "4."), ("Translate 'hello' to French.", "Bonjour."),
-    ("Give the opposite of 'hot'.", "Cold."), ("Spell 'cat' backwards.", "tac"), ("Sky colour?", "Blue.")]]
-
-
-@pytest.fixture
-def store(minio, request):
-    """A fresh bucket per test, the process's store pointed at MinIO with its credentials in the environment."""
-    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
-    name = "t-" + "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:40].strip("-") + digest
-    bucket = minio.bucket(name)
-    saved = {k: os.environ.get(k) for k in minio.env}
-    os.environ.update(minio.env)
-    objectstore.configure(S3Spec.model_validate({"endpointURL": minio.url, "region": "us-east-1"}))
-    yield bucket
-    for k, v in saved.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-
-
-def put_tree(minio, local: Path, uri: str) -> None:
-    fs = minio.filesystem()
-    for path in sorted(local.rglob("*")):
-        if path.is_file():
-            fs.put_file(str(path), f"{uri}/{path.relative_to(local)}")
-
-
-def job_doc(minio, bucket: str, **spec) -> dict:
-    doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-sft.yaml").read_text())
-    doc["metadata"]["name"] = "s3-job"
-    doc["spec"]["model"]["name"] = f"{bucket}/models/tiny"
-    doc["spec"]["data"]["train"] = [{"path": f"{bucket}/data/*.jsonl"}]
-    doc["spec"]["output"] = {"uri": f"{bucket}/runs/s3-job"}
-    doc["spec"]["s3"] = {"endpointURL": minio.url, "region": "us-east-1"}
-    for key, value in spec.items():
-        doc["spec"][key] = {**doc["spec"].get(key, {}), **value}
-    return doc
-
-
-def finetune_run(doc: dict, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "job.yaml").write_text(yaml.safe_dump(doc))
-    return subprocess.Popen([sys.executable, "-m", "finetune_operator", "run", str(workdir / "job.yaml"), "--output",
-                             str(workdir / "run")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, **TEST_ENV, **env, "HOME": str(workdir)})
-
-
-@pytest.fixture
-def uploaded(minio, store, tiny_model_dir, tmp_path):
-    """The tiny model and the data in the bucket, as a user keeps them."""
-    put_tree(minio, tiny_model_dir, f"{store}/models/tiny")
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(2):
-        (data / f"part-{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[i * 3:(i + 1) * 3]))
-    put_tree(minio, data, f"{store}/data")
-    return store
+from finetune_trainer.outputs import bucket, remote_output, uploads
+from tests.support.bucket_runs import ROWS, finetune_run, job_doc, put_tree
 
 
 def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket_alone(minio, uploaded, tmp_path):
@@ -95,7 +32,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket
     finally:
         kill_tree(first.pid)
     assert first.returncode == exit_codes.INTERRUPTED, out
-    stopped_at = remote_output.newest_remote(f"{uploaded}/runs/s3-job")
+    stopped_at = bucket.newest_remote(f"{uploaded}/runs/s3-job")
     local_steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "laptop-1/run/output").glob("checkpoint-*"))
     assert stopped_at == max(local_steps)  # the checkpoint of the stop reached the bucket before the exit
 
@@ -116,7 +53,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket
         steps = [r["step"] for r in map(json.loads, text.splitlines()) if "step" in r]
         assert steps[0] == 1 and steps[-1] == 400 and steps == sorted(set(steps)), steps[:5]
         assert stopped_at in steps and stopped_at + 1 in steps
-    complete = {s for s, done in remote_output.remote_checkpoints(run).items() if done}
+    complete = {s for s, done in bucket.remote_checkpoints(run).items() if done}
     assert complete == {380, 400}, complete  # checkpoints.keep: 2, in the bucket
     assert summary["uploaded"]["completeStep"] == 400 and summary["uploaded"]["uri"] == run
     # the model came from the bucket once, into the run's cache: only what a model needs
@@ -125,12 +62,15 @@ def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket
     assert "model.safetensors" in names and "config.json" in names
 
 
-@pytest.mark.parametrize("case", ["bad-credentials", "missing-bucket", "no-data", "missing-model", "tls-to-http"])
+@pytest.mark.parametrize("case", ["bad-credentials", "bad-session-token", "missing-bucket", "no-data", "missing-model",
+                                  "tls-to-http"])
 def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tmp_path, case):
     doc = job_doc(minio, uploaded)
     env = dict(minio.env)
     if case == "bad-credentials":
         env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    elif case == "bad-session-token":  # right keys, a temporary credential's token that is not theirs
+        env["AWS_SESSION_TOKEN"] = "not-a-session-token"
     elif case == "missing-bucket":
         doc["spec"]["output"]["uri"] = "s3://no-such-bucket/runs/x"
     elif case == "no-data":
@@ -142,6 +82,7 @@ def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tm
     proc = finetune_run(doc, tmp_path, env)
     out, _ = proc.communicate(timeout=300)
     expected = {"bad-credentials": (77, "StorageRefused", "refused the credentials"),
+                "bad-session-token": (77, "StorageRefused", "refused the credentials (InvalidTokenId"),
                 "tls-to-http": (77, "StorageRefused", "whose server speaks plain http (write http://"),
                 "missing-bucket": (77, "StorageRefused", "the bucket no-such-bucket does not exist"),
                 "no-data": (65, "DataError", f"no data file at {uploaded}/data/*.parquet"),
@@ -153,6 +94,9 @@ def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tm
     if case == "bad-credentials":  # locally the credentials are the shell's, not a Secret's
         assert "the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY of the shell" in summary["message"]
         assert "ServiceAccount" not in summary["message"]
+    if case == "bad-session-token":  # the hint names the variable that is wrong
+        assert "AWS_SESSION_TOKEN, which is set" in summary["message"], summary["message"]
+        assert "not-a-session-token" not in out
     assert "may write" not in summary["message"] or case != "tls-to-http"
     assert not list((tmp_path / "run/output").glob("checkpoint-*"))  # refused before training
 
@@ -182,7 +126,7 @@ def test_training_goes_on_while_the_store_is_down_and_uploads_catch_up(minio, up
     assert "uploads behind:" in out  # said while the store was down (the client's own retries, or ours)
     summary = json.loads((tmp_path / "run/logs/node-0.result.json").read_text())
     assert "checkpointsNotUploaded" not in summary["uploaded"]
-    complete = {s for s, done in remote_output.remote_checkpoints(f"{uploaded}/runs/s3-job").items() if done}
+    complete = {s for s, done in bucket.remote_checkpoints(f"{uploaded}/runs/s3-job").items() if done}
     assert set(range(25, 301, 25)) <= complete
     assert minio.filesystem().exists(f"{uploaded}/runs/s3-job/final/adapter_model.safetensors")
 
@@ -198,7 +142,7 @@ def test_a_partial_upload_is_never_resumed(minio, store, tmp_path):
         if complete:
             (local / "FINETUNE_COMPLETE").write_text("{}")
         put_tree(minio, local, f"{run}/checkpoint-{step}")
-    restored = remote_output.restore(run, tmp_path / "output")
+    restored = bucket.restore(run, tmp_path / "output")
     assert restored == tmp_path / "output" / "checkpoint-10"
     assert not (tmp_path / "output" / "checkpoint-20").exists()
 
@@ -220,7 +164,7 @@ def test_checkpoints_an_earlier_run_left_behind_are_uploaded_by_the_next(minio, 
     try:
         assert remote.catch_up() == ["checkpoint-20", "checkpoint-30"]
         assert remote.drain(120), remote.behind()
-        assert {s for s, done in remote_output.remote_checkpoints(run).items() if done} == {10, 20, 30}
+        assert {s for s, done in bucket.remote_checkpoints(run).items() if done} == {10, 20, 30}
         assert remote.catch_up() == []  # nothing owed any more
     finally:
         if remote.uploader is not None:
@@ -240,7 +184,7 @@ def test_the_end_of_a_run_says_every_minute_what_it_waits_for_and_why(minio, sto
     checkpoints.mark_complete(local)
     (out / "loss.png").write_bytes(b"png")
     monkeypatch.setattr(remote_output, "FINISH_WAIT_SECONDS", 62.0)  # one minute's message, not ten
-    monkeypatch.setattr(remote_output, "FINAL_ATTEMPTS", 1)
+    monkeypatch.setattr(uploads, "FINAL_ATTEMPTS", 1)
     remote = remote_output.RemoteOutput(run, out, nodes=1, keep=3, is_main=True)
     said: list[str] = []
     minio.stop()
@@ -293,3 +237,4 @@ def test_every_file_type_a_prefix_a_glob_and_streaming_read_from_the_bucket(mini
         {"path": f"{store}/files/*.jsonl"}]})
     prepared = prepare_streaming(streamed, tiny_tokenizer, seed=0)
     assert len(list(prepared.train)) == 3
+

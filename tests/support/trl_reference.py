@@ -3,12 +3,14 @@ trainer, TRL's trainer inside) and through TRL's trainer called directly as its 
 spec's values written out by hand."""
 
 import json
+import os
 import subprocess
 import sys
 
 import yaml
 
 from tests.support.controlplane import ROOT
+from tests.support.trainer_run import TEST_ENV
 
 STEPS = 8
 
@@ -23,8 +25,10 @@ def run_ours(model_dir, tmp_path, example="tiny-cpu-dpo.yaml", steps=STEPS, **ov
     tmp_path.mkdir(parents=True, exist_ok=True)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
+    # This checkout's packages (the shared environment's installed ones may be another checkout's).
     proc = subprocess.run([sys.executable, "-m", "finetune_operator", "run", str(job), "--output",
-                           str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": TEST_ENV["PYTHONPATH"]})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "output" / "progress.jsonl").read_text().splitlines()]
     summary = json.loads((tmp_path / "run" / "logs" / "node-0.result.json").read_text())
@@ -84,6 +88,11 @@ def run_trl_directly(doc, model_dir, tmp_path, steps=STEPS):
         from trl.experimental.orpo import ORPOTrainer as Trainer
 
         args = Config(**common)
+    elif objective == "cpo":  # CPO as the paper and TRL's CPOConfig define it: sigmoid loss plus the chosen NLL
+        from trl.experimental.cpo import CPOConfig as Config
+        from trl.experimental.cpo import CPOTrainer as Trainer
+
+        args = Config(**common, loss_type="sigmoid", cpo_alpha=1.0)
     else:  # SimPO: CPO's simpo loss without its behaviour-cloning term, as TRL's docs give it
         from trl.experimental.cpo import CPOConfig as Config
         from trl.experimental.cpo import CPOTrainer as Trainer

@@ -184,6 +184,29 @@ def test_the_run_summary_shows_eval_loss_perplexity_the_plot_and_the_last_sample
     assert "sample:     'What is 2 plus 3?' -> '" + "5" * 57 + "...'" in text
 
 
+def test_a_preference_evaluation_shows_the_held_out_accuracy_and_margin_not_a_perplexity(tmp_path):
+    import io
+
+    from finetune_operator.cli.local_run import describe_result
+    from finetune_operator.cli.progress import ProgressLine
+
+    path = tmp_path / "progress.jsonl"
+    records = [{"step": 4, "maxSteps": 8, "loss": 0.6},
+               {"step": 4, "maxSteps": 8, "loss": 0.6, "evalLoss": 0.5, "evalRewardsAccuracy": 1.0,
+                "evalRewardsMargin": 0.25}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = io.StringIO()
+    line = ProgressLine(path, out)
+    line.progress.offset = 0
+    line.poll()
+    said = out.getvalue().splitlines()[1]
+    assert said == "  eval loss 0.5000 (held-out preference accuracy 1, margin 0.25) at step 4"
+    text = describe_result(0, {"steps": 8, "finalLoss": 0.6, "evalLoss": 0.5, "evalRewardsAccuracy": 1.0,
+                               "evalRewardsMargin": 0.25, "model": "out/final"}, tmp_path)
+    assert "final loss 0.6, eval loss 0.5 (held-out preference accuracy 1, margin 0.25)" in text
+    assert "perplexity" not in text
+
+
 def _gpu_dev(tmp_path: Path, count: int) -> Path:
     """A /dev as the NVIDIA driver leaves it: one node per GPU beside the control nodes that are not GPUs."""
     for name in [f"nvidia{i}" for i in range(count)] + ["nvidiactl", "nvidia-uvm", "nvidia-modeset"]:
@@ -382,7 +405,8 @@ def test_validate_says_what_a_preference_objective_trains_on(tmp_path, capsys):
     doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-dpo.yaml").read_text())
     for objective, says in [("dpo", "(lora, dpo on pairs)"),
                             ("kto", "(lora, kto on pairs, each one desirable and one undesirable example)"),
-                            ("orpo", "(lora, orpo on pairs, no reference model)")]:
+                            ("orpo", "(lora, orpo on pairs, no reference model)"),
+                            ("cpo", "(lora, cpo on pairs, no reference model)")]:
         doc["spec"]["method"].update(objective=objective, preference={"beta": 0.1})
         job = tmp_path / f"{objective}.yaml"
         job.write_text(yaml.safe_dump(doc))

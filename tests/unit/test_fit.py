@@ -179,13 +179,15 @@ def test_dpo_counts_both_answers_and_the_reference_model_of_a_full_fine_tune():
     assert "reference model" not in estimate(spec(**pairs, **{"spec.method.type": "lora"}), shape).terms
 
 
-def test_orpo_and_simpo_count_both_answers_and_no_reference_kto_one_answer_and_a_reference():
+def test_orpo_simpo_and_cpo_count_both_answers_and_no_reference_kto_one_answer_and_a_reference():
     shape = ModelShape.from_config(config("llama-3.1-8b"))
-    sft = estimate(spec(), shape)
-    for objective in ("orpo", "simpo"):
-        free = estimate(spec(**{"spec.method.objective": objective, "spec.data.format": "preference"}), shape)
+    sft = estimate(spec(**{"spec.training.perDeviceTrainBatchSize": 2}), shape)
+    for objective in ("orpo", "simpo", "cpo"):
+        free = estimate(spec(**{"spec.method.objective": objective, "spec.data.format": "preference",
+                                "spec.training.perDeviceTrainBatchSize": 2}), shape)
         assert free.tokens_per_micro_batch == 2 * sft.tokens_per_micro_batch and "reference model" not in free.terms
-    kto = estimate(spec(**{"spec.method.objective": "kto", "spec.data.format": "unpaired"}), shape)
+    kto = estimate(spec(**{"spec.method.objective": "kto", "spec.data.format": "unpaired",
+                           "spec.training.perDeviceTrainBatchSize": 2}), shape)  # KTO's KL term needs a neighbour
     assert kto.tokens_per_micro_batch == sft.tokens_per_micro_batch  # its KL completion runs without gradients
     assert kto.terms["reference model"] == 2 * shape.parameters
 

@@ -78,7 +78,8 @@ def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
     if cfg.spec.method.objective != "sft":  # pairs, checked here and tokenized by TRL's trainer
         from finetune_trainer.data.preference import prepare_preference
 
-        return prepare_preference(cfg.spec.data, tokenizer, args.seed, cfg.spec.method.objective)
+        sequential = cfg.spec.training.extra_args.get("train_sampling_strategy") == "sequential"  # the data's order
+        return prepare_preference(cfg.spec.data, tokenizer, args.seed, cfg.spec.method.objective, sequential)
     if cfg.spec.data.streaming:
         from finetune_trainer.data.streaming import prepare_streaming
 
@@ -162,8 +163,7 @@ def run(config_path: str) -> dict[str, Any]:
     if cfg.spec.output.uri:  # a missing bucket or refused credentials fail now (77), not after training
         from finetune_trainer.outputs.remote_output import RemoteOutput
 
-        remote = RemoteOutput(cfg.spec.output.uri, cfg.output_dir, cfg.spec.distributed.num_nodes,
-                              cfg.spec.checkpoints.keep, args.process_index == 0, reporter)
+        remote = RemoteOutput.for_run(cfg, args.process_index == 0, reporter)
         remote.check()
     tokenizer = load_tokenizer(cfg.spec)
     data = prepare_data(cfg, args, tokenizer, reporter)
@@ -187,6 +187,8 @@ def run(config_path: str) -> dict[str, Any]:
         if owed:
             warnings.note(f"uploading {len(owed)} checkpoint(s) that had not reached {cfg.spec.output.uri}: "
                           f"{', '.join(owed)}")
+        for note in remote.notes:  # e.g. a lease on the prefix taken over
+            warnings.note(note)
     resume = resume_checkpoint(cfg)
     # What a user knows the checkpoint as: its copy in the bucket with output.uri (the local one is a download).
     source = (remote.bucket_copy(Path(resume)) if remote is not None and resume is not None else None) or resume
@@ -213,6 +215,8 @@ def run(config_path: str) -> dict[str, Any]:
         watchdog.judge_end(trainer.state.global_step)
     if watchdog.diverged_at is not None:
         raise LossDiverged(advice.diverged(cfg.output_dir, watchdog))
+    if remote is not None and (lost := remote.taken_over()) is not None:  # another run writes the prefix now
+        raise lost
     if stop.requested is not None:
         if remote is not None:
             remote.drain()  # the checkpoint of the stop reaches the bucket within the pod's grace period
@@ -269,7 +273,7 @@ def run(config_path: str) -> dict[str, Any]:
             warnings.note(f"training is done; waiting up to {FINISH_WAIT_SECONDS / 60:.0f} min for {behind} before "
                           f"uploading the final model to {cfg.spec.output.uri}")
         try:
-            summary["uploaded"] = remote.finish(names, warnings.note)
+            summary["uploaded"] = remote.finish(names, warnings.note, stopped=lambda: stop.requested)
         except TrainerError as exc:  # the local summary must not say Succeeded for a run that exits 74 or 77
             failed = {**summary, "reason": getattr(exc, "reason", None) or exit_codes.reason(exc.exit_code),
                       "message": str(exc)}

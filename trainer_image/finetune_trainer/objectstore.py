@@ -76,8 +76,10 @@ def allow_datasets_remote_files() -> None:
 
 
 # --- what went wrong ---------------------------------------------------------------------------------------------
+# AWS's and MinIO's spellings (MinIO says InvalidTokenId for a session token it cannot read; STS-backed AWS
+# services InvalidClientTokenId).
 REFUSED_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-                 "AllAccessDisabled", "403")
+                 "InvalidTokenId", "InvalidClientTokenId", "TokenRefreshRequired", "AllAccessDisabled", "403")
 
 
 def _code(exc: BaseException) -> str:
@@ -124,8 +126,11 @@ def explain(exc: BaseException, uri: str) -> str:
         where = ("the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY of the shell that runs `finetune run` (a local run "
                  "has no Secrets)" if _local_run() else "spec.s3.credentialsSecret (AWS_ACCESS_KEY_ID / "
                  "AWS_SECRET_ACCESS_KEY) or the role of the pod's ServiceAccount")
-        return (f"{uri}: the store refused the credentials ({code or type(exc).__name__}: {exc}); check {where}, "
-                "and that they may read and write this bucket")
+        # A session token goes with the request whatever the keys are: a stale or mistyped one is refused as such.
+        token = (", and AWS_SESSION_TOKEN, which is set: a temporary credential that expired or does not belong to "
+                 "these keys (unset it for long-lived keys)" if os.environ.get("AWS_SESSION_TOKEN") else "")
+        return (f"{uri}: the store refused the credentials ({code or type(exc).__name__}: {exc}); check {where}"
+                f"{token}, and that they may read and write this bucket")
     if code == "NoSuchBucket" or "bucket does not exist" in str(exc).lower():
         return f"{uri}: the bucket {split_s3(uri)[0]} does not exist; create it or fix the URI"
     if unreachable(exc):
@@ -222,14 +227,17 @@ def upload(local: Path, uri: str, names: Iterable[str]) -> int:
 
 
 def with_retries(action: Callable[[], Any], attempts: int, first_wait: float = 1.0, max_wait: float = 60.0,
-                 on_retry: Callable[[int, BaseException], None] | None = None) -> Any:
-    """`action`, retried with exponential backoff while the store is unreachable; refusals raise at once."""
+                 on_retry: Callable[[int, BaseException], None] | None = None, other_errors: int | None = None) -> Any:
+    """`action`, retried with exponential backoff while the store is unreachable; refusals raise at once. An error
+    that is not an outage (a local file gone, a bug) is tried `other_errors` times at most, when given: retrying it
+    for as long as an outage may last would only hide it."""
     wait = first_wait
     for attempt in range(1, attempts + 1):
         try:
             return action()
         except Exception as exc:  # s3fs and botocore raise many types
-            if refused(exc) or attempt == attempts:
+            if refused(exc) or attempt == attempts or (
+                    other_errors is not None and attempt >= other_errors and not unreachable(exc)):
                 raise
             if on_retry is not None:
                 on_retry(attempt, exc)

@@ -86,10 +86,12 @@ def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) 
     stats = TokenizeStats()
     if data.format in ("preference", "unpaired"):  # the rows as the trainer checks them, prompt lengths included
         from finetune_trainer.data.preference import checked_pair
+        from finetune_trainer.data.row_names import row_namer
 
         for part in parts:
+            name = row_namer(part)
             for i, row in enumerate(part.rows):
-                checked_pair(row, data, tokenizer, f"{part.name}, row {i + 1}")
+                checked_pair(row, data, tokenizer, name(i))
                 stats.rows += 1
                 stats.kept += 1
         if stats.rows == 0:
@@ -128,6 +130,11 @@ def run(config_path: str) -> dict[str, Any]:
     objectstore.configure(cfg.spec.s3, cfg.cache)
     if cfg.spec.output.uri:  # the bucket exists and takes writes with these credentials (else 77)
         objectstore.check_bucket(cfg.spec.output.uri)
+        from finetune_trainer.outputs.owner import OwnerRecord, take_over_asked, writer_of
+
+        # No other run writes the prefix (else 78), before any GPU is asked for; the trainer claims it.
+        OwnerRecord(cfg.spec.output.uri, writer_of(cfg.job_name, cfg.namespace, cfg.job_uid, cfg.output_dir),
+                    take_over_asked()).check()
     model, tokenizer, shape = check_model(cfg)
     data = cfg.spec.data
     sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer) for i, s in enumerate(data.train)]

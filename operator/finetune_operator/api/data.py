@@ -101,14 +101,15 @@ class DataSpec(ApiModel):
         description="Row format: alpaca (instruction/input/output), sharegpt (conversations from/value), messages "
         "(role/content, chat template), prompt_completion, text (continued pretraining), preference (prompt, "
         "chosen, rejected as text or as conversations, or LLaMA-Factory's alpaca and sharegpt pair layouts: "
-        "method.objective dpo, kto, orpo, simpo or reward) or unpaired (prompt, completion, label: "
+        "method.objective dpo, kto, orpo, simpo, cpo or reward) or unpaired (prompt, completion, label: "
         "method.objective kto)."
     )
     columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column renames for the format.")
     max_train_samples: int | None = Field(default=None, ge=1, description="Use at most this many training rows.")
     max_eval_samples: int | None = Field(default=None, ge=1, description="Use at most this many validation rows.")
     max_length: int = Field(
-        default=2048, ge=16, le=1_048_576, description="Maximum tokens per training sequence (SFT formats)."
+        default=2048, ge=16, le=1_048_576, description="Maximum tokens per training sequence: an SFT sample, or a "
+        "preference objective's prompt and answer (a prompt that leaves no room for an answer is a data error)."
     )
     block_size: int | None = Field(
         default=None,
@@ -123,14 +124,16 @@ class DataSpec(ApiModel):
         "are one document each.",
     )
     truncation: Literal["truncate", "drop"] = Field(
-        default="truncate", description="What to do with SFT samples longer than maxLength; counts are reported."
+        default="truncate", description="What to do with SFT samples longer than maxLength; counts are reported. "
+        "SFT only: TRL's preference trainers truncate (a reward model leaves long pairs out)."
     )
     packing: bool = Field(
         default=False,
         description="Pack several SFT samples into one sequence without attention across sample boundaries.",
     )
     train_on_prompt: bool = Field(
-        default=False, description="Also compute the loss on prompt/user tokens (by default they are masked out)."
+        default=False, description="Also compute the loss on prompt/user tokens (by default they are masked out). "
+        "SFT only."
     )
     preprocessing_workers: int = Field(default=1, ge=1, le=256, description="Processes used to tokenize.")
     streaming: bool = Field(

@@ -43,13 +43,17 @@ class FreezeSpec(ApiModel):
     )
 
 
-Objective = Literal["sft", "dpo", "kto", "orpo", "simpo", "reward"]
-PREFERENCE_OBJECTIVES = ("dpo", "kto", "orpo", "simpo", "reward")
-REFERENCE_FREE = ("orpo", "simpo", "reward")  # no reference model: nothing to precompute, no second copy
+Objective = Literal["sft", "dpo", "kto", "orpo", "simpo", "cpo", "reward"]
+PREFERENCE_OBJECTIVES = ("dpo", "kto", "orpo", "simpo", "cpo", "reward")
+REFERENCE_FREE = ("orpo", "simpo", "cpo", "reward")  # no reference model: nothing to precompute, no second copy
 # TRL's loss variants that need nothing but the objective's data (DPOConfig.loss_type, KTOConfig.loss_type).
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "apo_zero",
               "apo_down", "sigmoid_norm")
 KTO_LOSSES = ("kto", "apo_zero_unpaired")
+CPO_LOSSES = ("sigmoid", "hinge", "ipo")  # CPOConfig.loss_type; its simpo loss is objective simpo
+# The losses that read label_smoothing (TRL ignores it for the others): DPOTrainer's robust and exo_pair (which needs
+# it), CPOTrainer's sigmoid and simpo.
+SMOOTHED_LOSSES = {"dpo": ("robust", "exo_pair"), "cpo": ("sigmoid",), "simpo": ("simpo",)}
 PreferenceLoss = Literal["sigmoid", "hinge", "ipo", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard",
                          "apo_zero", "apo_down", "sigmoid_norm", "kto", "apo_zero_unpaired"]
 
@@ -62,9 +66,12 @@ class PreferenceSpec(ApiModel):
     loss_type: PreferenceLoss | None = Field(
         default=None, description="The loss variant, as TRL names it. dpo: sigmoid (default, the DPO paper's), ipo, "
         "hinge, robust (noisy labels, with labelSmoothing), exo_pair, nca_pair, bco_pair, sppo_hard, apo_zero, "
-        "apo_down, sigmoid_norm. kto: kto (default) or apo_zero_unpaired. orpo and simpo have one loss each.")
-    label_smoothing: float = Field(default=0.0, ge=0, le=0.49, description="dpo and simpo: assumed fraction of "
-                                   "flipped preference labels (conservative DPO; robust and sigmoid losses).")
+        "apo_down, sigmoid_norm. kto: kto (default) or apo_zero_unpaired. cpo: sigmoid (default), hinge, ipo. orpo "
+        "and simpo have one loss each.")
+    label_smoothing: float = Field(default=0.0, ge=0, le=0.49, description="Assumed fraction of flipped "
+                                   "preference labels: dpo with lossType robust or exo_pair (which needs it: the EXO "
+                                   "paper uses 0.001), cpo with sigmoid, simpo. The other losses ignore it, so it is "
+                                   "refused there.")
     precompute_ref_log_probs: bool = Field(default=False, description="dpo and kto: compute the reference model's "
                                            "log-probabilities once before training, so a full fine-tune does not "
                                            "hold a second model during it (LoRA needs no copy: the reference is the "
@@ -76,6 +83,9 @@ class PreferenceSpec(ApiModel):
                                       "examples' loss.")
     simpo_gamma: float = Field(default=0.5, ge=0, le=10, description="simpo: the target reward margin (the paper's "
                                "gamma over beta).")
+    cpo_alpha: float = Field(default=1.0, ge=0, le=100, description="cpo: weight of the behaviour-cloning term (the "
+                             "chosen answers' negative log-likelihood) beside the preference loss; 1 as in the CPO "
+                             "paper and TRL's CPOConfig.")
     center_rewards_coefficient: float | None = Field(
         default=None, gt=0, le=1, description="reward: weight of a penalty on the mean squared reward, which keeps "
         "the scores centred on zero (0.01 in the paper that proposed it, Eisenstein et al. 2023); unset: none.")
@@ -92,12 +102,13 @@ class MethodSpec(ApiModel):
         "which). Preference tuning, through TRL's trainers: dpo (Direct Preference Optimization, DPOTrainer) on "
         "preference pairs; kto (KTOTrainer) on unpaired examples labelled desirable or not (data.format unpaired) "
         "or on pairs (each pair gives one of each); orpo (odds-ratio preference optimization: SFT and preference "
-        "in one loss, no reference model) and simpo (length-normalised reward margin, no reference model; TRL's "
-        "CPOTrainer) on pairs. reward: a reward model (RewardTrainer: the base model with a one-output "
-        "sequence-classification head, trained so that chosen scores above rejected) on pairs; its final model "
-        "scores text instead of generating it.")
+        "in one loss, no reference model), simpo (length-normalised reward margin, no reference model; TRL's "
+        "CPOTrainer) and cpo (Contrastive Preference Optimization: a preference loss plus cpoAlpha x the chosen "
+        "answers' NLL, no reference model; CPOTrainer) on pairs. reward: a reward model (RewardTrainer: the base "
+        "model with a one-output sequence-classification head, trained so that chosen scores above rejected) on "
+        "pairs; its final model scores text instead of generating it.")
     preference: PreferenceSpec = Field(default_factory=PreferenceSpec, description="Settings of the preference "
-                                       "objectives (dpo, kto, orpo, simpo, reward); each field names those it "
+                                       "objectives (dpo, kto, orpo, simpo, cpo, reward); each field names those it "
                                        "applies to.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora and qlora.")
     freeze: FreezeSpec = Field(default_factory=FreezeSpec, description="Settings for the freeze method.")

@@ -52,7 +52,9 @@ class OutputSpec(ApiModel):
         "marked complete (FINETUNE_COMPLETE, last) once all nodes' files are there; checkpoints.keep applies in "
         "the bucket; a new attempt (or `finetune run` in an empty directory) resumes from the newest complete one. "
         "progress.jsonl, loss.png, the run summary and final/ (merged/) land there too, and the job succeeds only "
-        "once final/ is uploaded. No shared volume is needed; with claimName too, the claim holds the local copy.",
+        "once final/ is uploaded. No shared volume is needed; with claimName too, the claim holds the local copy "
+        "(node 0 uploads for the nodes that share it). One run writes a prefix at a time: a lease in the bucket "
+        "(.finetune-owner.json) refuses a second writer.",
         examples=["s3://training/runs/llama-lora"],
     )
     sub_path: str | None = Field(

@@ -15,6 +15,7 @@ from .evaluation import EvaluationSpec
 from .method import MethodSpec
 from .model import ModelSpec
 from .output import CheckpointSpec, OutputSpec
+from .preference_rules import preference_rules
 from .resources import PodSpec, ResourcesSpec
 from .run_policy import RunPolicy
 from .runtime_ref import RuntimeRef
@@ -203,7 +204,7 @@ def _objective_rules(spec: Any) -> list[FieldError]:
     objective, data = spec.method.objective, spec.data
     if objective == "sft":
         if data.format in ("preference", "unpaired"):
-            fix = "set method.objective: dpo, orpo, simpo, kto or reward" if data.format == "preference" else \
+            fix = "set method.objective: dpo, orpo, simpo, cpo, kto or reward" if data.format == "preference" else \
                 "set method.objective: kto"
             return [FieldError("method.objective", objective, f"data.format {data.format} holds preference data, "
                                "which supervised fine-tuning cannot train on", fix)]
@@ -233,22 +234,23 @@ def _reward_model_rules(spec: Any) -> list[FieldError]:
 
 
 def _preference_settings(method: Any) -> list[FieldError]:
-    from .method import DPO_LOSSES, KTO_LOSSES, REFERENCE_FREE
+    from .method import CPO_LOSSES, DPO_LOSSES, KTO_LOSSES, REFERENCE_FREE
 
     pref, objective = method.preference, method.objective
     where = "method.preference"
     errors = []
-    losses = {"dpo": DPO_LOSSES, "kto": KTO_LOSSES}.get(objective, ())
+    losses = {"dpo": DPO_LOSSES, "kto": KTO_LOSSES, "cpo": CPO_LOSSES}.get(objective, ())
     if pref.loss_type is not None and pref.loss_type not in losses:
         fix = (f"use one of {', '.join(losses)}" if losses else "remove lossType")
         errors.append(FieldError(f"{where}.lossType", pref.loss_type,
                                  f"not a loss of method.objective {objective}", fix))
-    unused = [("beta", pref.beta, 0.1, ("dpo", "kto", "orpo", "simpo")),
-              ("labelSmoothing", pref.label_smoothing, 0.0, ("dpo", "simpo")),
+    unused = [("beta", pref.beta, 0.1, ("dpo", "kto", "orpo", "simpo", "cpo")),
+              ("labelSmoothing", pref.label_smoothing, 0.0, ("dpo", "simpo", "cpo")),
               ("precomputeRefLogProbs", pref.precompute_ref_log_probs, False, ("dpo", "kto")),
               ("desirableWeight", pref.desirable_weight, 1.0, ("kto",)),
               ("undesirableWeight", pref.undesirable_weight, 1.0, ("kto",)),
               ("simpoGamma", pref.simpo_gamma, 0.5, ("simpo",)),
+              ("cpoAlpha", pref.cpo_alpha, 1.0, ("cpo",)),
               ("centerRewardsCoefficient", pref.center_rewards_coefficient, None, ("reward",))]
     for name, value, default, applies in unused:
         if value != default and objective not in applies:
@@ -367,6 +369,7 @@ RULES = (
     Rule(("data", "training"), _data_rules),
     Rule(("method", "data", "training"), _objective_rules),
     Rule(("method", "evaluation"), _reward_model_rules),
+    Rule(("method", "data", "training"), preference_rules),
     Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),
     Rule(("output", "pod", "tracking"), _credential_rules),
     Rule(("data", "pod", "output"), _cache_rules),

@@ -46,8 +46,15 @@ class Progress(ApiModel):
                                          "of the chosen answers.")
     rewards_rejected: float | None = Field(default=None, description="Preference objectives: mean implicit reward "
                                            "of the rejected answers.")
-    eval_perplexity: float | None = Field(default=None, ge=0, description="exp(evalLoss): the validation "
-                                          "perplexity per token.")
+    eval_perplexity: float | None = Field(default=None, ge=0, description="SFT: exp(evalLoss), the validation "
+                                          "perplexity per token (a preference objective's loss is no token "
+                                          "cross-entropy: it has evalRewardsAccuracy and evalRewardsMargin).")
+    eval_rewards_accuracy: float | None = Field(default=None, ge=0, le=1, description="Preference objectives "
+                                                "(not kto): share of the held-out pairs whose chosen answer gets the "
+                                                "higher reward, at the latest evaluation.")
+    eval_rewards_margin: float | None = Field(default=None, description="Preference objectives: mean reward "
+                                              "margin (chosen minus rejected) over the held-out data, at the latest "
+                                              "evaluation.")
     learning_rate: float | None = Field(default=None, description="Current learning rate.")
     tokens_per_second: float | None = Field(default=None, ge=0, description="Training tokens/s over all processes.")
     tokens_per_second_per_device: float | None = Field(

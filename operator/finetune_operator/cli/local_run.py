@@ -23,7 +23,7 @@ from ..render.configmap import config_files
 from ..render.env import trainer_env
 from .ports import free_port
 from .processes import OutputBusy, OutputLock, die_with_parent, kill_tree
-from .progress import ProgressLine
+from .progress import ProgressLine, held_out_preference
 
 POLL_SECONDS = 0.5
 # A node that failed leaves the others waiting in a collective or in the rendezvous (torch's default: 600 s). They
@@ -232,6 +232,7 @@ def describe_result(code: int, summary: dict[str, Any], workdir: Path) -> str:
                  + (f", eval loss {_number(summary['evalLoss'])}" if summary.get("evalLoss") is not None else "")
                  + (f" (perplexity {_number(summary['evalPerplexity'])})"
                     if summary.get("evalPerplexity") is not None else "")
+                 + held_out_preference(summary)
                  + (f"; stopped early, best checkpoint {summary['bestCheckpoint']}"
                     if summary.get("stoppedEarly") else ""),
                  f"  tokens/s:   {rate:.0f}" if rate else "",
@@ -277,7 +278,8 @@ def unwritable(workdir: Path, exc: OSError) -> str:
             "directory this user can create and write (a path on a local disk, not under a file, /proc or /sys)")
 
 
-def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int | None = None) -> int:
+def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int | None = None,
+        take_over: bool = False) -> int:
     out = out or sys.stdout  # looked up per call: a default bound at import keeps whatever stdout was then
     # Explicit handlers: a process started in the background inherits SIGINT as ignored, and `kill` sends SIGTERM;
     # both must still stop the nodes gracefully.
@@ -301,8 +303,9 @@ def run(job: ValidatedJob, workdir: Path, out: TextIO | None = None, port: int |
         print(unwritable(workdir, exc), file=out, flush=True)
         return exit_codes.CONFIG_ERROR
     try:
+        extra = {c.ENV_OUTPUT_TAKE_OVER: "1"} if take_over else None  # outputs/owner.py in the trainer
         try:
-            nodes = start_nodes(job, workdir, port, lock=lock)
+            nodes = start_nodes(job, workdir, port, extra_env=extra, lock=lock)
         except OSError as exc:
             print(unwritable(workdir, exc), file=out, flush=True)
             return exit_codes.CONFIG_ERROR

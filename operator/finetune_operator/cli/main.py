@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a field, e.g. --set spec.model.name=/models/llama (VALUE is YAML)")
     run.add_argument("--port", type=int, help="rendezvous port on 127.0.0.1 (default: a free one)")
     run.add_argument("--runtime", action="append", default=[], metavar="FILE", help=RUNTIME_HELP)
+    run.add_argument("--take-over", action="store_true",
+                     help="with spec.output.uri: take the prefix over from the run that writes it now (that run "
+                     "stops at its next checkpoint); without it, a second writer is refused")
     run.set_defaults(func=_run)
     c = sub.add_parser("crd", help="print the CustomResourceDefinitions (FineTuneJob and the runtimes)")
     c.set_defaults(func=_crd)
@@ -169,7 +172,7 @@ def _objective_data(job: ValidatedJob) -> str:
     if objective == "reward":
         return "pairs: a reward model, the base with a one-output score head"
     return {"preference": "pairs", "unpaired": "labelled examples"}.get(data, data) + (
-        ", no reference model" if objective in ("orpo", "simpo") else "")
+        ", no reference model" if objective in ("orpo", "simpo", "cpo") else "")
 
 
 def _strategy(job: ValidatedJob) -> str:
@@ -241,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
         print(exc.summary(), file=sys.stderr)
         return EXIT_RUN_INVALID
     print(describe(job, local=True))
-    return local_run.run(job, args.output or Path("runs") / job.name, port=args.port)
+    return local_run.run(job, args.output or Path("runs") / job.name, port=args.port, take_over=args.take_over)
 
 
 def _crd(args: argparse.Namespace) -> int:

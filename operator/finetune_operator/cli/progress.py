@@ -36,6 +36,7 @@ class ProgressLine:
                 perplexity = record.get("evalPerplexity")
                 print(f"  eval loss {record['evalLoss']:.4f}"
                       + (f" (perplexity {perplexity:.4g})" if perplexity is not None else "")
+                      + held_out_preference(record)
                       + f" at step {record.get('step')}", file=self.out, flush=True)
             elif not same_step:
                 print(render_progress(self.last), file=self.out, flush=True)
@@ -74,6 +75,14 @@ class _Follow:
             except ValueError:  # never fatal to the console: a line it cannot read is skipped
                 continue
         return records
+
+
+def held_out_preference(record: dict[str, Any]) -> str:
+    """A preference objective's evaluation, in words: its held-out accuracy and margin (it has no perplexity)."""
+    parts = [f"{name} {record[key]:.4g}" for name, key in (("accuracy", "evalRewardsAccuracy"),
+                                                           ("margin", "evalRewardsMargin"))
+             if isinstance(record.get(key), int | float)]
+    return f" (held-out preference {', '.join(parts)})" if parts else ""
 
 
 def render_progress(r: dict[str, Any], width: int = 24) -> str:

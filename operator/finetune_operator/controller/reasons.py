@@ -108,6 +108,7 @@ TRAINER_NOTICES: Final = {
     "RowsDropped": "rows were left out: too long (truncation: drop), cut before their reply began, or without a "
                    "reply",
     "PairsDropped": "preference pairs too long for data.maxLength were left out",
+    "RowsRepeated": "several processes: the last batch of an epoch is filled up with rows repeated from its start",
 }
 
 # CamelCase words the operator reads from Kubernetes and Kueue (pod, Job and Workload conditions and reasons,

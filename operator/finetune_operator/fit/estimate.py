@@ -196,11 +196,11 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
             terms["DDP gradient buckets"] = grads  # DDP all-reduces through buckets the size of the gradients
 
     seq = sequence_length(spec)
-    # DPO, ORPO, SimPO and a reward model score a pair's chosen and rejected answers in one batch: twice the
+    # DPO, ORPO, SimPO, CPO and a reward model score a pair's chosen and rejected answers in one batch: twice the
     # sequences of the micro-batch. KTO's second sequence (a mismatched completion for its KL estimate) runs without
     # gradients.
     objective = spec.method.objective
-    pairs = 2 if objective in ("dpo", "orpo", "simpo", "reward") else 1
+    pairs = 2 if objective in ("dpo", "orpo", "simpo", "cpo", "reward") else 1
     tokens = spec.training.per_device_train_batch_size * seq * pairs
     if (objective in ("dpo", "kto") and spec.method.type in ("full", "freeze")
             and not spec.method.preference.precompute_ref_log_probs):

@@ -1,184 +1,113 @@
 """Preference data, in the layouts TRL's trainers read (TRL applies the chat template to conversations and
 tokenizes): pairs (data.format preference: prompt, chosen, rejected; or LLaMA-Factory's alpaca and sharegpt pair
 layouts) and unpaired examples (data.format unpaired: prompt, completion, label; KTO), as text or as conversations
-(lists of role/content messages). Every row is checked
-before training, with the file and row of a bad one (exit 65): a missing answer, an answer that is not text or
-messages, chosen and rejected the same, a label that is not a yes or a no, a prompt that leaves no room for an
-answer within data.maxLength."""
+(lists of role/content messages). Every row is checked before training, with the file and line (JSON Lines) or row
+of a bad one (exit 65): a missing or empty answer, an answer that is not text or assistant messages, chosen and
+rejected the same, a label that is not a yes or a no (data/preference_rows.py), and a prompt that leaves no room for
+an answer within data.maxLength, which TRL would drop without a word."""
 
+from collections.abc import Callable
 from typing import Any
 
-from finetune_operator.api.data import ColumnMapping, DataSpec
-from finetune_trainer.data.formats import _col, alpaca_messages, content_text, sharegpt_messages
+from finetune_operator.api.data import DataSpec
 from finetune_trainer.data.loading import Part, load_rows
+from finetune_trainer.data.preference_rows import preference_row, unpaired_row
 from finetune_trainer.data.prepared import PreparedData
+from finetune_trainer.data.row_names import row_namer
 from finetune_trainer.errors import ConfigError, DataError
 
-Turns = list[dict[str, str]]
+LENGTH_BATCH = 256  # rows rendered and tokenized at once for the prompt-length check
 
 
-def _turns(value: Any, where: str) -> Turns:
-    if not isinstance(value, list) or not value:
-        raise DataError(f"{where} is {type(value).__name__ if value is not None else 'null'}: expected text or a "
-                        "non-empty list of role/content messages")
-    turns = []
-    for j, message in enumerate(value):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise DataError(f"{where}, message {j + 1}: expected {{\"role\": ..., \"content\": ...}}")
-        turns.append({"role": message["role"], "content": content_text(message.get("content"),
-                                                                         f"{where}, message {j + 1}")})
-    return turns
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
-def preference_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any]:
-    """One row -> {prompt, chosen, rejected}, all text or all conversations (text answers to a conversational
-    prompt become one assistant message; a text prompt to conversational answers one user message). TRL's layout,
-    or LLaMA-Factory's alpaca and sharegpt ones."""
-    factory = llamafactory_pair(row, columns, where)
-    out = _texts(*(factory, ColumnMapping()) if factory is not None else (row, columns),
-                 ("prompt", "chosen", "rejected"), where)
-    if out["chosen"] == out["rejected"]:
-        raise DataError(f"{where}: chosen and rejected are the same answer, so there is nothing to prefer; fix or "
-                        "drop the row")
+def _token_ids(tokenizer: Any, texts: list[Any], **chat: Any) -> list[list[int]]:
+    """Token ids of each text or conversation, as TRL's _tokenize makes them (a conversation through the chat
+    template, a text with the tokenizer's special tokens)."""
+    if isinstance(texts[0], list):
+        return list(tokenizer.apply_chat_template(texts, tokenize=True, return_dict=True, **chat)["input_ids"])
+    return list(tokenizer(texts)["input_ids"])
+
+
+def prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any) -> list[int]:
+    """The prompt's length in tokens as TRL's DPOTrainer and KTOTrainer count it (their tokenize_fn): the tokens
+    that the prompt alone (with the generation prompt) and the prompt followed by each answer have in common. TRL
+    drops a row whose prompt length is data.maxLength or more (nothing of the answer would be trained)."""
+    out = [0] * len(rows)
+    for kind in (False, True):  # text rows, then conversations: a batch is rendered one way
+        index = [i for i, row in enumerate(rows) if isinstance(row["prompt"], list) is kind]
+        if not index:
+            continue
+        prompts = _token_ids(tokenizer, [rows[i]["prompt"] for i in index], **({"add_generation_prompt": True}
+                                                                                 if kind else {}))
+        answers = [k for k in ("chosen", "rejected", "completion") if k in rows[index[0]]]
+        full = [_token_ids(tokenizer, [rows[i]["prompt"] + rows[i][k] for i in index]) for k in answers]
+        for j, i in enumerate(index):
+            out[i] = min(_common_prefix(prompts[j], ids[j]) for ids in full)
     return out
 
 
-def llamafactory_pair(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any] | None:
-    """LLaMA-Factory's preference layouts (its dataset_info.json `ranking: true`) as TRL's: alpaca (instruction,
-    input, chosen and rejected as text, optional system and history of [query, response] pairs) and sharegpt
-    (conversations of from/value turns, chosen and rejected each one from/value turn, optional system). The prompt
-    is a conversation built as our SFT builds it from the same layout (the chat template then renders it as in
-    SFT). None for a row with a prompt column: TRL's layout."""
-    if _col(columns, "prompt") in row:
-        return None
-    chosen, rejected = row.get(_col(columns, "chosen")), row.get(_col(columns, "rejected"))
-    conversations, instruction = _col(columns, "conversations"), _col(columns, "instruction")
-    try:
-        if isinstance(row.get(conversations), list):
-            prompt = sharegpt_messages(row, columns)
-            chosen, rejected = (_sharegpt_answer(answer, _col(columns, key)) for answer, key in
-                                ((chosen, "chosen"), (rejected, "rejected")))
-        elif instruction in row:
-            prompt = alpaca_messages({**row, _col(columns, "output"): ""}, columns)[:-1]
-            history = row.get("history") or []
-            if not isinstance(history, list) or not all(isinstance(h, list | tuple) and len(h) == 2
-                                                        for h in history):
-                raise DataError("'history' is not a list of [query, response] pairs")
-            past = [{"role": role, "content": str(text)} for query, response in history
-                    for role, text in (("user", query), ("assistant", response))]
-            system = [m for m in prompt if m["role"] == "system"]
-            prompt = system + past + [m for m in prompt if m["role"] != "system"]
-        else:
-            return None
-    except DataError as exc:
-        raise DataError(f"{where}: {exc}") from exc
-    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
-
-
-def _sharegpt_answer(turn: Any, column: str) -> Any:
-    """A sharegpt answer: one {from, value} turn (a string or a list of turns passes through as they are)."""
-    if isinstance(turn, dict):
-        if "value" not in turn:
-            raise DataError(f"'{column}' is a turn without a 'value': {sorted(turn)}")
-        return [{"role": "assistant", "content": content_text(turn["value"], f"'{column}'")}]
-    return turn
-
-
-YES, NO = ("true", "1", "yes", "y", "desirable"), ("false", "0", "no", "n", "undesirable")
-
-
-def unpaired_row(row: dict[str, Any], columns: ColumnMapping, where: str) -> dict[str, Any]:
-    """One row -> {prompt, completion, label}, the label a bool (CSV and JSON spell it in many ways)."""
-    out = _texts(row, columns, ("prompt", "completion"), where)
-    column = columns.label or "label"
-    value = row.get(column)
-    spelled = str(value).strip().lower()
-    if value is True or value == 1 or (isinstance(value, str) and spelled in YES):
-        out["label"] = True
-    elif value is False or value == 0 or (isinstance(value, str) and spelled in NO):
-        out["label"] = False
-    else:
-        present = sorted(k for k in row if not k.startswith("_"))
-        raise DataError(f"{where}: '{column}' (label) is {value!r}; expected true or false (1/0, yes/no) saying "
-                        f"whether the completion is desirable (columns: {present}); map it with data.columns.label")
-    return out
-
-
-def _texts(row: dict[str, Any], columns: ColumnMapping, keys: tuple[str, ...], where: str) -> dict[str, Any]:
-    """The row's prompt and answers, all text or all conversations."""
-    names = {k: _col(columns, k) for k in keys}
-    values = {}
-    for key, column in names.items():
-        value = row.get(column)
-        if value is None or (isinstance(value, str) and not value.strip()):
-            present = sorted(k for k in row if not k.startswith("_"))
-            raise DataError(f"{where} has no '{column}' ({key}) value (columns: {present}); map it with "
-                            f"data.columns.{key}")
-        values[key] = value
-    conversational = any(isinstance(v, list) for v in values.values())
-    if conversational:
-        out = {}
-        for key, value in values.items():
-            role = "user" if key == "prompt" else "assistant"
-            out[key] = ([{"role": role, "content": value}] if isinstance(value, str) else
-                        _turns(value, f"{where}, {names[key]}"))
-    else:
-        bad = [k for k, v in values.items() if not isinstance(v, str | int | float)]
-        if bad:
-            raise DataError(f"{where}, {names[bad[0]]}: a {type(values[bad[0]]).__name__}, expected text or messages")
-        out = {k: str(v) for k, v in values.items()}
-    return out
-
-
-def prompt_tokens(prompt: Any, tokenizer: Any) -> int:
-    if isinstance(prompt, list):
-        return len(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True))
-    return len(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-
-
-def checked_pair(row: dict[str, Any], data: DataSpec, tokenizer: Any, where: str) -> dict[str, Any]:
-    """preference_row (unpaired_row for data.format unpaired), then what needs the tokenizer: a chat template for
-    conversations, room for an answer."""
-    pair = (unpaired_row if data.format == "unpaired" else preference_row)(row, data.columns, where)
-    if isinstance(pair["prompt"], list) and tokenizer.chat_template is None:
-        raise ConfigError(f"{where} is a conversation but the tokenizer has no chat template; set "
-                          "model.tokenizer to one that has, or give the pairs as text")
-    n = prompt_tokens(pair["prompt"], tokenizer)
-    if n >= data.max_length:
-        raise DataError(f"{where}: the prompt is {n} tokens, data.maxLength is {data.max_length}: no token "
-                        "of the answer would be trained; raise data.maxLength or shorten the prompt")
-    return pair
+def _checked(rows: list[dict[str, Any]], wheres: list[str], data: DataSpec, tokenizer: Any) -> None:
+    """What needs the tokenizer: a chat template for conversations, room for an answer within data.maxLength."""
+    for row, where in zip(rows, wheres, strict=True):
+        if isinstance(row["prompt"], list) and tokenizer.chat_template is None:
+            raise ConfigError(f"{where} is a conversation but the tokenizer has no chat template; set "
+                              "model.tokenizer to one that has, or give the pairs as text")
+    for start in range(0, len(rows), LENGTH_BATCH):
+        chunk = rows[start:start + LENGTH_BATCH]
+        for n, where in zip(prompt_lengths(chunk, tokenizer), wheres[start:start + LENGTH_BATCH], strict=True):
+            if n >= data.max_length:
+                raise DataError(f"{where}: the prompt is {n} tokens, data.maxLength is {data.max_length}: no token "
+                                "of the answer would be trained (TRL would drop the row without a word); raise "
+                                "data.maxLength or shorten the prompt")
 
 
 def _rows(parts: list[Part], data: DataSpec, tokenizer: Any, limit: int | None) -> tuple[list[dict], int]:
+    read: Callable[..., dict[str, Any]] = unpaired_row if data.format == "unpaired" else preference_row
     rows: list[dict[str, Any]] = []
-    seen = 0
+    wheres: list[str] = []
     for part in parts:
+        name = row_namer(part)
         for i, row in enumerate(part.rows):
             if limit is not None and len(rows) >= limit:
-                return rows, seen
-            seen += 1
-            rows.append(checked_pair(row, data, tokenizer, f"{part.name}, row {i + 1}"))
-    return rows, seen
+                break
+            wheres.append(name(i))
+            rows.append(read(row, data.columns, wheres[-1]))
+    _checked(rows, wheres, data, tokenizer)
+    return rows, len(rows)
 
 
-def for_kto(dataset: Any, seed: int) -> Any:
+def checked_pair(row: dict[str, Any], data: DataSpec, tokenizer: Any, where: str) -> dict[str, Any]:
+    """One row read and checked as a whole dataset's rows are (the preflight's sample)."""
+    pair = (unpaired_row if data.format == "unpaired" else preference_row)(row, data.columns, where)
+    _checked([pair], [where], data, tokenizer)
+    return pair
+
+
+def for_kto(dataset: Any, seed: int, shuffle: bool = True) -> Any:
     """KTO's examples in an order whose batches mix desirable and undesirable ones. TRL's KTOTrainer samples in
     order (its KL estimate pairs each example with its neighbour's completion), so data sorted by label, or pairs
     unpaired as all chosen then all rejected, would train whole batches of one kind, and a pair's own answers would
-    be neighbours. Each pair gives one of each; then one shuffle with training.seed."""
+    be neighbours. Each pair gives one of each; then one shuffle with training.seed, unless the job asked for the
+    data's own order (training.extraArgs.train_sampling_strategy: sequential, a curriculum)."""
     import datasets
 
     if "chosen" in dataset.column_names:
         dataset = datasets.Dataset.from_list([
             {"prompt": row["prompt"], "completion": row[key], "label": key == "chosen"}
             for row in dataset for key in ("chosen", "rejected")])
-    return dataset.shuffle(seed=seed).flatten_indices()
+    return dataset.shuffle(seed=seed).flatten_indices() if shuffle else dataset
 
 
-def prepare_preference(data: DataSpec, tokenizer: Any, seed: int, objective: str = "dpo") -> PreparedData:
+def prepare_preference(data: DataSpec, tokenizer: Any, seed: int, objective: str = "dpo",
+                       sequential: bool = False) -> PreparedData:
     """Checked pairs (or unpaired examples) as datasets (train, and validation from data.validation or the split
-    percentage); KTO's in an order it can train on (for_kto)."""
+    percentage); KTO's in an order it can train on (for_kto; `sequential`: the data's own order)."""
     import datasets
 
     train_rows, seen = _rows(load_rows(data.train, data), data, tokenizer, data.max_train_samples)
@@ -199,7 +128,7 @@ def prepare_preference(data: DataSpec, tokenizer: Any, seed: int, objective: str
             evaluation = evaluation.select(range(min(len(evaluation), data.max_eval_samples)))
         stats["train"][unit], stats["validation"] = len(train), {unit: len(evaluation)}
     if objective == "kto":
-        train = for_kto(train, seed)
+        train = for_kto(train, seed, shuffle=not sequential)
         evaluation = for_kto(evaluation, seed) if evaluation is not None else None
         stats["train"]["examples"] = len(train)
         if evaluation is not None:

@@ -30,10 +30,13 @@ def format_eta(seconds: float | None) -> str | None:
 
 
 # TRL's preference metrics -> our progress record and status.progress. RewardTrainer names a reward model's score
-# margin and accuracy (chosen scored above rejected) without the prefix.
+# margin and accuracy (chosen scored above rejected) without the prefix. An evaluation's (eval_*) are the held-out
+# preference: what a preference objective has instead of a perplexity.
 REWARD_LOGS = {"rewards/margins": "rewardsMargin", "rewards/accuracies": "rewardsAccuracy",
                "rewards/chosen": "rewardsChosen", "rewards/rejected": "rewardsRejected",
-               "margin": "rewardsMargin", "accuracy": "rewardsAccuracy"}
+               "margin": "rewardsMargin", "accuracy": "rewardsAccuracy",
+               "eval_rewards/margins": "evalRewardsMargin", "eval_rewards/accuracies": "evalRewardsAccuracy",
+               "eval_margin": "evalRewardsMargin", "eval_accuracy": "evalRewardsAccuracy"}
 
 
 class ProgressCallback(TrainerCallback):
@@ -178,22 +181,6 @@ class CheckpointMarkerCallback(TrainerCallback):
         checkpoints.mark_complete(directory, self.producer)
         if self.progress is not None:
             self.progress.checkpoint = {"step": state.global_step, "path": str(directory)}
-
-
-class UploadCallback(TrainerCallback):
-    """output.uri: after each save every rank waits until all have written their files, then the node's first
-    process hands the checkpoint to the node's uploader (remote_output.CheckpointUploader), which snapshots it."""
-
-    def __init__(self, uploader: Any):
-        self.uploader = uploader
-
-    def on_save(self, args, state, control, **kwargs):
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
-        if self.uploader is not None:
-            self.uploader.submit(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
 class LearningRateOnResume(TrainerCallback):

@@ -7,11 +7,11 @@ from typing import Any
 
 from finetune_operator.api.spec import FineTuneJobSpec
 
-DEFAULT_LOSS = {"dpo": "sigmoid", "kto": "kto"}
+DEFAULT_LOSS = {"dpo": "sigmoid", "kto": "kto", "cpo": "sigmoid"}
 
 
 def trl_classes(objective: str) -> tuple[type, type]:
-    """(config, trainer) of an objective. ORPO and CPO (SimPO is CPO's simpo loss without its BC term) live in
+    """(config, trainer) of an objective. ORPO and CPO (cpo; simpo is CPO's simpo loss without its BC term) live in
     trl.experimental in TRL 1.x: the maintained code, behind a namespace that says its API may still move."""
     if objective == "dpo":
         from trl import DPOConfig, DPOTrainer
@@ -31,7 +31,7 @@ def trl_classes(objective: str) -> tuple[type, type]:
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
         return ORPOConfig, ORPOTrainer
-    if objective == "simpo":
+    if objective in ("simpo", "cpo"):
         from trl.experimental.cpo import CPOConfig, CPOTrainer
 
         return CPOConfig, CPOTrainer
@@ -57,4 +57,7 @@ def objective_arguments(spec: FineTuneJobSpec) -> dict[str, Any]:
         # cpo_alpha 0: SimPO proper (CPO's behaviour-cloning term off), as TRL's CPOConfig sets for loss_type simpo.
         args.update(loss_type="simpo", cpo_alpha=0.0, simpo_gamma=pref.simpo_gamma,
                     label_smoothing=pref.label_smoothing)
+    elif objective == "cpo":
+        # CPO proper: a preference loss plus cpo_alpha x the chosen answers' NLL (TRL's CPOConfig defaults).
+        args.update(loss_type=loss, cpo_alpha=pref.cpo_alpha, label_smoothing=pref.label_smoothing)
     return args

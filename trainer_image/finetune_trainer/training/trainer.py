@@ -62,10 +62,13 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
 
         base, kwargs = trl_classes(cfg.spec.method.objective)[1], {}
 
+    sft = cfg.spec.method.objective == "sft"
+
     class FineTuneTrainer(base):
         def log(self, logs: dict[str, float], *rest, **kwargs) -> None:
             # Perplexity next to every validation loss: in TensorBoard, progress.jsonl, the status and the summary.
-            if "eval_loss" in logs:
+            # SFT only: a preference loss is no token cross-entropy (its evaluation has the held-out accuracy).
+            if "eval_loss" in logs and sft:
                 logs["eval_perplexity"] = perplexity(logs["eval_loss"])
             super().log(logs, *rest, **kwargs)
 
@@ -125,6 +128,11 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         watchdog.first_rows = trainer.first_rows_loss
     if reward:
         dropped_pairs(cfg, data, trainer, warnings)
+    if not sft:  # TRL's datasets as they will be batched (a reward model's without the pairs it left out)
+        from finetune_trainer.training.last_batch import say_repeated_rows
+
+        say_repeated_rows(args, trainer.train_dataset, "examples" if cfg.spec.method.objective == "kto" else "pairs",
+                          warnings)
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
