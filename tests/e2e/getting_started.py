@@ -83,6 +83,7 @@ def shell_env(control_plane, kubectl, tmp_path: Path, images: dict[str, str]) ->
                             os.environ["PATH"]])
     return {**kubectl.env, "PATH": path, "HOME": str(home), "DOCKER_STAND_IN_LOG": str(tmp_path / "docker.log"),
             "DOCKER_STAND_IN_IMAGES": json.dumps(images),
+            "DOCKER_STAND_IN_CACHE": os.environ.get("FINETUNE_CACHE", str(Path.home() / ".cache" / "finetunejob")),
             "HF_TOKEN": "hf_reader_token"}  # what install.md asks the reader to set
 
 

@@ -8,7 +8,8 @@ Every call is appended to the log, for the test to read.
 
     python -m tests.support.docker_stand_in build|push ...
 Environment: DOCKER_STAND_IN_LOG (a file), DOCKER_STAND_IN_IMAGES (JSON {"operator": image, "trainer": image}, or
-empty).
+empty), DOCKER_STAND_IN_CACHE (the suite's cache, where hack/podman.sh keeps the images: the page's shell has a HOME
+of its own, under which podman.sh would look in an empty store).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def main(argv: list[str]) -> int:
             return 2
         if images:
             podman = str(ROOT / "hack" / "podman.sh")
-            subprocess.run([podman, "tag", images[DOCKERFILES[dockerfile]], tag], check=True)
+            env = {**os.environ, "FINETUNE_CACHE": os.environ["DOCKER_STAND_IN_CACHE"]}
+            subprocess.run([podman, "tag", images[DOCKERFILES[dockerfile]], tag], check=True, env=env)
         with log.open("a") as f:
             f.write(json.dumps({"tag": tag, "image": DOCKERFILES[dockerfile]}) + "\n")
         return 0
