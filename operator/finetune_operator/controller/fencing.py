@@ -112,6 +112,17 @@ class FencedHTTPSPool(HTTPSConnectionPool):
     ConnectionCls = FencedHTTPSConnection
 
 
+def _pool_fenced_by(pool: type, fence: Fence) -> type:
+    """A subclass of `pool` whose connections pass `fence` (a fence of this client's own, not the module's)."""
+    connection = type(pool.ConnectionCls.__name__, (pool.ConnectionCls,), {"fence": fence})
+
+    class Pool(pool):  # type: ignore[misc, valid-type]
+        ConnectionCls = connection
+
+    Pool.__name__ = Pool.__qualname__ = pool.__name__
+    return Pool
+
+
 def fenced_configuration(configuration: client.Configuration, retry_reads: int = 3) -> client.Configuration:
     """Client retries of reads (and of connections that never sent a byte) only, and connections that reset on
     close (set before the ApiClient is made)."""
@@ -126,9 +137,7 @@ def fence_client(api_client: client.ApiClient, timeout: tuple[float, float], fen
     fenced_configuration()."""
     rest = api_client.rest_client
     manager = rest.pool_manager
-    fenced = {scheme: type(pool.__name__, (pool,), {"ConnectionCls": type(
-        pool.ConnectionCls.__name__, (pool.ConnectionCls,), {"fence": fence})})
-        for scheme, pool in (("http", FencedHTTPPool), ("https", FencedHTTPSPool))}
+    fenced = {"http": _pool_fenced_by(FencedHTTPPool, fence), "https": _pool_fenced_by(FencedHTTPSPool, fence)}
     manager.pool_classes_by_scheme = fenced
     manager.clear()  # pools made before this (none, normally) would keep the plain connection class
     request = rest.request
