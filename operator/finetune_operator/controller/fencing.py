@@ -112,11 +112,11 @@ class FencedHTTPSPool(HTTPSConnectionPool):
     ConnectionCls = FencedHTTPSConnection
 
 
-def _pool_fenced_by(pool: type, fence: Fence) -> type:
+def _pool_fenced_by(pool: type[HTTPConnectionPool], fence: Fence) -> type[HTTPConnectionPool]:
     """A subclass of `pool` whose connections pass `fence` (a fence of this client's own, not the module's)."""
     connection = type(pool.ConnectionCls.__name__, (pool.ConnectionCls,), {"fence": fence})
 
-    class Pool(pool):  # type: ignore[misc, valid-type]
+    class Pool(pool):  # type: ignore[valid-type, misc]
         ConnectionCls = connection
 
     Pool.__name__ = Pool.__qualname__ = pool.__name__
