@@ -64,8 +64,9 @@ def loss_figure(records: Sequence[dict[str, Any]], title: str) -> Any:
         return None
     preference = bool(margin or accuracy)
     figure = Figure(figsize=SIZE_INCHES, dpi=DPI, layout="constrained")
-    axes = (figure.subplots(2, 1, sharex=True, height_ratios=(2, 1)) if preference or reward
-            else [figure.subplots()])
+    # GRPO's loss says little (a policy-gradient objective near 0): its rewards get as much room.
+    axes = (figure.subplots(2, 1, sharex=True, height_ratios=(2, 1) if preference else (1, 1))
+            if preference or reward else [figure.subplots()])
     loss_axis = axes[0]
     loss_axis.set_title(title)
     loss_axis.set_ylabel("loss")
