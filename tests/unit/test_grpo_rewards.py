@@ -256,3 +256,26 @@ def test_the_summary_shows_one_completion_per_prompt_with_its_rewards():
     assert samples == [{"prompt": "a", "completion": "x1", "rewards": {"letters": 1.0, "length": 0.0}, "reward": 1.0},
                        {"prompt": "b", "completion": "y1", "rewards": {"letters": 0.0, "length": None},
                         "reward": 0.0}]
+
+
+def test_a_resumed_run_draws_each_epochs_prompts_as_the_uninterrupted_run_did():
+    """TRL's RepeatSampler shuffles each epoch with the next draw of one generator; a resumed run starts a new
+    sampler at a later epoch. With set_epoch (transformers calls it before every epoch) each epoch's order is the
+    uninterrupted run's, whether the sampler iterated the epochs before it or not."""
+    from trl.trainer.utils import RepeatSampler
+
+    from finetune_trainer.training.grpo import resumable_sampler
+
+    def sampler():
+        return RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=3, repeat_count=2, seed=5)
+
+    uninterrupted = sampler()
+    epochs = [list(uninterrupted) for _ in range(4)]  # TRL's own, one run through four epochs
+    assert len({tuple(e) for e in epochs}) == 4
+    continued = resumable_sampler(sampler())
+    for epoch in range(4):
+        continued.set_epoch(epoch)
+        assert list(continued) == epochs[epoch]
+        resumed = resumable_sampler(sampler())  # a new process that resumes in this epoch
+        resumed.set_epoch(epoch)
+        assert list(resumed) == epochs[epoch]

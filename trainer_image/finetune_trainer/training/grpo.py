@@ -67,6 +67,49 @@ def trainer_kwargs(cfg: Any, model: Any, tokenizer: Any, data: Any) -> dict[str,
     return {"reward_funcs": funcs, "reward_processing_classes": tokenizers}
 
 
+def resumable_sampler(sampler: Any) -> Any:
+    """TRL's RepeatSampler, made to give each epoch's order again after a resume.
+
+    TRL shuffles each epoch with the next permutation of one generator seeded once. A resumed run builds a new
+    sampler and transformers does not iterate the epochs already trained, so an epoch after the first would be
+    drawn with the first epoch's permutation: other prompts than the run it continues. Here set_epoch(n) reseeds the
+    generator and draws the n permutations before it: the same order as an uninterrupted run (TRL's own, so the
+    parity with TRL holds over many epochs). transformers calls set_epoch before each epoch, except where it cannot
+    reach the sampler: the resumed epoch of a multi-process run, whose batches it skips through a wrapper; so
+    set_sampler_epoch is called before every epoch as well."""
+    from trl.trainer.utils import RepeatSampler
+
+    class ResumableRepeatSampler(RepeatSampler):
+        def set_epoch(self, epoch: int) -> None:
+            import torch
+
+            if not self.shuffle:
+                return
+            self.generator.manual_seed(self.seed)
+            for _ in range(epoch):
+                torch.randperm(self.num_samples, generator=self.generator)
+
+    if type(sampler) is not RepeatSampler or not sampler.shuffle or sampler.seed is None:
+        return sampler
+    return ResumableRepeatSampler(data_source=sampler.data_source, mini_repeat_count=sampler.mini_repeat_count,
+                                  batch_size=sampler.batch_size, repeat_count=sampler.repeat_count, shuffle=True,
+                                  seed=sampler.seed)
+
+
+def set_sampler_epoch(dataloader: Any, epoch: int) -> None:
+    """set_epoch on every sampler with one under `dataloader` (accelerate nests them: a DataLoaderShard's batch
+    sampler, a BatchSamplerShard's batch sampler, its sampler)."""
+    todo, seen = [dataloader], set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node is not dataloader and hasattr(node, "set_epoch") and hasattr(node, "mini_repeat_count"):
+            node.set_epoch(epoch)
+        todo += [getattr(node, name, None) for name in ("batch_sampler", "sampler", "base_dataloader")]
+
+
 def name_rewards(trainer: Any, grpo: GrpoSpec) -> None:
     """Each reward logged under its spec name (TRL names a reward model after its path)."""
     trainer.reward_func_names = [r.default_name for r in grpo.rewards]

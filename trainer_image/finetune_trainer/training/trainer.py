@@ -120,6 +120,10 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
             both = self.accelerator.reduce(torch.stack([now, torch.stack(first.losses).mean()]), "mean")
             return FirstRows(now=float(both[0]), then=float(both[1]))
 
+        def _get_train_sampler(self, *args: Any, **kwargs: Any) -> Any:
+            sampler = super()._get_train_sampler(*args, **kwargs)
+            return grpo_objective.resumable_sampler(sampler) if grpo else sampler
+
         def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
             # transformers trains one step past max_steps when it resumes a checkpoint saved at max_steps in mid-epoch
             # (its skip-ahead runs a step before any stop check): an attempt that resumes a finished run, e.g. to
@@ -127,6 +131,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
             if 0 < self.state.max_steps <= self.state.global_step:
                 self.control.should_training_stop = True
                 return
+            if grpo:  # each epoch's prompt order, also in the epoch a resume starts in (resumable_sampler)
+                grpo_objective.set_sampler_epoch(kwargs.get("train_dataloader"), kwargs.get("epoch", 0))
             super()._run_epoch(*args, **kwargs)
 
     trainer = FineTuneTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
