@@ -15,8 +15,11 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-       "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image"), str(ROOT)])}
+# Threads as the caller has them (the tests: one per process, tests/conftest.py), the same for both sides.
+ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+       # This checkout's packages first; what the caller's path has after (the GPU kit's carried wheels).
+       "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image"), str(ROOT),
+                                      os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 STEPS = 6
 # The rewards both sides use: a regex (TRL side: vowel_e), the user's function, the length penalty (TRL's).
 PARITY_REWARDS = [
@@ -84,9 +87,9 @@ def trl_config(spec: dict, output_dir: str, steps: int):
     return GRPOConfig(
         output_dir=output_dir, max_steps=steps, learning_rate=t["learningRate"], lr_scheduler_type="cosine",
         per_device_train_batch_size=t["perDeviceTrainBatchSize"], optim="adamw_torch", logging_steps=1,
-        seed=t["seed"], use_cpu=True, report_to=[], save_strategy="no",
+        seed=t["seed"], use_cpu=spec["distributed"].get("gpusPerNode", 1) == 0, report_to=[], save_strategy="no",
         # TRL's defaults differ from the spec's here: bf16 autocast and gradient checkpointing on.
-        bf16=False, gradient_checkpointing=False,
+        bf16=t.get("precision") == "bf16", gradient_checkpointing=False,
         num_generations=g["numGenerations"], max_completion_length=g["maxCompletionLength"],
         temperature=g["temperature"], beta=g["beta"], loss_type=g["lossType"],
         reward_weights=[r["weight"] for r in g["rewards"]])
@@ -104,12 +107,18 @@ def main(work: Path, model_dir: str, steps: int) -> None:
     spec = json.loads((work / "job.json").read_text())["spec"]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=spec["model"].get("dtype", "float32"),
+                                                 attn_implementation="sdpa")
     method, lora = spec["method"], spec["method"]["lora"]
     peft = (LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                        target_modules="all-linear", task_type="CAUSAL_LM") if method["type"] == "lora" else None)
-    length = next(r for r in method["grpo"]["rewards"] if r["type"] == "length")
-    rewards = [vowel_e, letters, get_soft_overlong_punishment(length["maxTokens"], length["softTokens"])]
+    rewards = []  # each of the spec's, written out: the regex "e", the letters function, TRL's length penalty
+    for r in method["grpo"]["rewards"]:
+        if r["type"] == "length":
+            rewards.append(get_soft_overlong_punishment(r["maxTokens"], r["softTokens"]))
+        else:
+            assert r.get("pattern") == "e" or r.get("function", "").endswith(":letters"), r
+            rewards.append(vowel_e if r["type"] == "regex" else letters)
     data = Dataset.from_list(spec["data"]["train"][0]["inline"])
     trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=trl_config(spec, str(work / "trl"), steps),
                           train_dataset=data, processing_class=tokenizer, peft_config=peft)
