@@ -43,6 +43,8 @@ def test_grpo_matches_trl_called_directly(loss_type, method, tiny_model_dir, tmp
                                              + 0.2 * sample["rewards"]["length"])
     output = tmp_path / "ours" / "run" / "output"
     assert (output / "loss.png").exists()
+    # A new adapter's reference is the base with the adapter off, as with TRL's peft_config: no "ref" copy saved.
+    assert not (output / "final" / "ref").exists()
     events = b"".join(f.read_bytes() for f in output.rglob("events.out.tfevents.*"))
     assert b"train/rewards/letters/mean" in events and b"train/kl" in events
 

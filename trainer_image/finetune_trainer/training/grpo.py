@@ -110,9 +110,18 @@ def set_sampler_epoch(dataloader: Any, epoch: int) -> None:
         todo += [getattr(node, name, None) for name in ("batch_sampler", "sampler", "base_dataloader")]
 
 
-def name_rewards(trainer: Any, grpo: GrpoSpec) -> None:
-    """Each reward logged under its spec name (TRL names a reward model after its path)."""
-    trainer.reward_func_names = [r.default_name for r in grpo.rewards]
+def finish_setup(trainer: Any, spec: FineTuneJobSpec) -> None:
+    """After GRPOTrainer's own set-up: each reward logged under its spec name (TRL names a reward model after its
+    path), and a new adapter's reference is the base model with the adapter off, as with TRL's peft_config.
+
+    TRL sees our model arrive wrapped by peft already, so with beta > 0 it copies the adapter as a frozen "ref"
+    adapter: right for an adapter we continue (method.lora.initFrom: the reference is where it started), but for a
+    new one (B = 0) it equals the base and costs a second adapter in every reference forward and checkpoint."""
+    trainer.reward_func_names = [r.default_name for r in spec.method.grpo.rewards]
+    model = trainer.model
+    if spec.method.lora.init_from is None and "ref" in (getattr(model, "peft_config", None) or {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
 
 
 def grpo_record(logs: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:

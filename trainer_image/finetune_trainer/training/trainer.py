@@ -147,7 +147,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         say_repeated_rows(args, trainer.train_dataset, "examples" if cfg.spec.method.objective == "kto" else "pairs",
                           warnings)
     if grpo:
-        grpo_objective.name_rewards(trainer, cfg.spec.method.grpo)
+        grpo_objective.finish_setup(trainer, cfg.spec)
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)
