@@ -171,3 +171,13 @@ def test_the_preflight_checks_prompts_and_imports_reward_functions(tiny_model_di
     assert code == exit_codes.DATA_ERROR and "row 6 has no 'answer' value" in summary["message"], summary
     code, summary = run(rows, [{"type": "function", "function": "tests.support.grpo_rewards:absent"}])
     assert code == exit_codes.CONFIG_ERROR and "rewards[0].function" in summary["message"], summary
+
+
+def test_the_data_formats_pages_prompt_row_is_read_as_written(tiny_tokenizer):
+    """docs/tasks/data-formats.md's sample row of format prompt: the prompt as written, its answer kept for the
+    rewards."""
+    from tests.unit.test_data_formats import _page_rows
+
+    row = _page_rows()["prompt"]
+    out = check(spec(), row, tiny_tokenizer, "data-formats.md")
+    assert out["prompt"] == row["prompt"] and out["answer"] == row["answer"]

@@ -153,7 +153,7 @@ class GrpoSpec(ApiModel):
     generation_backend: Literal["transformers", "vllm"] = Field(
         default="transformers", description="transformers: generate() in the trainer processes; vllm: vLLM's "
         "colocate mode in the trainer processes (needs GPUs and an image with vllm; the weights are synced to it "
-        "each step). TRL's separate vLLM server mode is not offered (docs/tasks/rl-grpo.md).")
+        "each step). TRL's separate vLLM server mode is not offered (docs/concepts/grpo.md).")
     vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, lt=1, description="vllm: the share of each GPU "
                                                "vLLM reserves for its weights and KV cache, beside training.")
     beta: float = Field(default=0.0, ge=0, le=10, description="The KL penalty's weight towards the reference model "
