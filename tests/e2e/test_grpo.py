@@ -25,22 +25,41 @@ def assert_same_steps(ours: list[dict], theirs: list[dict], steps: int = STEPS) 
             assert function["mean"] == pytest.approx(trl[f"rewards/{trl_name}/mean"], abs=1e-4), function
 
 
-@pytest.mark.parametrize(("loss_type", "method"), [("grpo", "lora"), ("dr_grpo", "full")])
-def test_grpo_matches_trl_called_directly(loss_type, method, tiny_model_dir, tmp_path):
+def scorer(model_dir: Path, where: Path) -> Path:
+    """A reward model: the tiny model with a one-output score head (random, seeded: its scores differ between
+    completions), saved with its tokenizer as `objective: reward` saves one."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype="float32")
+    model.save_pretrained(where)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(where)
+    return where
+
+
+# Text prompts with LoRA; conversational prompts (the chat template) with a full fine-tune and a reward model too.
+@pytest.mark.parametrize(("loss_type", "method", "conversational"),
+                         [("grpo", "lora", False), ("dr_grpo", "full", True)], ids=["grpo-lora-text",
+                                                                                    "dr_grpo-full-chat-model"])
+def test_grpo_matches_trl_called_directly(loss_type, method, conversational, tiny_model_dir, tmp_path):
     """Every step the same: as the completions are sampled from the weights being trained, equal rewards at later
     steps mean equal updates before them. What a user sees is there: each reward's mean in the records and the
     status fields, samples with their rewards in the summary, a reward panel in loss.png, TensorBoard scalars."""
-    doc = grpo_job(tiny_model_dir, loss_type, method)
+    reward_model = scorer(tiny_model_dir, tmp_path / "scorer") if conversational else None
+    doc = grpo_job(tiny_model_dir, loss_type, method, conversational=conversational, reward_model=reward_model)
     ours, summary = run_ours(doc, tmp_path / "ours")
     theirs, _ = run_trl_directly(doc, tiny_model_dir, tmp_path / "trl")
     assert_same_steps(ours, theirs)
-    assert [f["name"] for f in ours[-1]["rewardFunctions"]] == ["regex", "letters", "length"]
+    names = ["regex", "letters", "length", *(["scorer"] if reward_model else [])]
+    assert [f["name"] for f in ours[-1]["rewardFunctions"]] == names
     assert ours[-1]["kl"] > 0 and 0 < ours[-1]["completionLength"] <= 12
     assert summary["reward"] == pytest.approx(ours[-1]["reward"]) and summary["tokensSeen"] > 0
     sample = summary["completionSamples"][0]
-    assert set(sample["rewards"]) == {"regex", "letters", "length"} and sample["prompt"] and sample["completion"]
+    assert set(sample["rewards"]) == set(names) and sample["prompt"] and sample["completion"]
     assert sample["reward"] == pytest.approx(0.5 * sample["rewards"]["regex"] + sample["rewards"]["letters"]
-                                             + 0.2 * sample["rewards"]["length"])
+                                             + 0.2 * sample["rewards"]["length"]
+                                             + 0.3 * sample["rewards"].get("scorer", 0.0))
     output = tmp_path / "ours" / "run" / "output"
     assert (output / "loss.png").exists()
     # A new adapter's reference is the base with the adapter off, as with TRL's peft_config: no "ref" copy saved.

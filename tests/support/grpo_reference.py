@@ -30,13 +30,22 @@ PARITY_REWARDS = [
 
 
 def grpo_job(model_dir: Path, loss_type: str = "grpo", method: str = "lora", steps: int = STEPS,
-             processes: int = 1, beta: float = 0.04) -> dict:
-    """The tiny GRPO example with the parity rewards, a loss type, a method and 1 or 2 processes on one node."""
+             processes: int = 1, beta: float = 0.04, conversational: bool = False,
+             reward_model: Path | None = None) -> dict:
+    """The tiny GRPO example with the parity rewards, a loss type, a method and 1 or 2 processes on one node;
+    conversational: each prompt as a user message (TRL's conversational layout) instead of text; reward_model: a
+    sequence-classification model's score as one more reward."""
     doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-grpo.yaml").read_text())
     spec = doc["spec"]
     spec["model"]["name"] = str(model_dir)
     spec["method"]["type"] = method
-    spec["method"]["grpo"].update(lossType=loss_type, beta=beta, maxCompletionLength=12, rewards=PARITY_REWARDS)
+    rewards = [*PARITY_REWARDS, *([{"type": "model", "model": str(reward_model), "weight": 0.3}]
+                                  if reward_model else [])]
+    spec["method"]["grpo"].update(lossType=loss_type, beta=beta, maxCompletionLength=12, rewards=rewards)
+    if conversational:
+        rows = spec["data"]["train"][0]["inline"]
+        spec["data"]["train"][0]["inline"] = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]}
+                                              for r in rows]
     # 8 completions a step whatever the processes: 2 prompts x 4 generations.
     spec["training"].update(maxSteps=steps, perDeviceTrainBatchSize=8 // processes, seed=7,
                             learningRate=0.005 if method == "lora" else 0.0005)
@@ -113,9 +122,11 @@ def main(work: Path, model_dir: str, steps: int) -> None:
     peft = (LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                        target_modules="all-linear", task_type="CAUSAL_LM") if method["type"] == "lora" else None)
     rewards = []  # each of the spec's, written out: the regex "e", the letters function, TRL's length penalty
-    for r in method["grpo"]["rewards"]:
+    for r in method["grpo"]["rewards"]:  # and a reward model by its path, which TRL loads itself
         if r["type"] == "length":
             rewards.append(get_soft_overlong_punishment(r["maxTokens"], r["softTokens"]))
+        elif r["type"] == "model":
+            rewards.append(r["model"])
         else:
             assert r.get("pattern") == "e" or r.get("function", "").endswith(":letters"), r
             rewards.append(vowel_e if r["type"] == "regex" else letters)
