@@ -172,6 +172,17 @@ def test_each_prompt_format_is_accepted(data_format):
     assert validate_job(grpo_job(**{"spec.data.format": data_format})).spec.data.format == data_format
 
 
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_each_method_trains_grpo_on_a_gpu_gang_and_reaches_the_trainer(method):
+    """Full, LoRA and QLoRA (a 4-bit base) on 2 nodes x 8 GPUs under ZeRO-2, as the other objectives."""
+    quantized = {"spec.model.quantization": "4bit"} if method == "qlora" else {}
+    job = validate_job(grpo_job(**{"spec.method.type": method, **quantized, "spec.distributed": {
+        "numNodes": 2, "gpusPerNode": 8, "strategy": "deepspeed", "deepspeed": {"zeroStage": 2}}}))
+    config = trainer_config(job.spec, RenderContext(name=job.name, namespace=job.namespace))
+    assert (config["spec"]["method"]["type"], config["spec"]["method"]["objective"]) == (method, "grpo")
+    assert config["spec"]["model"]["quantization"] == ("4bit" if method == "qlora" else "none")
+
+
 def test_a_config_map_of_reward_functions_is_mounted_read_only_and_named_to_the_trainer():
     rewards = [{"type": "function", "function": "mine:score", "configMap": "team-rewards"},
                {"type": "function", "function": "mine:other", "configMap": "team-rewards", "name": "other"},
@@ -216,8 +227,13 @@ def test_the_fit_counts_generation_beyond_the_training_step_and_the_reference():
     assert est.terms[GENERATION_TERM] == pytest.approx(kv_cache_bytes(spec, shape, 2) + 32 * 128256 * 8
                                                        - training)
     assert "reference adapter" not in est.terms
-    with_kl = estimate(gpu_job(maxCompletionLength=4096, beta=0.04), shape)
-    assert with_kl.terms["reference adapter"] > 0  # LoRA: TRL's copy of the adapter
+    # LoRA: a new adapter's reference is the base with the adapter off (nothing held); a continued adapter's is a
+    # frozen copy of the one it starts from (TRL's "ref" adapter).
+    assert "reference adapter" not in estimate(gpu_job(maxCompletionLength=4096, beta=0.04), shape).terms
+    continued = validate_job(grpo_job({"maxCompletionLength": 4096, "beta": 0.04}, **{
+        "spec.distributed": {"numNodes": 1, "gpusPerNode": 8}, "spec.data.maxLength": 8192,
+        "spec.method.lora.initFrom": "/models/adapter"})).spec
+    assert estimate(continued, shape).terms["reference adapter"] > 0
     full = validate_job(grpo_job({"beta": 0.04}, **{"spec.method.type": "full",
                                                     "spec.distributed": {"numNodes": 1, "gpusPerNode": 1}})).spec
     assert estimate(full, shape).terms["reference model"] == shape.parameters * 2

@@ -5,8 +5,9 @@ whole generation batch (perDeviceTrainBatchSize x gradientAccumulationSteps per 
 data.maxLength tokens with its prompt, with a KV cache of 2 x layers x kv heads x head dim values per token. No
 activation of a training step is alive then, so generation costs memory only where it needs more than the training
 step's activations and logits: that excess is the term. Under ZeRO-3 TRL gathers the whole model for generation
-(ds3_gather_for_generation). With beta > 0 the KL needs the reference model: a frozen copy for a full fine-tune,
-a copy of the adapter under LoRA (TRL's "ref" adapter; a new adapter's copy is the base's behaviour)."""
+(ds3_gather_for_generation). With beta > 0 the KL needs the reference model: a frozen copy for a full fine-tune;
+under LoRA a new adapter's reference is the base with the adapter off (nothing held), and a continued one
+(lora.initFrom) a frozen copy of the adapter it starts from (TRL's "ref" adapter)."""
 
 from typing import Any
 
@@ -45,7 +46,8 @@ def grpo_terms(spec: Any, shape: ModelShape, compute: int, terms: dict[str, floa
         out[GENERATION_TERM] = max(0.0, generating - training)
     if grpo.beta > 0:
         if spec.method.type in ("lora", "qlora"):
-            out["reference adapter"] = lora_parameters * 4.0
+            if spec.method.lora.init_from is not None:
+                out["reference adapter"] = lora_parameters * 4.0
         else:
             out["reference model"] = shape.parameters * compute / (world if zero3 else 1)
     models = [r.model for r in grpo.rewards if r.type == "model"]
