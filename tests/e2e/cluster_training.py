@@ -91,14 +91,14 @@ def tiny_two_node_job(model_dir, workdir, preflight=False, **training):
     return path
 
 
-def wait_status(kubectl, namespace, predicate, timeout, op, runner):
+def wait_status(kubectl, namespace, predicate, timeout, op, runner, name="tiny-cpu-sft"):
     """The status once `predicate` holds. `timeout` counts from the last change of the status (a new step, phase or
     node count), up to 4 x `timeout` in all: a loaded machine makes a job slow, which is no failure; a status that
     stands still for `timeout` seconds is one."""
     started = changed = time.monotonic()
     st = seen = {}
     while True:
-        st = kubectl.json("get", "ftj", "tiny-cpu-sft", "-n", namespace).get("status", {})
+        st = kubectl.json("get", "ftj", name, "-n", namespace).get("status", {})
         if predicate(st):
             return st
         assert not runner.errors, runner.errors

@@ -163,7 +163,10 @@ class PodRunner:
             if "configMap" in volume:
                 data = self.kubectl.json("get", "configmap", volume["configMap"]["name"], "-n", self.namespace)
                 for key, content in data["data"].items():
-                    Path(mounts[mount["mountPath"]], key).write_text(json.dumps(remap(json.loads(content), rewrite)))
+                    # The trainer's config (JSON) names pod paths; a user's ConfigMap (reward code) is written as is.
+                    if mount["name"] == c.CONFIG_VOLUME:
+                        content = json.dumps(remap(json.loads(content), rewrite))
+                    Path(mounts[mount["mountPath"]], key).write_text(content)
 
     def _start(self, pod: dict[str, Any]) -> LocalProcess:
         name = pod["metadata"]["name"]

@@ -1,7 +1,7 @@
 """The mounted trainer.json -> a typed TrainerConfig and real TrainingArguments (via HfArgumentParser)."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ class TrainerConfig:
     cache_dir: Path | None = None  # spec.data.cacheDir as rendered; None: <output>/.cache
     job_uid: str | None = None  # the FineTuneJob (UID) and attempt this trainer reports to (status.reporter)
     attempt: int | None = None
+    # method.grpo's reward functions from ConfigMaps: ConfigMap name -> where it is mounted (render/grpo.py).
+    reward_code: dict[str, str] = field(default_factory=dict)
 
     @property
     def cache(self) -> Path:
@@ -46,6 +48,7 @@ def load_config(path: str | Path) -> TrainerConfig:
             cache_dir=Path(doc["cacheDir"]) if doc.get("cacheDir") else None,
             job_uid=doc["job"].get("uid"),
             attempt=doc["job"].get("attempt"),
+            reward_code=dict(doc.get("rewardCode") or {}),
         )
     except (KeyError, TypeError, ValidationError) as exc:
         raise ConfigError(f"invalid trainer config {path}: {exc}") from exc

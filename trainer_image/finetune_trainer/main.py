@@ -29,7 +29,14 @@ from finetune_trainer.errors import (
 )
 from finetune_trainer.outputs import checkpoints
 from finetune_trainer.outputs.final_model import save_final
-from finetune_trainer.outputs.summary import early_stopping, loss_plot, peak_memory, preference_summary, sharding
+from finetune_trainer.outputs.summary import (
+    early_stopping,
+    grpo_summary,
+    loss_plot,
+    peak_memory,
+    preference_summary,
+    sharding,
+)
 from finetune_trainer.training import advice
 from finetune_trainer.training.model import base_model
 from finetune_trainer.training.trainer import build_trainer
@@ -75,6 +82,10 @@ def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
     from finetune_trainer.data import prepare
     from finetune_trainer.data.preparing import PreparingHeartbeat, rank_zero_first
 
+    if cfg.spec.method.objective == "grpo":  # prompts (and the columns rewards read), checked here
+        from finetune_trainer.data.prompts import prepare_prompts
+
+        return prepare_prompts(cfg.spec.data, cfg.spec.method.grpo, tokenizer, args.seed)
     if cfg.spec.method.objective != "sft":  # pairs, checked here and tokenized by TRL's trainer
         from finetune_trainer.data.preference import prepare_preference
 
@@ -239,7 +250,7 @@ def run(config_path: str) -> dict[str, Any]:
         "trainLoss": result.training_loss if attempt["attemptSteps"] > 0 else None,
         "evalLoss": evaluations[-1]["eval_loss"] if evaluations else None,
         "evalPerplexity": evaluations[-1].get("eval_perplexity") if evaluations else None,
-        **preference_summary(trainer.state.log_history),
+        **preference_summary(trainer.state.log_history), **grpo_summary(cfg, trainer),
         **early_stopping(cfg, trainer),
         **({"adapterInitFrom": cfg.spec.method.lora.init_from} if cfg.spec.method.lora.init_from else {}),
         **({"samples": [{**r, "completion": r["completion"][:500]} for r in samples.last]}

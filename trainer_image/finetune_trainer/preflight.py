@@ -84,7 +84,17 @@ def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) 
     data = cfg.spec.data
     parts = [Part(p.name, p.rows.take(ROWS_PER_SOURCE)) for p in load_source(source, data, streaming=True)]
     stats = TokenizeStats()
-    if data.format in ("preference", "unpaired"):  # the rows as the trainer checks them, prompt lengths included
+    if cfg.spec.method.objective == "grpo":  # prompts as the trainer checks them: lengths, reward columns
+        from finetune_trainer.data.prompts import checked_prompt
+
+        for part in parts:
+            for i, row in enumerate(part.rows):
+                checked_prompt(row, data, cfg.spec.method.grpo, tokenizer, f"{part.name}, row {i + 1}")
+                stats.rows += 1
+                stats.kept += 1
+        if stats.rows == 0:
+            raise DataError(f"{where} has no rows")
+    elif data.format in ("preference", "unpaired"):  # the rows as the trainer checks them, prompt lengths included
         from finetune_trainer.data.preference import checked_pair
         from finetune_trainer.data.row_names import row_namer
 
@@ -140,6 +150,12 @@ def run(config_path: str) -> dict[str, Any]:
     sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer) for i, s in enumerate(data.train)]
     sources += [check_source(s, f"data.validation[{i}]", cfg, tokenizer) for i, s in enumerate(data.validation or [])]
     check_output(cfg)
+    if cfg.spec.method.objective == "grpo":  # each user function imports and takes TRL's arguments (78 if not)
+        from finetune_trainer.training.rewards import load_function
+
+        for i, reward in enumerate(cfg.spec.method.grpo.rewards):
+            if reward.type == "function":
+                load_function(reward, i, cfg.reward_code)
     hub = {}
     if cfg.spec.output.push is not None:
         from finetune_trainer.outputs.hub import check_access

@@ -83,6 +83,10 @@ CACHE_VOLUME: Final = "cache"
 TMP_VOLUME: Final = "tmp"
 SHM_VOLUME: Final = "dshm"
 TRAINER_VOLUMES: Final = (CONFIG_VOLUME, OUTPUT_VOLUME, CACHE_VOLUME, TMP_VOLUME, SHM_VOLUME)
+# method.grpo reward functions from ConfigMaps: ConfigMap n (in order of first use) is the volume
+# <prefix><n>, mounted read-only at <mount path>/<its name> and put on the trainer's module path.
+REWARD_CODE_MOUNT_PATH: Final = "/opt/finetune/rewards"
+REWARD_CODE_VOLUME_PREFIX: Final = "reward-code-"
 
 # The trainer's progress records (JSON Lines) in the output directory: what `finetune run` draws and tests read.
 PROGRESS_FILE: Final = "progress.jsonl"

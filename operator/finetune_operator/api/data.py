@@ -8,7 +8,8 @@ from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
 from .volumes import AbsolutePath
 
-DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text", "preference", "unpaired"]
+DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text", "preference", "unpaired",
+                     "prompt"]
 FileType = Literal["json", "jsonl", "parquet", "csv", "text"]
 
 MAX_INLINE_ROWS = 1000
@@ -75,8 +76,8 @@ class ColumnMapping(ApiModel):
         default=None, max_length=256, description="sharegpt: list of turns with from/value."
     )
     messages: str | None = Field(default=None, max_length=256, description="messages: list of role/content turns.")
-    prompt: str | None = Field(default=None, max_length=256, description="prompt_completion, preference and "
-                               "unpaired: prompt column.")
+    prompt: str | None = Field(default=None, max_length=256, description="prompt_completion, preference, "
+                               "unpaired and prompt: prompt column.")
     completion: str | None = Field(default=None, max_length=256, description="prompt_completion and unpaired: "
                                    "completion column.")
     chosen: str | None = Field(default=None, max_length=256, description="preference: the preferred answer's "
@@ -101,8 +102,9 @@ class DataSpec(ApiModel):
         description="Row format: alpaca (instruction/input/output), sharegpt (conversations from/value), messages "
         "(role/content, chat template), prompt_completion, text (continued pretraining), preference (prompt, "
         "chosen, rejected as text or as conversations, or LLaMA-Factory's alpaca and sharegpt pair layouts: "
-        "method.objective dpo, kto, orpo, simpo, cpo or reward) or unpaired (prompt, completion, label: "
-        "method.objective kto)."
+        "method.objective dpo, kto, orpo, simpo, cpo or reward), unpaired (prompt, completion, label: "
+        "method.objective kto) or prompt (a prompt as text or messages, and the columns rewards read: "
+        "method.objective grpo, which also reads alpaca, sharegpt and messages rows as prompts)."
     )
     columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column renames for the format.")
     max_train_samples: int | None = Field(default=None, ge=1, description="Use at most this many training rows.")

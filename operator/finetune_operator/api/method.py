@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import ApiModel
+from .grpo import GrpoSpec
 
 MethodType = Literal["full", "lora", "qlora", "freeze"]
 
@@ -43,7 +44,7 @@ class FreezeSpec(ApiModel):
     )
 
 
-Objective = Literal["sft", "dpo", "kto", "orpo", "simpo", "cpo", "reward"]
+Objective = Literal["sft", "dpo", "kto", "orpo", "simpo", "cpo", "reward", "grpo"]
 PREFERENCE_OBJECTIVES = ("dpo", "kto", "orpo", "simpo", "cpo", "reward")
 REFERENCE_FREE = ("orpo", "simpo", "cpo", "reward")  # no reference model: nothing to precompute, no second copy
 # TRL's loss variants that need nothing but the objective's data (DPOConfig.loss_type, KTOConfig.loss_type).
@@ -106,10 +107,14 @@ class MethodSpec(ApiModel):
         "CPOTrainer) and cpo (Contrastive Preference Optimization: a preference loss plus cpoAlpha x the chosen "
         "answers' NLL, no reference model; CPOTrainer) on pairs. reward: a reward model (RewardTrainer: the base "
         "model with a one-output sequence-classification head, trained so that chosen scores above rejected) on "
-        "pairs; its final model scores text instead of generating it.")
+        "pairs; its final model scores text instead of generating it. grpo: online RL (GRPOTrainer): completions "
+        "sampled from the model for each prompt (data.format prompt, alpaca, sharegpt or messages), scored by "
+        "method.grpo.rewards.")
     preference: PreferenceSpec = Field(default_factory=PreferenceSpec, description="Settings of the preference "
                                        "objectives (dpo, kto, orpo, simpo, cpo, reward); each field names those it "
                                        "applies to.")
+    grpo: GrpoSpec | None = Field(default=None, description="Settings of method.objective grpo: generation, "
+                                  "rewards, loss.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora and qlora.")
     freeze: FreezeSpec = Field(default_factory=FreezeSpec, description="Settings for the freeze method.")
     neftune_noise_alpha: float | None = Field(

@@ -12,6 +12,7 @@ from .data import DataSpec
 from .distributed import DistributedSpec
 from .errors import FieldError, SpecRuleErrors
 from .evaluation import EvaluationSpec
+from .grpo_rules import grpo_rules
 from .method import MethodSpec
 from .model import ModelSpec
 from .output import CheckpointSpec, OutputSpec
@@ -202,6 +203,8 @@ def _objective_rules(spec: Any) -> list[FieldError]:
     """A preference objective trains on its kind of data, and that data only trains a preference objective; a
     preference setting the objective would ignore is an error, not silently dropped."""
     objective, data = spec.method.objective, spec.data
+    if objective == "grpo":  # its data and settings: grpo_rules
+        return _preference_settings(spec.method)
     if objective == "sft":
         if data.format in ("preference", "unpaired"):
             fix = "set method.objective: dpo, orpo, simpo, cpo, kto or reward" if data.format == "preference" else \
@@ -368,6 +371,7 @@ RULES = (
     Rule(("distributed", "model", "training"), _hardware_rules),
     Rule(("data", "training"), _data_rules),
     Rule(("method", "data", "training"), _objective_rules),
+    Rule(("method", "data", "training"), grpo_rules),
     Rule(("method", "evaluation"), _reward_model_rules),
     Rule(("method", "data", "training"), preference_rules),
     Rule(("evaluation", "training", "checkpoints"), _early_stopping_rules),

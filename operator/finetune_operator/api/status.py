@@ -25,6 +25,12 @@ class Condition(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0, description="Spec generation it was computed from.")
 
 
+class RewardStat(ApiModel):
+    name: str = Field(max_length=63, description="The reward's name (method.grpo.rewards[].name or its default).")
+    mean: float | None = Field(default=None, description="Its mean over the step's completions.")
+    std: float | None = Field(default=None, ge=0, description="Its standard deviation.")
+
+
 class Progress(ApiModel):
     phase: Literal["Preparing", "Training", "Stopped"] | None = Field(
         default=None, description="Preparing: loading and tokenizing the data (heartbeat every 30 s); Training; "
@@ -46,6 +52,18 @@ class Progress(ApiModel):
                                          "of the chosen answers.")
     rewards_rejected: float | None = Field(default=None, description="Preference objectives: mean implicit reward "
                                            "of the rejected answers.")
+    reward: float | None = Field(default=None, description="grpo: the mean weighted reward of the step's "
+                                 "completions.")
+    reward_std: float | None = Field(default=None, ge=0, description="grpo: its standard deviation.")
+    reward_functions: list[RewardStat] | None = Field(default=None, max_length=16, description="grpo: each "
+                                                      "reward's mean and std (unweighted), as method.grpo.rewards "
+                                                      "names them.")
+    kl: float | None = Field(default=None, description="grpo with beta > 0: the mean per-token KL divergence from "
+                             "the reference model.")
+    completion_length: float | None = Field(default=None, ge=0, description="grpo: the mean completion length in "
+                                            "tokens.")
+    clip_ratio: float | None = Field(default=None, ge=0, le=1, description="grpo: the share of completion tokens "
+                                     "whose probability ratio was clipped (epsilon).")
     eval_perplexity: float | None = Field(default=None, ge=0, description="SFT: exp(evalLoss), the validation "
                                           "perplexity per token (a preference objective's loss is no token "
                                           "cross-entropy: it has evalRewardsAccuracy and evalRewardsMargin).")

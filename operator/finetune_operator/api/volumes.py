@@ -16,7 +16,7 @@ from .k8s_names import DnsSubdomain
 
 # The trainer's own mounts (render/workload.py): a user volume on, above or inside one would hide it.
 RESERVED_MOUNT_PATHS = (c.CONFIG_MOUNT_PATH, c.OUTPUT_MOUNT_PATH, c.CACHE_MOUNT_PATH, c.TMP_MOUNT_PATH,
-                        c.SHM_MOUNT_PATH, c.TERMINATION_MESSAGE_PATH)
+                        c.SHM_MOUNT_PATH, c.TERMINATION_MESSAGE_PATH, c.REWARD_CODE_MOUNT_PATH)
 SOURCE_FIELDS = ("claim_name", "config_map", "secret", "nfs")
 
 
@@ -67,7 +67,7 @@ class Volume(ApiModel):
             sources = ", ".join(to_camel(f) for f in SOURCE_FIELDS)
             errors.append(FieldError("", given or None, f"a volume needs exactly one of {sources}",
                                      "keep one of them" if given else "add claimName: <your claim>"))
-        if self.name in c.TRAINER_VOLUMES:
+        if self.name in c.TRAINER_VOLUMES or self.name.startswith(c.REWARD_CODE_VOLUME_PREFIX):
             errors.append(FieldError("name", self.name, f"{self.name} is a volume of the trainer itself",
                                      "choose another name"))
         for reserved in RESERVED_MOUNT_PATHS:

@@ -171,6 +171,10 @@ def _objective_data(job: ValidatedJob) -> str:
         return "pairs, each one desirable and one undesirable example"
     if objective == "reward":
         return "pairs: a reward model, the base with a one-output score head"
+    if objective == "grpo" and job.spec.method.grpo is not None:
+        g = job.spec.method.grpo
+        return (f"{data} rows as prompts, {g.num_generations} completions each, rewards "
+                + ", ".join(f"{r.default_name} x{r.weight:g}" for r in g.rewards))
     return {"preference": "pairs", "unpaired": "labelled examples"}.get(data, data) + (
         ", no reference model" if objective in ("orpo", "simpo", "cpo") else "")
 

@@ -79,6 +79,9 @@ REASONS: Final = {
                             "gang needs: it can never run there"),
     "StorageRefused": Reason("Failed; Event Warning", "the object store refused the credentials, or the bucket does "
                              "not exist"),
+    "RewardFunctionFailed": Reason("Failed; Event Warning", "a reward function of method.grpo.rewards is missing, "
+                                   "raised, or returned the wrong number of rewards or NaN: its name and the row "
+                                   "are in the message (exit 78)"),
     # Events only.
     "SpecEdited": Reason("Event Normal", "the spec was edited while an attempt runs: the edit applies from the next "
                          "attempt"),

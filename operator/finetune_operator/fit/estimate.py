@@ -226,6 +226,13 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
     head = replace(shape, vocab=1) if objective == "reward" else shape
     terms["logits and loss"] = (outside_bytes_per_token(head, compute)
                                 + (4 + (2 if compute == 2 else 0)) * head.vocab) * tokens
+    if objective == "grpo" and spec.method.grpo is not None:  # generation, the reference (fit/grpo.py)
+        from .grpo import grpo_terms
+
+        lora_params = trainable if spec.method.type in ("lora", "qlora") else 0
+        extra, grpo_notes = grpo_terms(spec, shape, compute, terms, lora_params)
+        terms.update(extra)
+        notes += grpo_notes
     if dist.gpus_per_node > 0:
         terms["fragmentation"] = FRAGMENTATION * sum(terms.values())
         terms["cuda context"] = CUDA_CONTEXT_GIB * GIB

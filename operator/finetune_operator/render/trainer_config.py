@@ -6,6 +6,7 @@ from typing import Any
 from ..api.constants import API_VERSION
 from ..api.spec import FineTuneJobSpec
 from .context import RenderContext
+from .grpo import reward_code_dirs
 from .training_args import training_arguments
 
 TRAINER_CONFIG_KIND = "TrainerConfig"
@@ -28,4 +29,5 @@ def trainer_config(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
         "outputDir": ctx.output_dir,
         "cacheDir": cache_dir(spec, ctx),
         "resumeFrom": ctx.resume_from,
+        **({"rewardCode": code} if (code := reward_code_dirs(spec)) else {}),
     }

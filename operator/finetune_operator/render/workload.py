@@ -17,6 +17,7 @@ from ..api.spec import FineTuneJobSpec
 from ..api.volumes import Volume
 from .context import RenderContext
 from .env import trainer_env
+from .grpo import reward_code_volumes
 from .names import attempt_labels, config_map_name, service_name, workload_name
 from .rbac import TRAINER_IDENTITY
 
@@ -160,6 +161,7 @@ def _container(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
             {"name": TMP_VOLUME, "mountPath": c.TMP_MOUNT_PATH},
             {"name": SHM_VOLUME, "mountPath": c.SHM_MOUNT_PATH},
             *(_user_mount(v) for v in spec.pod.volumes),
+            *reward_code_volumes(spec)[1],
         ],
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -194,6 +196,7 @@ def _volumes(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
         {"name": TMP_VOLUME, "emptyDir": {}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
         *({"name": v.name, **v.source()} for v in spec.pod.volumes),
+        *reward_code_volumes(spec)[0],
     ]
 
 

@@ -1,7 +1,7 @@
 """loss.png at the end of a run, drawn with matplotlib from progress.jsonl (the records the status is made of):
 training and validation loss against the step, the learning rate on a second axis, each resume and gang restart
-marked where it started; a second panel for preference objectives (reward margin and accuracy) when the records
-carry them."""
+marked where it started; a second panel for preference objectives (reward margin and accuracy) or for GRPO (the mean
+reward, each reward's mean, the KL divergence) when the records carry them."""
 
 from __future__ import annotations
 
@@ -59,11 +59,14 @@ def loss_figure(records: Sequence[dict[str, Any]], title: str) -> Any:
 
     train, evaluation, rate = (_series(records, k) for k in ("loss", "evalLoss", "learningRate"))
     margin, accuracy = _series(records, "rewardsMargin"), _series(records, "rewardsAccuracy")
+    reward = _series(records, "reward")
     if not train and not evaluation:
         return None
     preference = bool(margin or accuracy)
     figure = Figure(figsize=SIZE_INCHES, dpi=DPI, layout="constrained")
-    axes = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1)) if preference else [figure.subplots()]
+    # GRPO's loss says little (a policy-gradient objective near 0): its rewards get as much room.
+    axes = (figure.subplots(2, 1, sharex=True, height_ratios=(2, 1) if preference else (1, 1))
+            if preference or reward else [figure.subplots()])
     loss_axis = axes[0]
     loss_axis.set_title(title)
     loss_axis.set_ylabel("loss")
@@ -100,8 +103,29 @@ def loss_figure(records: Sequence[dict[str, Any]], title: str) -> Any:
             handles += acc_axis.plot(*zip(*accuracy, strict=True), color=ACCURACY, linewidth=2,
                                      label="preference accuracy")
         pref.legend(handles=handles, loc="lower right", framealpha=0.9)
+    elif reward:
+        reward_panel(axes[1], records, reward)
     axes[-1].set_xlabel("step")
     return figure
+
+
+def reward_panel(axis: Any, records: Sequence[dict[str, Any]], reward: list[tuple[int, float]]) -> None:
+    """GRPO: the mean weighted reward, each reward's own mean (thin), the KL divergence on a second axis."""
+    axis.grid(True, color="#e1e1e1")
+    axis.set_ylabel("reward")
+    handles = axis.plot(*zip(*reward, strict=True), color=MARGIN, linewidth=2, label="mean reward (weighted sum)")
+    names = list(dict.fromkeys(f["name"] for r in records for f in r.get("rewardFunctions") or []))
+    for name in names:
+        points = _series(({"step": r["step"], "mean": f.get("mean")} for r in records
+                          for f in r.get("rewardFunctions") or [] if f.get("name") == name), "mean")
+        if points:
+            handles += axis.plot(*zip(*points, strict=True), linewidth=1, alpha=0.8, label=name)
+    kl = _series(records, "kl")
+    if kl:
+        kl_axis = axis.twinx()
+        kl_axis.set_ylabel("KL", color=ACCURACY)
+        handles += kl_axis.plot(*zip(*kl, strict=True), color=ACCURACY, linewidth=1, linestyle=":", label="KL")
+    axis.legend(handles=handles, loc="lower right", framealpha=0.9, fontsize=8)
 
 
 def write_loss_plot(records: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:

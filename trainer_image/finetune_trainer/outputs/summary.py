@@ -23,6 +23,15 @@ def preference_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def grpo_summary(cfg: TrainerConfig, trainer) -> dict[str, Any]:
+    """GRPO: the last rewards, KL and completion length, and a few completions with their rewards; {} otherwise."""
+    if cfg.spec.method.objective != "grpo":
+        return {}
+    from finetune_trainer.training.grpo import grpo_summary as summary
+
+    return summary(trainer)
+
+
 def loss_plot(cfg: TrainerConfig) -> dict[str, str]:
     """loss.png in the output directory, from progress.jsonl; a plot that cannot be drawn never fails a run."""
     from finetune_trainer.outputs.plot import model_label, read_progress, write_loss_plot

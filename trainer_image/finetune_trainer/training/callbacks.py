@@ -101,6 +101,10 @@ class ProgressCallback(TrainerCallback):
         for name in REWARD_LOGS.values():  # an evaluation's record keeps the last training values
             if name not in record and self.last_record.get(name) is not None:
                 record[name] = self.last_record[name]
+        if "reward" in logs or "reward" in self.last_record:  # GRPO (training/grpo.py)
+            from finetune_trainer.training.grpo import grpo_record
+
+            record.update(grpo_record(logs, self.last_record))
         self.last_record = record
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
@@ -146,6 +150,10 @@ def status_progress(record: dict[str, Any]) -> dict[str, Any]:
                 "peakMemoryGiB": None if record.get("peakMemoryGiB") is None else round(record["peakMemoryGiB"], 2),
                 "eta": record["eta"], "updatedAt": record["time"],
                 **{name: _significant(record.get(name)) for name in REWARD_LOGS.values()}}
+    if "reward" in record:  # GRPO
+        from finetune_trainer.training.grpo import status_fields
+
+        progress.update(status_fields(record, _significant))
     return {k: v for k, v in progress.items() if v is not None}
 
 

@@ -25,7 +25,8 @@ def load_tokenizer(spec: FineTuneJobSpec):
         # Safe only because padding is masked by the attention mask and labels, never by token id: the real EOS
         # keeps its label, so the model still learns to stop.
         tokenizer.pad_token = tokenizer.eos_token
-    if tokenizer.chat_template is None and spec.data.format in ("sharegpt", "messages", "preference", "unpaired"):
+    if tokenizer.chat_template is None and spec.data.format in ("sharegpt", "messages", "preference", "unpaired",
+                                                                "prompt"):
         # Conversations need a template: ours (ChatML turns closed by the real EOS) is set on the tokenizer, so
         # final/ carries the template the model was trained with and inference renders the same text.
         from finetune_trainer.data.chat import DEFAULT_CHAT_TEMPLATE

@@ -25,6 +25,10 @@ def trl_classes(objective: str) -> tuple[type, type]:
         from trl import RewardConfig, RewardTrainer
 
         return RewardConfig, RewardTrainer
+    if objective == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        return GRPOConfig, GRPOTrainer
     # Chosen knowingly and documented: the warning it prints at import would be noise in every pod's log.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if objective == "orpo":
@@ -41,6 +45,10 @@ def trl_classes(objective: str) -> tuple[type, type]:
 def objective_arguments(spec: FineTuneJobSpec) -> dict[str, Any]:
     """The config's own fields from spec.method.preference and spec.data (TRL tokenizes the examples itself)."""
     pref, objective = spec.method.preference, spec.method.objective
+    if objective == "grpo":
+        from finetune_trainer.training.grpo import grpo_arguments
+
+        return grpo_arguments(spec)
     if objective == "reward":
         # RewardTrainer drops a pair longer than max_length (the others truncate): counted and said in main.
         return {"max_length": spec.data.max_length, "center_rewards_coefficient": pref.center_rewards_coefficient}

@@ -61,6 +61,11 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         from finetune_trainer.training.objectives import trl_classes
 
         base, kwargs = trl_classes(cfg.spec.method.objective)[1], {}
+    grpo = cfg.spec.method.objective == "grpo"
+    if grpo:  # the rewards, imported and checked here, before any step
+        from finetune_trainer.training import grpo as grpo_objective
+
+        kwargs = grpo_objective.trainer_kwargs(cfg, model, tokenizer, data)
 
     sft = cfg.spec.method.objective == "sft"
 
@@ -75,6 +80,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
             # TRL's pair collator (ORPO, CPO) has no input_ids, so transformers counts nothing: count both answers'
             # tokens (each with its prompt), as DPO's concatenated batch does.
+            if grpo:  # GRPOTrainer counts prompt and completion tokens itself, as it generates them
+                return
             masks = [inputs[k] for k in ("chosen_attention_mask", "rejected_attention_mask") if k in inputs]
             if "input_ids" in inputs or not masks or self.args.include_num_input_tokens_seen == "no":
                 super()._track_num_input_tokens(inputs)
@@ -113,6 +120,10 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
             both = self.accelerator.reduce(torch.stack([now, torch.stack(first.losses).mean()]), "mean")
             return FirstRows(now=float(both[0]), then=float(both[1]))
 
+        def _get_train_sampler(self, *args: Any, **kwargs: Any) -> Any:
+            sampler = super()._get_train_sampler(*args, **kwargs)
+            return grpo_objective.resumable_sampler(sampler) if grpo else sampler
+
         def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
             # transformers trains one step past max_steps when it resumes a checkpoint saved at max_steps in mid-epoch
             # (its skip-ahead runs a step before any stop check): an attempt that resumes a finished run, e.g. to
@@ -120,6 +131,8 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
             if 0 < self.state.max_steps <= self.state.global_step:
                 self.control.should_training_stop = True
                 return
+            if grpo:  # each epoch's prompt order, also in the epoch a resume starts in (resumable_sampler)
+                grpo_objective.set_sampler_epoch(kwargs.get("train_dataloader"), kwargs.get("epoch", 0))
             super()._run_epoch(*args, **kwargs)
 
     trainer = FineTuneTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
@@ -128,11 +141,13 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         watchdog.first_rows = trainer.first_rows_loss
     if reward:
         dropped_pairs(cfg, data, trainer, warnings)
-    if not sft:  # TRL's datasets as they will be batched (a reward model's without the pairs it left out)
+    if not sft and not grpo:  # TRL's datasets as they will be batched (a reward model's without the pairs it left out)
         from finetune_trainer.training.last_batch import say_repeated_rows
 
         say_repeated_rows(args, trainer.train_dataset, "examples" if cfg.spec.method.objective == "kto" else "pairs",
                           warnings)
+    if grpo:
+        grpo_objective.finish_setup(trainer, cfg.spec)
     if samples is not None:
         samples.tensorboard = next((cb for cb in trainer.callback_handler.callbacks
                                     if type(cb).__name__ == "TensorBoardCallback"), None)

@@ -1,0 +1,61 @@
+"""The GPU suite's GRPO case (benchmarks/gpu_suite.py runs it as `grpo`): LoRA GRPO on the suite's ~1.1B Llama
+through `finetune run`, and the same run through TRL's GRPOTrainer called directly (tests/support/grpo_reference.py),
+each in its own process: seconds per step (generation of 16 completions of 256 tokens per step, 8 per prompt, the
+rewards, the KL against the base, the update), the ratio TRL/ours (goal >= 0.95), tokens/s, peak memory against the
+fit estimate (which counts the generation's KV cache), and whether both ended on the same loss and reward.
+
+Random weights rarely sample the end-of-sequence token: every completion runs to maxCompletionLength, so the work per
+step is the same on both sides and from run to run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+GPU_COMPLETION, SMOKE_COMPLETION = 256, 16
+
+
+def grpo_job(model: Path, gpu: bool, steps: int) -> dict:
+    completion = GPU_COMPLETION if gpu else SMOKE_COMPLETION
+    prompts = [{"prompt": f"Write two sentences about the number {i}.", "answer": str(i)} for i in range(64)]
+    spec = {
+        "model": {"name": str(model), "dtype": "bfloat16" if gpu else "float32", "attnImplementation": "sdpa"},
+        "data": {"format": "prompt", "maxLength": completion + 64, "train": [{"inline": prompts}]},
+        "method": {"type": "lora", "objective": "grpo", "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
+                   "grpo": {"numGenerations": 8, "maxCompletionLength": completion, "temperature": 1.0,
+                            "beta": 0.04, "lossType": "dapo",
+                            "rewards": [{"type": "function", "function": "tests.support.grpo_rewards:letters"},
+                                        {"type": "length", "maxTokens": completion, "softTokens": completion // 4,
+                                         "weight": 0.2}]}},
+        "training": {"maxSteps": steps, "learningRate": 1e-5, "perDeviceTrainBatchSize": 16 if gpu else 8,
+                     "precision": "bf16" if gpu else "fp32", "loggingSteps": 1, "optim": "adamw_torch", "seed": 7},
+        "distributed": {"numNodes": 1, "gpusPerNode": 1 if gpu else 0},
+        "checkpoints": {"saveStrategy": "no"}, "tracking": {"reportTo": []},
+    }
+    return {"apiVersion": "finetunejob.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "gpu-grpo"},
+            "spec": spec}
+
+
+def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
+    import gpu_suite as suite  # the helpers of the suite this case belongs to
+
+    from tests.support.grpo_reference import run_trl_directly
+
+    steps = 8 if gpu else 3
+    model = suite.build_model(work, size)
+    doc = grpo_job(model, gpu, steps)
+    summary, records, first = suite.finetune_run(doc, work / "grpo", suite.CASE_SECONDS["grpo"] * 3)
+    theirs, trl_runtime = run_trl_directly(doc, model, work / "grpo-trl", steps)
+    ours = summary["trainRuntimeSeconds"] / steps
+    trl = trl_runtime / steps
+    measured = summary.get("peakMemoryGiB")
+    predicted = suite.predicted_peak_gib(doc, model)
+    return {"secondsPerStep": round(ours, 3), "trlSecondsPerStep": round(trl, 3), "vsTrl": round(trl / ours, 3),
+            "tokensPerSecondPerGpu": suite.steady(records, "tokensPerSecondPerDevice"),
+            "peakMemoryGiB": measured, "predictedPeakGiB": predicted,
+            "predictedOverMeasured": round(predicted / measured, 3) if measured and predicted else None,
+            "loss": summary.get("finalLoss"), "reward": summary.get("reward"),
+            "completionLength": summary.get("completionLength"),
+            "sameRunAsTrl": abs(records[-1]["loss"] - theirs[-1]["loss"]) < 1e-3
+            and abs(records[-1]["reward"] - theirs[-1]["reward"]) < 1e-3,
+            "secondsToFirstStep": round(first, 1)}
