@@ -122,6 +122,77 @@ def _switch(spec: FineTuneJobSpec, name: str) -> bool:
     return spec.training.extra_args.get(name) is True
 
 
+def _layers(spec: FineTuneJobSpec, shape: ModelShape, compute: int, seq: int, tokens: int,
+            terms: dict[str, float], notes: list[str]) -> float:
+    """Adds the layers' terms (activations, the recomputed layer, adapted expert weights); returns the bytes per
+    token of the largest layer."""
+    lora = spec.method.lora
+    adapter = (dropout_kernel(lora.dropout, spec.distributed.gpus_per_node > 0)
+               if spec.method.type in ("lora", "qlora") else None)
+    rank, targets = (lora.r, shape.lora_targets(lora.target_modules)) if adapter else (0, 0)
+    attention = spec.model.attn_implementation
+
+    def per_token(moe: bool) -> float:
+        return layer_bytes_per_token(shape, compute, attention, seq, lora=adapter, lora_rank=rank, lora_targets=targets,
+                                     moe=moe, liger=_switch(spec, "use_liger_kernel"))
+
+    dense = per_token(False)
+    moe = per_token(True) if shape.is_moe else 0.0
+    if _switch(spec, "torch_compile"):
+        dense, moe = dense * COMPILED_LAYER_SHARE[compute], moe * COMPILED_LAYER_SHARE[compute]
+    trains = (min(spec.method.freeze.trainable_layers, shape.layers) if spec.method.type == "freeze"
+              else shape.layers)
+    moe_layers = min(trains, shape.moe_layers)
+    experts = adapted_experts_per_layer(spec, shape)
+    if checkpointing(spec):
+        terms["activations"] = trains * checkpointed_layer_bytes_per_token(shape, compute) * tokens
+        terms["recomputed layer"] = max(dense, moe) * tokens + experts  # one layer at a time, in the backward
+    else:
+        terms["activations"] = ((trains - moe_layers) * dense + moe_layers * moe) * tokens
+    if experts:
+        # peft keeps each adapted layer's W + BA of its experts for the backward (with checkpointing: one layer).
+        terms["adapted expert weights"] = experts * (1 if checkpointing(spec) else moe_layers)
+        notes.append("peft adapts the fused experts through a ParamWrapper, which keeps every layer's experts "
+                     "(W + BA) for the backward; targetModules without the experts (q_proj, k_proj, v_proj, o_proj) "
+                     "or gradient checkpointing keep far less")
+    if attention == "eager" and seq > 4096:
+        notes.append("eager attention keeps heads x sequence^2 probabilities per layer: sdpa keeps none")
+    return max(dense, moe)
+
+
+def _loss(spec: FineTuneJobSpec, shape: ModelShape, compute: int, tokens: int, terms: dict[str, float],
+          notes: list[str]) -> ModelShape:
+    """Adds the loss's term; returns the shape of the head (a reward model's has one output)."""
+    head = replace(shape, vocab=1) if spec.method.objective == "reward" else shape
+    if _switch(spec, "use_liger_kernel") and spec.method.objective != "reward":
+        head_grad = shape.vocab * shape.hidden * compute if spec.method.type == "full" else 0.0
+        terms["logits and loss"] = liger_loss_bytes_per_token(head, compute) * tokens + head_grad
+        notes.append("use_liger_kernel: Liger's fused linear cross-entropy holds a chunk of the logits, not all")
+    else:
+        terms["logits and loss"] = loss_bytes_per_token(head, compute) * tokens
+    if _switch(spec, "torch_compile"):
+        notes.append("torch_compile: its layers are counted at the share of eager's they keep at most (measured); "
+                     "its loss as eager's, so the prediction is high (1.17x on one H200 run)")
+    return head
+
+
+def _phases(spec: FineTuneJobSpec, gradients_resident: bool, evaluates: bool) -> dict[str, tuple[str, ...]]:
+    resident = ("weights", "optimizer states", "DDP gradient buckets", "reference model")
+    # DeepSpeed sets its reduction buckets up when the backward starts (measured: not held in the forward).
+    reducing = (*resident, "DeepSpeed gradient buckets")
+    grads_in_forward = gradients_resident or spec.training.gradient_accumulation_steps > 1
+    phases = {
+        "end of forward": (*resident, *(("gradients",) if grads_in_forward else ()), "adapted expert weights",
+                           "activations", "logits and loss"),
+        "backward": (*reducing, "gradients", *(("activations",) if checkpointing(spec) else ()),
+                     "recomputed layer"),
+        "optimizer step": (*reducing, "gradients", "optimizer step"),
+    }
+    if evaluates:
+        phases["evaluation"] = (*resident, *(("gradients",) if gradients_resident else ()), "evaluation")
+    return phases
+
+
 def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
     objective = spec.method.objective
     if objective == "reward":
@@ -150,68 +221,19 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
         # TRL's frozen reference model, a second copy in the training precision, sharded like the weights by ZeRO-3.
         zero3 = dist.strategy == "deepspeed" and dist.deepspeed is not None and dist.deepspeed.zero_stage == 3
         terms["reference model"] = shape.parameters * compute / (dist.world_size if zero3 else 1)
-
-    lora = spec.method.lora
-    adapter = dropout_kernel(lora.dropout, gpu) if spec.method.type in ("lora", "qlora") else None
-    liger = _switch(spec, "use_liger_kernel")
-    attention = spec.model.attn_implementation
-    rank_targets = (lora.r, shape.lora_targets(lora.target_modules)) if adapter else (0, 0)
-    dense = layer_bytes_per_token(shape, compute, attention, seq, lora=adapter, lora_rank=rank_targets[0],
-                                  lora_targets=rank_targets[1], liger=liger)
-    moe = layer_bytes_per_token(shape, compute, attention, seq, lora=adapter, lora_rank=rank_targets[0],
-                                lora_targets=rank_targets[1], moe=True, liger=liger) if shape.is_moe else 0.0
-    if _switch(spec, "torch_compile"):
-        dense, moe = dense * COMPILED_LAYER_SHARE[compute], moe * COMPILED_LAYER_SHARE[compute]
-    trains = (min(spec.method.freeze.trainable_layers, shape.layers) if spec.method.type == "freeze"
-              else shape.layers)
-    moe_layers = min(trains, shape.moe_layers)
-    per_layer = [(trains - moe_layers, dense), (moe_layers, moe)]
-    recomputed = max(dense, moe) * tokens  # one layer at a time, in the backward
-    experts = adapted_experts_per_layer(spec, shape)
-    if checkpointing(spec):
-        terms["activations"] = trains * checkpointed_layer_bytes_per_token(shape, compute) * tokens
-        terms["recomputed layer"] = recomputed + experts
-    else:
-        terms["activations"] = sum(n * b for n, b in per_layer) * tokens
-    if experts:
-        # peft keeps each adapted layer's W + BA of its experts for the backward (with checkpointing: one layer).
-        terms["adapted expert weights"] = experts * (1 if checkpointing(spec) else moe_layers)
-        notes.append("peft adapts the fused experts through a ParamWrapper, which keeps every layer's experts "
-                     "(W + BA) for the backward; targetModules without the experts (q_proj, k_proj, v_proj, o_proj) "
-                     "or gradient checkpointing keep far less")
-
-    # A reward model's head has one output, not a vocabulary: its logits are nothing beside the layers.
-    head = replace(shape, vocab=1) if objective == "reward" else shape
-    if liger and objective != "reward":
-        head_grad = shape.vocab * shape.hidden * compute if spec.method.type == "full" else 0.0
-        terms["logits and loss"] = liger_loss_bytes_per_token(head, compute) * tokens + head_grad
-        notes.append("use_liger_kernel: Liger's fused linear cross-entropy holds a chunk of the logits, not all")
-    else:
-        terms["logits and loss"] = loss_bytes_per_token(head, compute) * tokens
-    if _switch(spec, "torch_compile"):
-        notes.append("torch_compile: its layers are counted at the share of eager's they keep at most (measured); "
-                     "its loss as eager's, so the prediction is high (1.17x on one H200 run)")
+    layer = _layers(spec, shape, compute, seq, tokens, terms, notes)
+    head = _loss(spec, shape, compute, tokens, terms, notes)
     evaluates = spec.training.eval_strategy != "no" and bool(spec.data.validation)
     if evaluates:
-        eval_tokens = spec.training.per_device_eval_batch_size * seq * pairs
         # Without gradients nothing is kept: the peak is at the loss (the logits), or inside a layer (its
         # intermediates, at most what it would keep) where the vocabulary is small.
-        terms["evaluation"] = max(eval_bytes_per_token(head, compute), max(dense, moe)) * eval_tokens
+        eval_tokens = spec.training.per_device_eval_batch_size * seq * pairs
+        terms["evaluation"] = max(eval_bytes_per_token(head, compute), layer) * eval_tokens
     if states.step:
         terms["optimizer step"] = states.step
-
-    resident = ("weights", "optimizer states", "DDP gradient buckets", "DeepSpeed gradient buckets", "reference model")
-    grads_in_forward = states.gradients_resident or spec.training.gradient_accumulation_steps > 1
-    phases = {
-        "end of forward": (*resident, *(("gradients",) if grads_in_forward else ()), "adapted expert weights",
-                           "activations", "logits and loss"),
-        "backward": (*resident, "gradients", "activations" if checkpointing(spec) else "", "recomputed layer"),
-        "optimizer step": (*resident, "gradients", "optimizer step"),
-    }
-    if evaluates:
-        phases["evaluation"] = (*resident, *(("gradients",) if states.gradients_resident else ()), "evaluation")
-    est = MemoryEstimate(terms=terms, world_size=dist.world_size, tokens_per_micro_batch=tokens, phases=phases,
-                         notes=notes, offloaded=states.offloaded, device="GPU" if gpu else "process",
+    est = MemoryEstimate(terms=terms, world_size=dist.world_size, tokens_per_micro_batch=tokens,
+                         phases=_phases(spec, bool(states.gradients_resident), evaluates), notes=notes,
+                         offloaded=states.offloaded, device="GPU" if gpu else "process",
                          complete=not _switch(spec, "torch_compile"))
     inside = est.phase_bytes(est.peak_phase)
     terms["estimate margin"] = ESTIMATE_MARGIN * inside
@@ -220,6 +242,4 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
         terms["cuda context"] = CUDA_CONTEXT_GIB * GIB
     if "paged" in spec.training.optim:
         notes.append(f"{spec.training.optim} pages its states to CPU memory under pressure: counted as if on the GPU")
-    if attention == "eager" and seq > 4096:
-        notes.append("eager attention keeps heads x sequence^2 probabilities per layer: sdpa keeps none")
     return est

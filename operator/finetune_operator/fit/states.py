@@ -21,7 +21,7 @@ INT8_BYTES = 1.0 + 4 / 4096
 # used again soon (stage3_max_reuse_distance as large): for models below it, nearly every gathered layer stays.
 ZERO3_MAX_LIVE = 1_000_000_000
 ZERO3_SUB_GROUP = 1_000_000_000  # sub_group_size: the step builds fp32 gradients one sub-group at a time
-# ZeRO 1-2 reduce gradients through contiguous buckets of reduce_bucket_size elements (two with overlap_comm). Our
+# ZeRO reduces gradients through contiguous buckets of reduce_bucket_size elements (two with overlap_comm). Our
 # presets (render/deepspeed.py) give stage 2 and 3 "auto", which the Trainer fills with hidden^2, and leave stage 1
 # at DeepSpeed's default of 5e8 elements (1 GB at bf16).
 DEEPSPEED_DEFAULT_BUCKET = 500_000_000
@@ -147,10 +147,12 @@ def _zero3_gathered(shape: ModelShape, compute: int, ds: DeepSpeedSpec, world: i
     """Parameters ZeRO-3 holds gathered at once: our preset keeps them while they will be reused, up to
     stage3_max_live_parameters; at least the module being computed (the embedding or head, often the largest) and
     the next one prefetched."""
+    if world == 1:  # one process's partition is the whole parameter: nothing to gather (measured)
+        return 0.0
     live = ds.config.get("zero_optimization", {}).get("stage3_max_live_parameters", ZERO3_MAX_LIVE)
     largest = max(shape.layer_params, shape.vocab * shape.hidden)
-    kept = min(shape.parameters * (world - 1) / world, float(live)) if world > 1 else 0.0
-    return max(kept, 2.0 * largest) * compute if world > 1 else 0.0
+    # A gathered parameter is a full tensor beside the process's own partition.
+    return max(min(float(shape.parameters), float(live)), 2.0 * largest) * compute
 
 
 def _reduce_buckets(ds: DeepSpeedSpec, shape: ModelShape, compute: int) -> float:
