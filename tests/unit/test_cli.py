@@ -347,11 +347,11 @@ def test_validate_and_render_print_the_memory_estimate_from_a_model_config(capsy
     assert "memory per GPU" in captured.err and "memory per GPU" not in captured.out  # stdout stays YAML
 
 
-def _fsdp_example(tmp_path, **fsdp) -> str:
+def _fsdp_example(tmp_path, gib: int = 40, **fsdp) -> str:
     doc = yaml.safe_load((ROOT / "examples" / "cpt-fsdp.yaml").read_text())
     doc["spec"]["distributed"]["fsdp"].update(fsdp)
-    doc["spec"]["resources"]["gpuMemoryGiB"] = 40
-    path = tmp_path / "job.yaml"
+    doc["spec"]["resources"]["gpuMemoryGiB"] = gib
+    path = tmp_path / f"job-{gib}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return str(path)
 
@@ -371,6 +371,10 @@ def test_validate_exits_3_for_a_valid_spec_that_does_not_fit_and_render_says_so(
     assert main(["render", tight, "--model-config", config]) == EXIT_OK  # render shows; validate gates
     captured = capsys.readouterr()
     assert "DOES NOT FIT" in captured.err and "kind: ConfigMap" in captured.out
+    tiny = _fsdp_example(tmp_path, gib=10, activationCheckpointing=False)  # where checkpointing alone is not enough
+    assert main(["validate", tiny, "--model-config", config]) == EXIT_DOES_NOT_FIT
+    assert main(["render", tiny, "--model-config", config]) == EXIT_OK
+    assert "what fits: " in capsys.readouterr().err
     fitting = str(tmp_path / "fits.yaml")
     Path(fitting).write_text(Path(_fsdp_example(tmp_path, activationCheckpointing=True)).read_text())
     assert main(["validate", fitting, "--model-config", config]) == EXIT_OK
