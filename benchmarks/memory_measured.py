@@ -109,7 +109,7 @@ def model_dir(work: Path, case: Case) -> Path:
     key = "-".join([case.architecture, dtype, *(f"{k}{v}" for k, v in sorted({**case.shape, **case.config}.items()))])
     target = work / "models" / key
     if not (target / "config.json").exists():
-        build_tiny_model(target, model_type=case.architecture, dtype=dtype, max_positions=4096,
+        build_tiny_model(target, architecture=case.architecture, dtype=dtype, max_positions=4096,
                          **case.shape, **case.config)
     return target
 

@@ -64,7 +64,7 @@ def test_lora_parameters_and_the_dropout_refusal_are_what_peft_builds(model_type
         assert "spec.method.lora.dropout: 0.05" in ours[0] and "set method.lora.dropout: 0" in ours[0]
 
 
-def test_qlora_leaves_the_fused_experts_unquantized_and_peft_upcasts_them():
+def test_qlora_leaves_the_fused_experts_unquantized_and_peft_upcasts_them(tmp_path):
     """bitsandbytes' 4-bit load (CPU) of a small Mixtral: only the attention's nn.Linear layers are quantized; after
     prepare_model_for_kbit_training every other parameter, experts and router included, is fp32. The estimate's
     QLoRA base weights count the same."""
@@ -74,7 +74,7 @@ def test_qlora_leaves_the_fused_experts_unquantized_and_peft_upcasts_them():
 
     from finetune_trainer.tiny_model import build_tiny_model
 
-    directory = build_tiny_model(Path(pytest.importorskip("tempfile").mkdtemp()) / "m", model_type="mixtral",
+    directory = build_tiny_model(tmp_path / "m", architecture="mixtral",
                                  hidden=64, intermediate=128, layers=2, num_local_experts=4, num_experts_per_tok=2,
                                  dtype="bfloat16")
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,

@@ -91,7 +91,7 @@ def test_a_moe_lora_that_peft_cannot_build_is_refused_before_any_gpu_is_held(tmp
     with the field, the value and the fix, and passes it with dropout 0."""
     from finetune_trainer.tiny_model import build_tiny_model
 
-    mixtral = build_tiny_model(tmp_path / "mixtral", model_type="mixtral", num_local_experts=4,
+    mixtral = build_tiny_model(tmp_path / "mixtral", architecture="mixtral", num_local_experts=4,
                                num_experts_per_tok=2)
     lora = {"spec.method.type": "lora"}
     code, summary = run(mixtral, tmp_path / "a", monkeypatch, **lora)
@@ -124,7 +124,7 @@ def test_each_attempt_checks_again_before_its_weights_load(tiny_model_dir, tmp_p
     from finetune_trainer.tiny_model import build_tiny_model
     from finetune_trainer.training import memory_check
 
-    mixtral = build_tiny_model(tmp_path / "mixtral", model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    mixtral = build_tiny_model(tmp_path / "mixtral", architecture="mixtral", num_local_experts=4, num_experts_per_tok=2)
     moe = validate_job(make_job({"spec.model.name": str(mixtral), "spec.method.type": "lora",
                                  "spec.distributed.gpusPerNode": 0})).spec
     said = []
