@@ -10,7 +10,7 @@ the logits to fp32): the slope of the whole step's peak over vocabulary x tokens
 
 from dataclasses import dataclass, fields
 
-from .shape import QK_NORM, SANDWICH_NORMS, ModelShape
+from .shape import QK_NORM, SANDWICH_NORMS, SHARED_EXPERT_GATE, ModelShape
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,22 @@ _LORA = {
 # A MoE layer's experts (transformers 5's grouped_mm over the fused experts; Mixtral and Qwen3-MoE measure alike), in
 # place of the dense MLP's intermediate term: x intermediate x top-k, x hidden x top-k, x experts (the router).
 _MOE = {2: (8.3, 4.3, 11.0), 4: (16.3, 8.3, 12.4)}
+# Multi-head latent attention (DeepSeek-V2/V3) beyond what its q and kv widths count as a Llama layer's: the latent
+# projections and their norms, the rotary and non-rotary parts put together per head, values of their own width. x
+# q_lora_rank, x kv_lora_rank, x heads * (qk_nope + qk_rope), x heads * v_head_dim; measured like the others (nine
+# shapes, largest residual 25 bytes a token at 16 bits, 97 at fp32). On CPU, sdpa with values of another head width
+# than the keys falls back to its math kernel, which keeps the probabilities (4 bytes a score at either precision);
+# CUDA's memory-efficient kernel takes unequal widths and keeps none.
+_MLA = {2: (8.0, 8.2, 2.1, 4.0), 4: (12.0, 13.1, -3.8, 4.1)}
+MLA_MATH_SDPA_SCORE_BYTES = 4.0
+# Family extras, measured the same way (five to eight shapes each, x hidden or x q width, per token): Qwen2-MoE's
+# sigmoid gate over its shared expert; the MoE layers of DeepSeek-V2/V3 and GLM-4-MoE at 16 bits (their routers'
+# fp32 scores and the shared experts' sum); GLM-4-MoE's attention, which keeps one more copy of its queries.
+_SHARED_GATE_H = {2: 1.8, 4: 4.3}
+_SIGMOID_ROUTER_H = {2: 1.5, 4: 0.0}
+SIGMOID_ROUTER = frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe", "glm4v_moe"})
+_QUERY_COPY = {2: 2.1, 4: 4.3}
+QUERY_COPY = frozenset({"glm4_moe", "glm4v_moe"})
 # peft's ParamWrapper builds W + BA for a layer's experts in the forward and keeps it: bytes per expert parameter.
 EXPERT_ADAPTED_BYTES = {2: 2.4, 4: 4.05}
 # Liger's kernels keep less than eager PyTorch: its RMSNorm keeps the input instead of an fp32 copy and the
@@ -94,18 +110,38 @@ def _layer(shape: ModelShape, compute: int, attention: str, lora: str | None, li
     return c
 
 
+def _mla(shape: ModelShape, compute: int, attention: str, seq: int, gpu: bool) -> float:
+    q_lora, kv_lora, qk, v = _MLA[compute]
+    qk_dim = shape.qk_nope_head_dim + shape.qk_rope_head_dim
+    extra = (q_lora * shape.q_lora_rank + kv_lora * shape.kv_lora_rank + qk * shape.heads * qk_dim
+             + v * shape.heads * shape.v_head_dim)
+    if attention == "sdpa" and not gpu and shape.v_head_dim != qk_dim:
+        extra += MLA_MATH_SDPA_SCORE_BYTES * shape.heads * seq
+    return extra
+
+
 def layer_bytes_per_token(shape: ModelShape, compute: int, attention: str, seq: int, *, lora: str | None = None,
-                          lora_rank: int = 0, lora_targets: int = 0, moe: bool = False, liger: bool = False) -> float:
+                          lora_rank: int = 0, lora_targets: int = 0, moe: bool = False, liger: bool = False,
+                          gpu: bool = True) -> float:
     """One decoder layer's saved bytes per token. `lora`: None for a full fine-tune, else the dropout kernel
-    (dropout_kernel()); `moe`: a MoE layer (its experts instead of a dense MLP)."""
+    (dropout_kernel()); `moe`: a MoE layer (its experts instead of a dense MLP); `gpu`: CUDA's kernels (else
+    CPU's)."""
     c = _layer(shape, compute, attention, lora, liger)
     attn = (c.h * shape.hidden + c.q * shape.q_width + max(0.0, c.kv) * shape.kv_width + max(0.0, c.heads)
             * shape.heads + c.scores * shape.heads * seq + c.rank * lora_rank * lora_targets)
-    if not moe:
-        return attn + c.i * shape.intermediate
+    if shape.is_mla:
+        attn += _mla(shape, compute, attention, seq, gpu)
+    if shape.model_type in QUERY_COPY:
+        attn += _QUERY_COPY[compute] * shape.q_width
+    if not moe:  # a dense layer (a MoE model's dense layers have their own, wider MLP)
+        return attn + c.i * shape.dense_mlp_intermediate
     ik, hk, e = _MOE[compute]
     k = shape.experts_per_token
     experts = ik * shape.intermediate * k + hk * shape.hidden * k + e * shape.experts
+    if shape.model_type in SHARED_EXPERT_GATE and shape.shared_expert_intermediate:
+        experts += _SHARED_GATE_H[compute] * shape.hidden
+    if shape.model_type in SIGMOID_ROUTER:
+        experts += _SIGMOID_ROUTER_H[compute] * shape.hidden
     return attn + experts + c.i * shape.shared_expert_intermediate
 
 

@@ -134,7 +134,8 @@ def _layers(spec: FineTuneJobSpec, shape: ModelShape, compute: int, seq: int, to
 
     def per_token(moe: bool) -> float:
         return layer_bytes_per_token(shape, compute, attention, seq, lora=adapter, lora_rank=rank, lora_targets=targets,
-                                     moe=moe, liger=_switch(spec, "use_liger_kernel"))
+                                     moe=moe, liger=_switch(spec, "use_liger_kernel"),
+                                     gpu=spec.distributed.gpus_per_node > 0)
 
     dense = per_token(False)
     moe = per_token(True) if shape.is_moe else 0.0

@@ -17,6 +17,10 @@ GATED_MLP = frozenset({
 SANDWICH_NORMS = frozenset({"gemma2", "gemma3_text", "gemma3"})
 # Per-head RMSNorm on queries and keys (measured on Qwen3): more kept per token on the attention side.
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmoe", "gemma3_text", "gemma3"})
+# Of those, the ones whose q/k norms span the whole projection (weights of q width and kv width, not head_dim each).
+WIDE_QK_NORM = frozenset({"olmo2", "olmoe"})
+# MoE layers whose shared expert's output passes a sigmoid gate of its own (an nn.Linear hidden -> 1).
+SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next"})
 # Checkpoint dtypes as config.json names them, in bytes per parameter.
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
@@ -53,6 +57,12 @@ class ModelShape:
     position_embeddings: int = 0  # learned absolute positions (GPT-2 style), else 0
     final_logit_softcapping: float | None = None  # Gemma-2: tanh over the logits, one more vocabulary-sized tensor
     attn_logit_softcapping: float | None = None  # Gemma-2: tanh over eager attention's scores
+    # Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values through low-rank projections.
+    kv_lora_rank: int = 0  # > 0: MLA
+    q_lora_rank: int = 0  # 0: a plain q_proj
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "ModelShape":
@@ -76,8 +86,7 @@ class ModelShape:
         shared = int(config.get("shared_expert_intermediate_size") or 0) if experts > 1 else 0
         if experts > 1 and config.get("n_shared_experts"):
             shared = int(config["n_shared_experts"]) * intermediate
-        dense_layers = int(config.get("first_k_dense_replace") or 0) if experts > 1 else 0
-        dense_layers += len(config.get("mlp_only_layers") or []) if experts > 1 else 0
+        dense_layers = _dense_layers(config, int(layers)) if experts > 1 else 0
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32").removeprefix("torch.")
         softcap = config.get("final_logit_softcapping")
         attn_softcap = config.get("attn_logit_softcapping")
@@ -95,14 +104,27 @@ class ModelShape:
             position_embeddings=int(config.get("n_positions") or 0) if model_type in ("gpt2", "gpt_bigcode") else 0,
             final_logit_softcapping=float(softcap) if softcap else None,
             attn_logit_softcapping=float(attn_softcap) if attn_softcap else None,
+            kv_lora_rank=int(config.get("kv_lora_rank") or 0), q_lora_rank=int(config.get("q_lora_rank") or 0),
+            qk_nope_head_dim=int(config.get("qk_nope_head_dim") or 0),
+            qk_rope_head_dim=int(config.get("qk_rope_head_dim") or 0), v_head_dim=int(config.get("v_head_dim") or 0),
         )
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def q_width(self) -> int:
+        """The queries' width (MLA: every head's non-rotary and rotary parts)."""
+        if self.is_mla:
+            return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.heads * self.head_dim
 
     @property
     def kv_width(self) -> int:
+        """The keys' and values' width, each (MLA expands both to every head: their mean)."""
+        if self.is_mla:
+            return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) // 2
         return self.kv_heads * self.head_dim
 
     @property
@@ -119,8 +141,32 @@ class ModelShape:
 
     @property
     def attention_params(self) -> int:
-        """q, k, v and o projections of one layer."""
-        return self.hidden * (2 * self.q_width + 2 * self.kv_width)
+        """q, k, v and o projections of one layer (MLA: its low-rank projections)."""
+        return sum(a * b for _, a, b in self._attention_linears())
+
+    def _attention_linears(self) -> list[tuple[str, int, int]]:
+        """One layer's attention nn.Linear layers: (name, in, out)."""
+        h = self.hidden
+        if not self.is_mla:
+            q, kv = self.q_width, self.kv_width
+            return [("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h)]
+        heads, rope, v = self.heads, self.qk_rope_head_dim, self.v_head_dim
+        qk = self.qk_nope_head_dim + rope
+        query = ([("q_a_proj", h, self.q_lora_rank), ("q_b_proj", self.q_lora_rank, heads * qk)]
+                 if self.q_lora_rank else [("q_proj", h, heads * qk)])
+        return [*query, ("kv_a_proj_with_mqa", h, self.kv_lora_rank + rope),
+                ("kv_b_proj", self.kv_lora_rank, heads * (self.qk_nope_head_dim + v)), ("o_proj", heads * v, h)]
+
+    @property
+    def layer_norm_params(self) -> int:
+        """One layer's norm weights: around attention and MLP, and inside the attention (q/k norms, MLA's latent
+        norms)."""
+        inner = self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0
+        if self.model_type in WIDE_QK_NORM:
+            inner += self.q_width + self.kv_width
+        elif self.model_type in QK_NORM:
+            inner += 2 * self.head_dim
+        return self.norms_per_layer * self.hidden + inner
 
     def _mlp(self, intermediate: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * intermediate
@@ -139,9 +185,8 @@ class ModelShape:
     def mlp_linear_params(self) -> int:
         """The MLPs' nn.Linear weights over all layers: dense layers' MLPs and MoE layers' shared experts."""
         dense = self.layers if not self.is_moe else self.dense_layers
-        shared = self._mlp(self.shared_expert_intermediate) + (self.hidden if self.shared_expert_intermediate else 0)
-        return dense * self._mlp(self.dense_intermediate if self.is_moe else self.intermediate) + \
-            self.moe_layers * shared
+        shared = self._mlp(self.shared_expert_intermediate) + self._shared_gate
+        return dense * self._mlp(self.dense_mlp_intermediate) + self.moe_layers * shared
 
     @property
     def linear_params(self) -> int:
@@ -149,12 +194,23 @@ class ModelShape:
         return self.layers * self.attention_params + self.mlp_linear_params
 
     @property
+    def _shared_gate(self) -> int:
+        """Qwen-MoE's shared_expert_gate (hidden -> 1) beside its shared expert; DeepSeek's shared experts have none."""
+        return self.hidden if self.shared_expert_intermediate and self.model_type in SHARED_EXPERT_GATE else 0
+
+    @property
+    def dense_mlp_intermediate(self) -> int:
+        """The width of a dense layer's MLP (a MoE model's dense layers: intermediate_size, not the experts')."""
+        return self.dense_intermediate if self.is_moe and self.dense_intermediate else self.intermediate
+
+    @property
     def layer_params(self) -> int:
         """The largest decoder layer: what a sharded strategy gathers at once."""
-        mlp = (self._mlp(self.intermediate) * self.experts + self.hidden * self.experts
-               + self._mlp(self.shared_expert_intermediate) if self.is_moe and self.moe_layers else
-               self._mlp(self.intermediate))
-        return self.attention_params + mlp + self.norms_per_layer * self.hidden
+        dense = self._mlp(self.dense_mlp_intermediate) if not self.is_moe or self.dense_layers else 0
+        moe = (self._mlp(self.intermediate) * self.experts + self.hidden * self.experts
+               + self._mlp(self.shared_expert_intermediate) + self._shared_gate
+               if self.moe_layers else 0)
+        return self.attention_params + max(dense, moe) + self.layer_norm_params
 
     @property
     def embedding_params(self) -> int:
@@ -163,7 +219,7 @@ class ModelShape:
 
     @property
     def parameters(self) -> int:
-        norms = self.layers * self.norms_per_layer * self.hidden + self.hidden  # and the final norm
+        norms = self.layers * self.layer_norm_params + self.hidden  # and the final norm
         return self.linear_params + self.expert_params + self.router_params + self.embedding_params + norms
 
     @property
@@ -171,31 +227,37 @@ class ModelShape:
         """peft's v4->v5 conversion reaches this architecture's fused experts and router (a ParamWrapper)."""
         return self.is_moe and self.model_type in PEFT_EXPERT_TARGETS
 
-    def _linear_modules(self) -> dict[str, tuple[int, int, int]]:
-        """nn.Linear layers per decoder layer that LoRA targets by name: (in, out, how many layers have it)."""
-        h, q, kv = self.hidden, self.q_width, self.kv_width
-        out = {"q_proj": (h, q, self.layers), "k_proj": (h, kv, self.layers), "v_proj": (h, kv, self.layers),
-               "o_proj": (q, h, self.layers)}
-        mlp_layers, width = (self.dense_layers, self.dense_intermediate) if self.is_moe else (self.layers,
-                                                                                              self.intermediate)
-        if self.shared_expert_intermediate:  # Qwen2-MoE's shared_expert.{gate,up,down}_proj in every MoE layer
-            mlp_layers += self.moe_layers
-            out["shared_expert_gate"] = (h, 1, self.moe_layers)
-        if mlp_layers:
-            mlp = {"up_proj": (h, width, mlp_layers), "down_proj": (width, h, mlp_layers)}
-            if self.gated_mlp:
-                mlp["gate_proj"] = (h, width, mlp_layers)
-            out.update(mlp)
+    def _linear_modules(self) -> list[tuple[str, int, int, int]]:
+        """nn.Linear layers that LoRA targets by name: (name, in, out, how many layers have it)."""
+        h = self.hidden
+        out = [(name, a, b, self.layers) for name, a, b in self._attention_linears()]
+
+        def mlp(width: int, layers: int) -> list[tuple[str, int, int, int]]:
+            gate = [("gate_proj", h, width, layers)] if self.gated_mlp else []
+            return [*gate, ("up_proj", h, width, layers), ("down_proj", width, h, layers)]
+
+        dense_layers = self.dense_layers if self.is_moe else self.layers
+        if dense_layers:
+            out += mlp(self.dense_mlp_intermediate, dense_layers)
+        if self.shared_expert_intermediate and self.moe_layers:
+            # Qwen2-MoE's shared_expert.{gate,up,down}_proj and shared_expert_gate, DeepSeek's shared_experts.*
+            out += mlp(self.shared_expert_intermediate, self.moe_layers)
+            if self._shared_gate:
+                out.append(("shared_expert_gate", h, 1, self.moe_layers))
         return out
 
-    def _wanted(self, targets: list[str], names) -> list[str]:
-        return [m for m in names if targets == ["all-linear"] or any(t.split(".")[-1] == m for t in targets)]
+    def _wanted(self, targets: list[str]) -> list[tuple[str, int, int, int]]:
+        # Where peft wraps the fused experts, its conversion takes the old MLP names (gate_proj, up_proj, down_proj,
+        # w1-w3, gate) off the target list, "all-linear"'s too, for the experts: dense layers' and shared experts'
+        # nn.Linear layers of those names stay unadapted.
+        converted = set(PEFT_EXPERT_TARGETS[self.model_type]) if self.peft_wraps_experts else set()
+        return [m for m in self._linear_modules() if m[0] not in converted
+                and (targets == ["all-linear"] or any(t.split(".")[-1] == m[0] for t in targets))]
 
     def lora_parameters(self, r: int, targets: list[str]) -> int:
         """Adapter parameters (A: in x r, B: r x out) on the targeted linear layers, and where peft wraps a MoE's
         fused experts, on them and the router (gate_up_proj's rank doubled for its two fused projections)."""
-        modules = self._linear_modules()
-        total = sum(r * (a + b) * n for m in self._wanted(targets, modules) for a, b, n in [modules[m]])
+        total = sum(r * (a + b) * n for _, a, b, n in self._wanted(targets))
         experts = self.expert_targets(targets)
         h, i, e = self.hidden, self.intermediate, self.experts
         if "gate_up_proj" in experts:
@@ -216,5 +278,14 @@ class ModelShape:
         return {mapping[name] for t in targets if (name := t.split(".")[-1]) in mapping}
 
     def lora_targets(self, targets: list[str]) -> int:
-        """How many of a dense layer's seven (six without a gate) linear layers the targets name."""
-        return len(self._wanted(targets, self._linear_modules()))
+        """How many of a layer's linear layers (a dense Llama layer's seven) the targets name."""
+        return len({m[0] for m in self._wanted(targets)})
+
+
+def _dense_layers(config: dict[str, Any], layers: int) -> int:
+    """A MoE model's layers with a dense MLP: DeepSeek's first first_k_dense_replace; Qwen-MoE's mlp_only_layers and
+    those decoder_sparse_step skips (transformers: a layer is sparse when (index + 1) % step == 0)."""
+    first = int(config.get("first_k_dense_replace") or 0)
+    only = set(config.get("mlp_only_layers") or [])
+    step = int(config.get("decoder_sparse_step") or 1)
+    return sum(1 for i in range(layers) if i < first or i in only or (i + 1) % step != 0)
