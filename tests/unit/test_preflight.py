@@ -74,6 +74,21 @@ def test_a_job_that_cannot_fit_its_gpus_is_refused_with_the_numbers_and_what_fit
     assert memory["largestTerm"] in memory["terms"]
 
 
+def test_an_fsdp_job_with_an_fsdp_block_that_cannot_fit_is_a_config_error_with_changes_that_validate(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """The issue: an FSDP spec with an fsdp: block that did not fit made the preflight exit 1 (a retryable Error: the
+    advice switched the strategy with the block still there, and validating it raised). Now exit 78 with the
+    numbers, and every change offered is a spec the API takes."""
+    fsdp = {"spec.distributed": {"numNodes": 1, "gpusPerNode": 2, "strategy": "fsdp",
+                                 "fsdp": {"activationCheckpointing": False}},
+            "spec.resources.gpuMemoryGiB": 2, "spec.training.perDeviceTrainBatchSize": 64,
+            "spec.data.maxLength": 2048, "spec.data.packing": True}
+    code, summary = run(tiny_model_dir, tmp_path, monkeypatch, **fsdp)
+    assert code == exit_codes.CONFIG_ERROR and summary["reason"] == "InvalidConfig", summary
+    assert summary["message"].startswith("preflight: memory: does not fit: needs ") and "what fits: " in \
+        summary["message"], summary["message"]
+
+
 def test_preference_pairs_are_checked_as_the_trainer_checks_them(tiny_model_dir, tmp_path, monkeypatch):
     pairs = [{"prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": f"B{i}."} for i in range(5)]
     dpo = {"spec.method.objective": "dpo", "spec.data": {"format": "preference", "train": [{"inline": pairs}]}}
