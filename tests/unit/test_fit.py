@@ -37,7 +37,8 @@ def spec(**overrides):
     # all-linear as peft's print_trainable_parameters reports it for Llama-3.1-8B.
     ("llama-3.1-8b", 8.03, 41_943_040), ("llama-3.1-70b", 70.55, None), ("qwen2.5-7b", 7.62, None),
     ("qwen2.5-32b", 32.76, None), ("mistral-7b-v0.3", 7.25, None), ("qwen2.5-0.5b", 0.494, None),
-    ("llama-3.2-1b", 1.236, None), ("gemma-2-9b", 9.24, None), ("mixtral-8x7b", 46.70, None)])
+    ("llama-3.2-1b", 1.236, None), ("gemma-2-9b", 9.24, None), ("mixtral-8x7b", 46.70, None),
+    ("deepseek-v2-lite", 15.706, None)])  # the model card's 15.7B; latent attention, shared experts, a dense layer
 def test_parameter_counts_of_published_models(name, billions, lora16):
     shape = ModelShape.from_config(config(name))
     assert shape.parameters / 1e9 == pytest.approx(billions, rel=0.003)
