@@ -139,7 +139,8 @@ HAIR = 0.02  # GiB either side of the estimate
 @pytest.mark.parametrize("configuration", CONFIGURATIONS)
 def test_a_hair_below_the_estimate_is_refused_with_changes_that_fit_and_a_hair_above_fits(model, configuration):
     """The same spec on a GPU just larger than its estimate fits; just smaller it is refused, and every change
-    offered is a spec the API takes that fits that GPU (the issue: an FSDP spec's advice did not validate)."""
+    offered is a spec the API takes that fits that GPU (the issue: an FSDP spec's advice did not validate), none
+    offered twice."""
     config = json.loads((CONFIGS / f"{model}.json").read_text())
     overrides = {**MODELS[model], **CONFIGURATIONS[configuration]}
     needed = check_fit(spec(**overrides), config).estimate.needed / GIB
@@ -149,6 +150,7 @@ def test_a_hair_below_the_estimate_is_refused_with_changes_that_fit_and_a_hair_a
     assert not below.fits and below.message().startswith("does not fit: needs "), below.message()
     for suggestion in below.suggestions:
         assert suggestion.estimate.needed <= (needed - HAIR) * GIB, suggestion.change
+    assert len({s.change for s in below.suggestions}) == len(below.suggestions), [s.change for s in below.suggestions]
 
 
 @pytest.mark.parametrize("configuration", ["lora-checkpointing", "zero3-8-checkpointing",

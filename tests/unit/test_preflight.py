@@ -81,12 +81,14 @@ def test_an_fsdp_job_with_an_fsdp_block_that_cannot_fit_is_a_config_error_with_c
     numbers, and every change offered is a spec the API takes."""
     fsdp = {"spec.distributed": {"numNodes": 1, "gpusPerNode": 2, "strategy": "fsdp",
                                  "fsdp": {"activationCheckpointing": False}},
-            "spec.resources.gpuMemoryGiB": 2, "spec.training.perDeviceTrainBatchSize": 64,
+            "spec.resources.gpuMemoryGiB": 1, "spec.training.perDeviceTrainBatchSize": 64,
             "spec.data.maxLength": 2048, "spec.data.packing": True}
     code, summary = run(tiny_model_dir, tmp_path, monkeypatch, **fsdp)
     assert code == exit_codes.CONFIG_ERROR and summary["reason"] == "InvalidConfig", summary
-    assert summary["message"].startswith("preflight: memory: does not fit: needs ") and "what fits: " in \
-        summary["message"], summary["message"]
+    message = summary["message"]
+    assert message.startswith("preflight: memory: does not fit: needs ") and "what fits: " in message, message
+    remedies = message.split("what fits: ")[1].split("; or ")
+    assert len(remedies) == len(set(remedies)), remedies  # the same change is not offered twice
 
 
 def test_preference_pairs_are_checked_as_the_trainer_checks_them(tiny_model_dir, tmp_path, monkeypatch):

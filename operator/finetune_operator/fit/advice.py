@@ -170,7 +170,8 @@ def what_fits(spec: FineTuneJobSpec, shape: ModelShape, capacity_gib: float,
     found: list[Suggestion] = []
     kinds: set[str] = set()
     for kind, label, changed in _variants(spec, shape):
-        if kind in kinds:
+        # Two kinds can arrive at the same change (checkpointing turned on, then the batch halved, by either road).
+        if kind in kinds or any(s.change.split(" (the pods")[0] == label for s in found):
             continue
         est = estimate(changed, shape)
         if est.needed > capacity_gib * GIB or host_shortfall(changed, est) is not None:
