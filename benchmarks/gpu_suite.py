@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "trainer_image"), str(ROOT)]
 
-from gpu_grpo import case_grpo  # noqa: E402  (benchmarks/ is this script's own directory)
+from benchmarks.gpu_grpo import case_grpo  # noqa: E402  (ROOT is on the path: imported as a script and as a module)
 
 GOALS = {"mfu": 0.50, "vs_hf_trainer": 1.0, "vs_trl": 1.0, "first_step_seconds": 30.0, "grpo_vs_trl": 0.95}
 

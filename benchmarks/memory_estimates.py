@@ -1,8 +1,9 @@
 """Our memory estimate beside the two estimators users run today and a published figure, for real configurations.
 
-- accelerate estimate-memory: its "Training using Adam" column (the largest of model, gradients, optimizer and step
-  at bf16: the whole model on one GPU, no activations), computed by accelerate's own functions on the model built
-  empty from the same config.json (the CLI does the same after downloading the config from the Hub);
+- accelerate estimate-memory: its "Training using Adam" column of the float16 row (the largest of model, gradients,
+  optimizer and step: the whole model on one GPU, no activations), computed by accelerate's own functions on the
+  model built empty from the same config.json exactly as its CLI builds it after downloading the config (AutoModel,
+  in fp32);
 - DeepSpeed's ZeRO estimators (estimate_zero2/zero3_model_states_mem_needs, its default buffer factor 1.5): model
   states per GPU for the ZeRO rows, no activations;
 - a published figure where a maintained source gives one for the same configuration (named in the row).
@@ -72,25 +73,55 @@ ROWS: list[tuple[str, str, dict, tuple[float, str] | None]] = [
      {"spec.method.type": "full", "spec.distributed.gpusPerNode": 8, "spec.distributed.strategy": "fsdp",
       "spec.data.maxLength": 4096, "spec.training.perDeviceTrainBatchSize": 1,
       "spec.training.gradientCheckpointing": True}, None),
+    ("full, FSDP with fsdp.activationCheckpointing on 2x4 GPUs, 4k packed, micro 4 (examples/cpt-fsdp.yaml)",
+     "llama-3.2-1b",
+     {"spec.method.type": "full", "spec.distributed.numNodes": 2, "spec.distributed.gpusPerNode": 4,
+      "spec.distributed.strategy": "fsdp", "spec.distributed.fsdp": {"activationCheckpointing": True},
+      "spec.data.format": "text", "spec.data.blockSize": 4096, "spec.training.perDeviceTrainBatchSize": 4}, None),
+    ("full, 1 GPU, 2k, micro 4", "qwen2.5-0.5b", {"spec.method.type": "full"}, None),
+    ("LoRA r16 (dropout 0), ZeRO-3 on 8 GPUs, 4k, micro 1, GC", "mixtral-8x7b",
+     {"spec.method.type": "lora", "spec.method.lora": {"dropout": 0.0}, "spec.distributed.gpusPerNode": 8,
+      "spec.distributed.strategy": "deepspeed", "spec.distributed.deepspeed": {"zeroStage": 3},
+      "spec.data.maxLength": 4096, "spec.training.perDeviceTrainBatchSize": 1,
+      "spec.training.gradientCheckpointing": True}, None),
+    ("QLoRA r16 (dropout 0), 1 GPU, 4k, micro 1, GC", "mixtral-8x7b",
+     {"spec.method.type": "qlora", "spec.model.quantization": "4bit", "spec.method.lora": {"dropout": 0.0},
+      "spec.data.maxLength": 4096, "spec.training.perDeviceTrainBatchSize": 1,
+      "spec.training.gradientCheckpointing": True}, None),
+    ("LoRA r16 (dropout 0), 1 GPU, 4k, micro 1, GC", "deepseek-v2-lite",
+     {"spec.method.type": "lora", "spec.method.lora": {"dropout": 0.0}, "spec.data.maxLength": 4096,
+      "spec.training.perDeviceTrainBatchSize": 1, "spec.training.gradientCheckpointing": True}, None),
+    ("full, ZeRO-3 on 8 GPUs, 4k, micro 1, GC", "deepseek-v2-lite",
+     {"spec.method.type": "full", "spec.distributed.gpusPerNode": 8, "spec.distributed.strategy": "deepspeed",
+      "spec.distributed.deepspeed": {"zeroStage": 3}, "spec.data.maxLength": 4096,
+      "spec.training.perDeviceTrainBatchSize": 1, "spec.training.gradientCheckpointing": True}, None),
+    ("LoRA r16, 1 GPU, bf16 weights, eager, 4k, micro 1, GC", "gemma-2-9b",
+     {"spec.method.type": "lora", "spec.model.attnImplementation": "eager", "spec.model.dtype": "bfloat16",
+      "spec.data.maxLength": 4096,
+      "spec.training.perDeviceTrainBatchSize": 1, "spec.training.gradientCheckpointing": True}, None),
 ]
 
 
 def accelerate_training_bytes(config: dict) -> float:
-    """accelerate estimate-memory's "Training using Adam" at bf16, from accelerate's own functions."""
+    """accelerate estimate-memory's "Training using Adam" of its float16 row, as its CLI computes it
+    (accelerate/commands/estimate.py: gather_data): the model built empty by AutoModel (the base model, no LM head)
+    in fp32 whatever the checkpoint's dtype, then the largest of model, gradients, optimizer and step for mixed
+    precision (the optimizer's two fp32 states)."""
+    import torch
     from accelerate import init_empty_weights
     from accelerate.commands.estimate import estimate_training_usage
     from accelerate.utils import calculate_maximum_sizes
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModel
 
     hf_config = AutoConfig.for_model(**config)
     with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(hf_config)
+        model = AutoModel.from_config(hf_config, dtype=torch.float32)
     total, _ = calculate_maximum_sizes(model)
-    return float(max(estimate_training_usage(total, "bfloat16").values()))
+    return float(max(estimate_training_usage(total, "float16").values()))
 
 
 def deepspeed_states_bytes(shape: ModelShape, spec) -> float | None:
-    """DeepSpeed's ZeRO-2/3 model-states estimate per GPU; None outside DeepSpeed."""
+    """DeepSpeed's ZeRO-2/3 model-states estimate per GPU (per process for a CPU job); None outside DeepSpeed."""
     d = spec.distributed
     if d.strategy != "deepspeed" or d.deepspeed is None or d.deepspeed.zero_stage not in (2, 3):
         return None
@@ -99,11 +130,11 @@ def deepspeed_states_bytes(shape: ModelShape, spec) -> float | None:
 
     offload = d.deepspeed.offload_optimizer != "none"
     if d.deepspeed.zero_stage == 2:
-        _, gpu = estimate_zero2_model_states_mem_needs(shape.parameters, d.gpus_per_node, d.num_nodes,
+        _, gpu = estimate_zero2_model_states_mem_needs(shape.parameters, d.processes_per_node, d.num_nodes,
                                                       cpu_offload=offload)
     else:
         largest = max(shape.vocab * shape.hidden, shape.layer_params)
-        _, gpu, _ = estimate_zero3_model_states_mem_needs(shape.parameters, largest, d.gpus_per_node,
+        _, gpu, _ = estimate_zero3_model_states_mem_needs(shape.parameters, largest, d.processes_per_node,
                                                          d.num_nodes, cpu_offload=offload, cpu_offload_params=False)
     return float(gpu)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from finetune_operator.cli.main import EXIT_INVALID, EXIT_OK, EXIT_USAGE, apply_overrides, main
+from finetune_operator.cli.main import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_USAGE, apply_overrides, main
 from tests.conftest import CRD_FILE, EXAMPLES, ROOT
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
@@ -345,6 +345,42 @@ def test_validate_and_render_print_the_memory_estimate_from_a_model_config(capsy
     assert main(["render", example, "--model-config", config]) == EXIT_OK
     captured = capsys.readouterr()
     assert "memory per GPU" in captured.err and "memory per GPU" not in captured.out  # stdout stays YAML
+
+
+def _fsdp_example(tmp_path, gib: int = 40, **fsdp) -> str:
+    doc = yaml.safe_load((ROOT / "examples" / "cpt-fsdp.yaml").read_text())
+    doc["spec"]["distributed"]["fsdp"].update(fsdp)
+    doc["spec"]["resources"]["gpuMemoryGiB"] = gib
+    path = tmp_path / f"job-{gib}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_validate_exits_3_for_a_valid_spec_that_does_not_fit_and_render_says_so(tmp_path, capsys):
+    """A CI gate must not pass a spec that needs more than its GPUs hold (the issue: "valid", exit 0, for 125.6 GiB
+    of 80). An FSDP spec with an fsdp: block is the case that crashed validate and render (a pydantic traceback):
+    every remedy is now a spec the API takes. An invalid spec in the same run still exits 1."""
+    config = str(ROOT / "tests" / "data" / "model_configs" / "llama-3.2-1b.json")
+    tight = _fsdp_example(tmp_path, activationCheckpointing=False)
+    assert main(["validate", tight, "--model-config", config]) == EXIT_DOES_NOT_FIT
+    out = capsys.readouterr().out
+    assert "cpt-fsdp: valid, but DOES NOT FIT" in out and "what fits: distributed.fsdp.activationCheckpointing" in out
+    assert main(["validate", tight, "--model-config", config, "-o", "json"]) == EXIT_DOES_NOT_FIT
+    result = json.loads(capsys.readouterr().out)["results"][0]
+    assert result["valid"] is True and result["fits"] is False and result["memoryEstimate"]["suggestion"]
+    assert main(["render", tight, "--model-config", config]) == EXIT_OK  # render shows; validate gates
+    captured = capsys.readouterr()
+    assert "DOES NOT FIT" in captured.err and "kind: ConfigMap" in captured.out
+    tiny = _fsdp_example(tmp_path, gib=10, activationCheckpointing=False)  # where checkpointing alone is not enough
+    assert main(["validate", tiny, "--model-config", config]) == EXIT_DOES_NOT_FIT
+    assert main(["render", tiny, "--model-config", config]) == EXIT_OK
+    assert "what fits: " in capsys.readouterr().err
+    fitting = str(tmp_path / "fits.yaml")
+    Path(fitting).write_text(Path(_fsdp_example(tmp_path, activationCheckpointing=True)).read_text())
+    assert main(["validate", fitting, "--model-config", config]) == EXIT_OK
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"metadata": {"name": "x"}, "spec": {"model": {"name": "m"}}}))
+    assert main(["validate", tight, str(bad), "--model-config", config]) == EXIT_INVALID
 
 
 def test_once_a_node_fails_the_others_get_a_grace_then_a_stop_then_a_kill(tmp_path):

@@ -74,6 +74,23 @@ def test_a_job_that_cannot_fit_its_gpus_is_refused_with_the_numbers_and_what_fit
     assert memory["largestTerm"] in memory["terms"]
 
 
+def test_an_fsdp_job_with_an_fsdp_block_that_cannot_fit_is_a_config_error_with_changes_that_validate(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """The issue: an FSDP spec with an fsdp: block that did not fit made the preflight exit 1 (a retryable Error: the
+    advice switched the strategy with the block still there, and validating it raised). Now exit 78 with the
+    numbers, and every change offered is a spec the API takes."""
+    fsdp = {"spec.distributed": {"numNodes": 1, "gpusPerNode": 2, "strategy": "fsdp",
+                                 "fsdp": {"activationCheckpointing": False}},
+            "spec.resources.gpuMemoryGiB": 1, "spec.training.perDeviceTrainBatchSize": 64,
+            "spec.data.maxLength": 2048, "spec.data.packing": True}
+    code, summary = run(tiny_model_dir, tmp_path, monkeypatch, **fsdp)
+    assert code == exit_codes.CONFIG_ERROR and summary["reason"] == "InvalidConfig", summary
+    message = summary["message"]
+    assert message.startswith("preflight: memory: does not fit: needs ") and "what fits: " in message, message
+    remedies = message.split("what fits: ")[1].split("; or ")
+    assert len(remedies) == len(set(remedies)), remedies  # the same change is not offered twice
+
+
 def test_preference_pairs_are_checked_as_the_trainer_checks_them(tiny_model_dir, tmp_path, monkeypatch):
     pairs = [{"prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": f"B{i}."} for i in range(5)]
     dpo = {"spec.method.objective": "dpo", "spec.data": {"format": "preference", "train": [{"inline": pairs}]}}
@@ -83,3 +100,62 @@ def test_preference_pairs_are_checked_as_the_trainer_checks_them(tiny_model_dir,
     code, summary = run(tiny_model_dir, tmp_path, monkeypatch,
                         **{**dpo, "spec.data": {"format": "preference", "train": [{"inline": bad}]}})
     assert code == exit_codes.DATA_ERROR and "row 3: chosen and rejected are the same answer" in summary["message"]
+
+
+def test_a_moe_lora_that_peft_cannot_build_is_refused_before_any_gpu_is_held(tmp_path, monkeypatch):
+    """A small Mixtral (transformers 5: fused experts) with LoRA on all linear layers and the default dropout 0.05:
+    peft would refuse it after the GPUs are held (ParamWrapper and dropout); the preflight refuses it first (78),
+    with the field, the value and the fix, and passes it with dropout 0."""
+    from finetune_trainer.tiny_model import build_tiny_model
+
+    mixtral = build_tiny_model(tmp_path / "mixtral", architecture="mixtral", num_local_experts=4,
+                               num_experts_per_tok=2)
+    lora = {"spec.method.type": "lora"}
+    code, summary = run(mixtral, tmp_path / "a", monkeypatch, **lora)
+    assert code == exit_codes.CONFIG_ERROR and summary["reason"] == "InvalidConfig", summary
+    assert "spec.method.lora.dropout: 0.05 cannot be built for mixtral" in summary["message"]
+    assert "set method.lora.dropout: 0" in summary["message"]
+    code, summary = run(mixtral, tmp_path / "b", monkeypatch, **lora, **{"spec.method.lora": {"dropout": 0.0}})
+    assert code == 0, summary
+
+
+def test_a_gpu_whose_memory_is_unknown_is_said_not_skipped(tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """The issue: B300, A40 or RTX 5090 (then) skipped the check silently. The preflight passes (it cannot
+    compare) but says so, with the field to set."""
+    unknown = {"spec.distributed": {"numNodes": 1, "gpusPerNode": 1},
+               "spec.pod.nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-Future-X9"}}
+    with caplog.at_level("WARNING", logger="finetune_trainer.preflight"):
+        code, summary = run(tiny_model_dir, tmp_path, monkeypatch, **unknown)
+    assert code == 0 and summary["memoryEstimate"].get("capacityGiB") is None
+    assert any("NVIDIA-Future-X9 is a GPU whose memory we do not know: set spec.resources.gpuMemoryGiB"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_each_attempt_checks_again_before_its_weights_load(tiny_model_dir, tmp_path, monkeypatch):
+    """Without the preflight (off by default) the trainer itself refuses what cannot be built, and a job whose
+    central estimate exceeds its GPU's whole memory (torch's figure, stood in for here: no GPU on this machine),
+    before loading weights; where the estimate does not model the job (torch_compile), a warning only."""
+    import pytest
+
+    from finetune_trainer.errors import ConfigError
+    from finetune_trainer.tiny_model import build_tiny_model
+    from finetune_trainer.training import memory_check
+
+    mixtral = build_tiny_model(tmp_path / "mixtral", architecture="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    moe = validate_job(make_job({"spec.model.name": str(mixtral), "spec.method.type": "lora",
+                                 "spec.distributed.gpusPerNode": 0})).spec
+    said = []
+    with pytest.raises(ConfigError, match="lora.dropout: 0.05 cannot be built"):
+        memory_check.check_before_loading(moe, 512, lambda *a: said.append(a))
+    gpu = {"spec.model.name": str(tiny_model_dir), "spec.distributed.gpusPerNode": 1,
+           "spec.data.maxLength": 4096, "spec.training.perDeviceTrainBatchSize": 64}
+    monkeypatch.setattr(memory_check, "device_gib", lambda: 0.5)
+    with pytest.raises(ConfigError, match="memory: does not fit: needs .* of 0.5 GiB \\(this GPU"):
+        memory_check.check_before_loading(validate_job(make_job(gpu)).spec, 512, lambda *a: said.append(a))
+    compiled = validate_job(make_job({**gpu, "spec.training.extraArgs": {"torch_compile": True}})).spec
+    memory_check.check_before_loading(compiled, 512, lambda *a: said.append(a))
+    assert said and said[-1][0] == "MemoryTight"
+    monkeypatch.setattr(memory_check, "device_gib", lambda: 80.0)
+    said.clear()
+    memory_check.check_before_loading(validate_job(make_job(gpu)).spec, 512, lambda *a: said.append(a))
+    assert not said

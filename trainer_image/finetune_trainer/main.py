@@ -185,6 +185,10 @@ def run(config_path: str) -> dict[str, Any]:
     from transformers import set_seed
 
     set_seed(args.seed)
+    # Before gigabytes of weights load: what cannot be built, or cannot fit this GPU, fails now (78).
+    from finetune_trainer.training.memory_check import check_before_loading
+
+    check_before_loading(cfg.spec, len(tokenizer), warnings)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
     if cfg.spec.method.objective != "reward":  # a reward model does not generate
         # Samples, checkpoints and the final model stop generating where the data taught the model to stop.

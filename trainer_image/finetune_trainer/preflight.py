@@ -6,8 +6,9 @@ or anywhere with `python -m finetune_trainer.preflight --config trainer.json`.
   large file is not downloaded whole);
 - the output directory is writable; a checkpoint named in checkpoints.resume verifies;
 - with output.push, the Hub repository exists or the token creates it (a refused token: exit 77);
-- the predicted peak memory per GPU fits the GPU (finetune_operator.fit): a spec that cannot fit is exit 78 with the
-  numbers and the cheapest change that fits.
+- the model can be built as the spec asks (a MoE's fused experts take no LoRA dropout, Gemma-2 has no sdpa) and
+  the predicted peak memory per GPU fits the GPU, offloaded states the pod (finetune_operator.fit): a spec that
+  cannot is exit 78 with the numbers and the changes that fit.
 
 Exit codes and the termination message follow the trainer's contract (78 config, 65 data, 77 push refused), so the
 operator fails the job with the same reasons a first attempt would have, minus the GPUs it would have held.
@@ -62,9 +63,11 @@ def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any, dict[str, Any]
 
 
 def check_memory(cfg: TrainerConfig, config: dict[str, Any]) -> dict[str, Any] | None:
-    """Predicted peak memory per GPU against the GPU's (spec.resources.gpuMemoryGiB or the product label): a spec
-    that cannot fit is refused here (78) with the numbers and the cheapest change that fits, before any GPU is held;
-    above 90% is a warning. None for a model whose config the estimate cannot read."""
+    """What the stack cannot build for this model, and the predicted peak memory per GPU against the GPU's
+    (spec.resources.gpuMemoryGiB or the product label) and offloaded states against the pod's memory: refused here
+    (78) with the numbers and the changes that fit, before any GPU is held; above 90% is a warning; a GPU whose
+    memory we do not know is said (the check could only report). None for a model whose config the estimate cannot
+    read."""
     from finetune_operator.fit import UnknownShape, check_fit
 
     try:
@@ -75,7 +78,7 @@ def check_memory(cfg: TrainerConfig, config: dict[str, Any]) -> dict[str, Any] |
     log.info("%s\n%s", verdict.message(), verdict.estimate.table(verdict.capacity_gib))
     if not verdict.fits:
         raise ConfigError(f"memory: {verdict.message()}")
-    if verdict.tight:
+    if verdict.tight or not verdict.checked:
         log.warning("memory: %s", verdict.message())
     return verdict.to_status()
 

@@ -183,6 +183,8 @@ class MemoryEstimateStatus(ApiModel):
     fits: bool | None = Field(default=None, description="neededGiB within capacityGiB.")
     suggestion: str | None = Field(default=None, max_length=1024, description="The cheapest change that fits, "
                                    "when it does not.")
+    alternatives: list[str] = Field(default_factory=list, max_length=8, description="Other changes that fit, "
+                                    "each of another kind, cheapest first.")
 
 
 class FineTuneJobStatus(ApiModel):

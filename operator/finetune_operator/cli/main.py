@@ -1,8 +1,10 @@
 """`finetune`: validate, render, print the CRD and run FineTuneJob specs, without a cluster.
 
 Exit codes: 0 ok; 1 `validate`/`render` found an invalid spec; 2 a file cannot be read or is not YAML (or the
-command line is wrong). `run` exits with the trainer's code (README: exit codes), 78 (InvalidConfig) for an
-invalid spec, like the trainer would.
+command line is wrong); 3 `validate` found a valid spec that cannot run: it does not fit its GPUs (or its pods'
+memory), or the stack cannot build it, by the model's config (--model-config, or a local model directory).
+`run` exits with the trainer's code (README: exit codes), 78 (InvalidConfig) for an invalid spec, like the trainer
+would.
 """
 
 import argparse
@@ -25,7 +27,7 @@ from ..render import RenderContext, render_all, render_trainer_identity
 from .manifests import STDIN, ManifestError, dump_documents, load_documents, load_yaml
 from .memory import MODEL_CONFIG_HELP, memory_text, memory_verdict
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT = 0, 1, 2, 3
 EXIT_RUN_INVALID = exit_codes.CONFIG_ERROR
 OUTPUT_FORMATS = ("text", "json", "yaml")
 RUNTIME_HELP = ("FineTuneRuntime / ClusterFineTuneRuntime YAML (repeatable): the job runs over the one its "
@@ -97,9 +99,15 @@ def _validate(args: argparse.Namespace) -> int:
                 continue
             verdict, why = memory_verdict(job.spec, args.model_config)
             memory = {"memoryEstimate": verdict.to_status()} if verdict else {}
-            results.append({"file": path, "name": job.name, "valid": True, **summary(job), **memory})
+            fits = verdict is None or verdict.fits
+            if not fits and status == EXIT_OK:
+                status = EXIT_DOES_NOT_FIT
+            results.append({"file": path, "name": job.name, "valid": True, "fits": fits if verdict else None,
+                            **summary(job), **memory})
             if args.output == "text":
-                print(f"{path}: {job.name}: valid\n{describe(job)}\n{memory_text(verdict) if verdict else why}")
+                verdict_line = "valid" if fits else "valid, but DOES NOT FIT"
+                print(f"{path}: {job.name}: {verdict_line}\n{describe(job)}\n"
+                      f"{memory_text(verdict) if verdict else why}")
     if args.output != "text":
         sys.stdout.write(_dump({"results": results}, args.output))
     return status
@@ -204,7 +212,9 @@ def _render(args: argparse.Namespace) -> int:
         objects += render_all(job.spec, ctx)
         verdict, why = memory_verdict(job.spec, args.model_config)
         if verdict is not None or args.model_config:
-            print(f"{job.name}: {memory_text(verdict) if verdict else why}", file=sys.stderr)
+            # Rendered all the same (render is for looking at the objects); `finetune validate` is the gate.
+            label = "DOES NOT FIT: " if verdict is not None and not verdict.fits else ""
+            print(f"{job.name}: {label}{memory_text(verdict) if verdict else why}", file=sys.stderr)
     if args.output == "json":
         sys.stdout.write(_dump({"apiVersion": "v1", "kind": "List", "items": objects}, "json"))
     else:

@@ -8,8 +8,8 @@ from pathlib import Path
 from ..api.spec import FineTuneJobSpec
 from ..fit import FitVerdict, UnknownShape, check_fit
 
-MODEL_CONFIG_HELP = ("the model's config.json, for the memory estimate (default: config.json in spec.model.name "
-                     "when that is a local directory)")
+MODEL_CONFIG_HELP = ("the model's config.json, for the memory check (default: config.json in spec.model.name "
+                     "when that is a local directory); validate exits 3 when the job does not fit")
 
 
 def model_config_path(spec: FineTuneJobSpec, given: str | None) -> Path | None:

@@ -16,7 +16,9 @@ def cli_reference() -> str:
     lines = ["# The finetune CLI", "",
              "Generated from the command's argparse parser by `./hack/generate.sh`; `finetune COMMAND --help` "
              "prints the same. No cluster is needed for any command. Exit codes: 0 ok; 1 `validate`/`render` found "
-             "an invalid spec; 2 a file cannot be read or is not YAML (or the command line is wrong); `run` exits "
+             "an invalid spec; 2 a file cannot be read or is not YAML (or the command line is wrong); 3 `validate` "
+             "found a valid spec that cannot run by the model's config (--model-config, or a local model "
+             "directory): it does not fit its GPUs or its pods' memory, or the stack cannot build it; `run` exits "
              "with the trainer's code ([exit codes](exit-codes.md)), 78 for an invalid spec.", ""]
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help for choice in sub._choices_actions}

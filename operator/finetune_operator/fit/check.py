@@ -1,12 +1,15 @@
-"""The fit check the preflight runs and `finetune validate` prints: the estimate against one GPU's memory."""
+"""The fit check the preflight runs, `finetune validate` prints and the trainer repeats before it loads weights:
+what the stack cannot build, the estimate against one GPU's memory, and offloaded states against the pod's."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.spec import FineTuneJobSpec
 from .advice import Suggestion, what_fits
+from .buildable import cannot_build
 from .estimate import GIB, WARN_FRACTION, MemoryEstimate, estimate
 from .gpus import capacity_gib
+from .host import host_shortfall
 from .shape import ModelShape
 
 
@@ -14,12 +17,28 @@ from .shape import ModelShape
 class FitVerdict:
     estimate: MemoryEstimate
     capacity_gib: float | None
-    capacity_source: str
-    suggestion: Suggestion | None
+    capacity_source: str  # where the capacity comes from, or why there is none
+    suggestions: list[Suggestion] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what cannot be built at all
+    host: str | None = None  # why the pod's memory cannot hold the offloaded states
+
+    @property
+    def suggestion(self) -> Suggestion | None:
+        return self.suggestions[0] if self.suggestions else None
+
+    @property
+    def gpu_fits(self) -> bool:
+        return self.capacity_gib is None or self.estimate.needed <= self.capacity_gib * GIB
 
     @property
     def fits(self) -> bool:
-        return self.capacity_gib is None or self.estimate.needed <= self.capacity_gib * GIB
+        """Buildable, within the GPU (when its memory is known) and, with offload, within the pod's memory."""
+        return not self.problems and self.gpu_fits and self.host is None
+
+    @property
+    def checked(self) -> bool:
+        """Compared with a known GPU memory (or found unbuildable): False means the estimate could only report."""
+        return self.capacity_gib is not None or bool(self.problems)
 
     @property
     def tight(self) -> bool:
@@ -28,33 +47,45 @@ class FitVerdict:
             self.capacity_gib * GIB
 
     def message(self) -> str:
+        if self.problems:
+            return "cannot be built: " + "; ".join(self.problems)
         est, cap = self.estimate, self.capacity_gib
         needed = f"{est.needed / GIB:.1f} GiB per GPU"
         largest = f"largest term: {est.largest} {est.terms[est.largest] / GIB:.1f} GiB"
         if cap is None:
-            return f"predicted {needed} ({largest}); no GPU memory known to compare with: set " \
-                   "spec.resources.gpuMemoryGiB or an nvidia.com/gpu.product node selector"
+            return f"predicted {needed} ({largest}); not checked: {self.capacity_source}"
         share = f"{needed} of {cap:g} GiB ({self.capacity_source})"
-        if self.fits:
-            return f"predicted {share}, {100 * est.needed / GIB / cap:.0f}%; {largest}" + (
-                " (above 90%: little room for longer batches)" if self.tight else "")
-        remedy = (f"what fits: {self.suggestion.describe(cap)}" if self.suggestion else
-                  "nothing we know of fits one GPU of this size: more GPUs (ZeRO-3 shards states over them) "
-                  "or a GPU with more memory")
-        return f"does not fit: needs {share}; {largest}; {remedy}"
+        if not self.gpu_fits:
+            remedies = [s.describe(cap) for s in self.suggestions]
+            remedy = ("what fits: " + "; or ".join(remedies) if remedies else
+                      "nothing we know of fits one GPU of this size: more GPUs (ZeRO-3 shards states over them) "
+                      "or a GPU with more memory")
+            return f"does not fit: needs {share}; {largest}; {remedy}"
+        if self.host is not None:
+            return f"does not fit the pod: {self.host}; raise spec.resources.memory, or offload less"
+        return f"predicted {share}, {100 * est.needed / GIB / cap:.0f}%; {largest}" + (
+            " (above 90%: little room for longer batches)" if self.tight else "")
 
     def to_status(self) -> dict[str, Any]:
         out = self.estimate.to_status(self.capacity_gib)
         out["fits"] = self.fits
-        if self.suggestion is not None and not self.fits:
-            out["suggestion"] = self.suggestion.change
+        if self.suggestions and not self.fits:
+            out["suggestion"] = self.suggestions[0].change
+            out["alternatives"] = [s.change for s in self.suggestions[1:]]
         return out
 
 
-def check_fit(spec: FineTuneJobSpec, config: dict[str, Any]) -> FitVerdict:
-    """`config`: the model's config.json. Raises UnknownShape for a config we cannot read a transformer from."""
+def check_fit(spec: FineTuneJobSpec, config: dict[str, Any],
+              capacity: tuple[float, str] | None = None) -> FitVerdict:
+    """`config`: the model's config.json; `capacity`: (GiB, where from) of the GPU when known better than the spec
+    says (the trainer's own device). Raises UnknownShape for a config we cannot read a transformer from."""
     shape = ModelShape.from_config(config)
     est = estimate(spec, shape)
-    cap, source = capacity_gib(spec) if spec.distributed.gpus_per_node > 0 else (None, "")
-    suggestion = what_fits(spec, shape, cap) if cap is not None and est.needed > cap * GIB else None
-    return FitVerdict(est, cap, source, suggestion)
+    if spec.distributed.gpus_per_node == 0:
+        cap, source = None, "a CPU job"
+    else:
+        cap, source = capacity if capacity is not None else capacity_gib(spec)
+    fits_gpu = cap is None or est.needed <= cap * GIB
+    host = host_shortfall(spec, est)
+    suggestions = what_fits(spec, shape, cap) if cap is not None and not fits_gpu else []
+    return FitVerdict(est, cap, source, suggestions, cannot_build(spec, shape), host)

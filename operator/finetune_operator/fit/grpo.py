@@ -1,12 +1,11 @@
-"""What GRPO adds to one training process's memory (estimate.py calls this for method.objective grpo).
-
-TRL's GRPOTrainer generates the next batch in the training process, between optimizer steps: the completions of a
-whole generation batch (perDeviceTrainBatchSize x gradientAccumulationSteps per process) at once, each up to
-data.maxLength tokens with its prompt, with a KV cache of 2 x layers x kv heads x head dim values per token. No
-activation of a training step is alive then, so generation costs memory only where it needs more than the training
-step's activations and logits: that excess is the term. Under ZeRO-3 TRL gathers the whole model for generation
-(ds3_gather_for_generation). With beta > 0 the KL needs the reference model: a frozen copy for a full fine-tune;
-under LoRA a new adapter's reference is the base with the adapter off (nothing held), and a continued one
+"""What GRPO adds to one training process's memory (estimate.py calls this for method.objective grpo). TRL's GRPOTrainer
+generates the next batch in the training process, between optimizer steps: the completions of a whole generation
+batch (perDeviceTrainBatchSize x gradientAccumulationSteps per process) at once, each up to data.maxLength tokens
+with its prompt, with a KV cache of 2 x layers x kv heads x head dim values per token. No activation of a training
+step is alive then: generation is a phase of its own (estimate.py), holding the resident states and this term, and
+sets the peak only where it needs more than the step's own phases. Under ZeRO-3 TRL gathers the whole model for
+generation (ds3_gather_for_generation). With beta > 0 the KL needs the reference model: a frozen copy for a full
+fine-tune; under LoRA a new adapter's reference is the base with the adapter off (nothing held), and a continued one
 (lora.initFrom) a frozen copy of the adapter it starts from (TRL's "ref" adapter)."""
 
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from ..api.distributed import DeepSpeedSpec
 from .shape import ModelShape
 
-GENERATION_TERM = "generation (KV cache beyond training activations)"
+GENERATION_TERM = "generation (KV cache, decoding logits)"
 
 
 def generation_batch(spec: Any) -> int:
@@ -26,9 +25,8 @@ def kv_cache_bytes(spec: Any, shape: ModelShape, compute: int) -> float:
     return generation_batch(spec) * spec.data.max_length * shape.layers * 2 * shape.kv_width * compute
 
 
-def grpo_terms(spec: Any, shape: ModelShape, compute: int, terms: dict[str, float],
-               lora_parameters: int) -> tuple[dict[str, float], list[str]]:
-    """(terms to add, notes). `terms` are the training step's so far (activations, logits and loss)."""
+def grpo_terms(spec: Any, shape: ModelShape, compute: int, lora_parameters: int) -> tuple[dict[str, float], list[str]]:
+    """(terms to add, notes): what generating a batch holds, and the reference."""
     grpo, dist = spec.method.grpo, spec.distributed
     world = dist.world_size
     zero3 = dist.strategy == "deepspeed" and (dist.deepspeed or DeepSpeedSpec()).zero_stage == 3
@@ -41,9 +39,7 @@ def grpo_terms(spec: Any, shape: ModelShape, compute: int, terms: dict[str, floa
         # One decoding step's fp32 logits, and the sampler's copy of them.
         logits = generation_batch(spec) * shape.vocab * 4 * 2
         gathered = shape.parameters * compute * (world - 1) / world if zero3 and world > 1 else 0.0
-        generating = kv_cache_bytes(spec, shape, compute) + logits + gathered
-        training = terms.get("activations", 0.0) + terms.get("logits and loss", 0.0)
-        out[GENERATION_TERM] = max(0.0, generating - training)
+        out[GENERATION_TERM] = kv_cache_bytes(spec, shape, compute) + logits + gathered
     if grpo.beta > 0:
         if spec.method.type in ("lora", "qlora"):
             if spec.method.lora.init_from is not None:
