@@ -9,6 +9,7 @@ from ..api import constants as c
 from ..api.validation import ValidatedJob
 from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import capacity, queueing
+from .in_place import nodes_text
 from .observed import (
     ATTEMPT_REFUSED,
     NAME_CONFLICT,
@@ -113,14 +114,17 @@ def refused(p: Plan, obs: Observed, attempt: int) -> None:
         p.status["phase"] = "Pending"
 
 
-def waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int, nodes: int) -> None:
-    """Not every node runs: say why (from the pods and the Job's events, once they were read), give up on a
-    partial gang after scheduleTimeoutSeconds, and look again soon: no pod watch tells us when things change."""
+def waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int, nodes: int,
+            fewest: int | None = None, timeout_applies: bool = True) -> None:
+    """Not every node runs (not minNodes of an elastic attempt): say why (from the pods and the Job's events, once
+    they were read), give up on a partial gang after scheduleTimeoutSeconds, and look again soon: no pod watch
+    tells us when things change."""
     st = p.status
     why = waiting_reason(obs.pods, obs.events)
     created = parse_time((workload.get("metadata") or {}).get("creationTimestamp"))
     age = (obs.now - created).total_seconds() if created is not None else 0.0
-    timeout = job.spec.run_policy.schedule_timeout_seconds
+    timeout = job.spec.run_policy.schedule_timeout_seconds if timeout_applies else None
+    count = nodes_text(running, nodes, fewest or nodes)
     queued = queueing.managed(workload, queueing.kueue_workload(obs.kueue_workloads, workload))
     if timeout and not queued and created is not None and age >= timeout:
         schedule_timeout(p, job, obs, workload, running, nodes, why)
@@ -129,15 +133,15 @@ def waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any],
     if timeout and not queued and created is not None:
         p.requeue(timeout - age)
     if why is not None:
-        st.update(phase="Pending", reason=why[0], message=f"attempt {st['attempt']}: {running}/{nodes} node(s) "
-                  f"running; {why[1]}")
+        st.update(phase="Pending", reason=why[0], message=f"attempt {st['attempt']}: {count} node(s) running; "
+                  f"{why[1]}")
     elif (not obs.looked and st.get("phase") == "Pending" and st.get("reason") in WAITING_REASONS
           and st.get("reason") not in CREATE_REFUSALS):  # a refusal is over once the Job exists
         return  # not looked at this pass: the reason found last time stands until the next look
     elif st.get("phase") != "Restarting" or running:  # a restarted gang reads Restarting until its pods run
         keep = st.get("reason") if st.get("phase") == "Pending" and st.get("reason") not in WAITING_REASONS else None
         st.update(phase="Pending", reason=keep or "Pending",
-                  message=f"attempt {st['attempt']}: {running}/{nodes} node(s) running")
+                  message=f"attempt {st['attempt']}: {count} node(s) running")
 
 
 def schedule_timeout(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int,
