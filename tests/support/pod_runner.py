@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
-from finetune_operator.cli.processes import kill_tree
+from finetune_operator.cli.processes import descendants, kill_tree
 from tests.support.controlplane import ROOT, free_port
 from tests.support.pod_status import terminated
 
@@ -64,6 +64,17 @@ class LocalProcess:
         kill_tree(self.proc.pid)
 
     remove = kill  # what is left of a process group once the pod is gone: nothing
+
+    def kill_worker(self) -> int:
+        for pid in descendants(self.proc.pid):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"finetune_trainer" in argv and b"torch.distributed.run" not in argv:
+                os.kill(pid, signal.SIGKILL)
+                return pid
+        raise LookupError(f"no training process under {self.proc.pid}")
 
 
 def write_service_account(directory: Path, token: str, ca: Path, namespace: str) -> Path:
@@ -105,6 +116,11 @@ class PodRunner:
     def kill(self, pod_name: str) -> None:
         """SIGKILL one node's container (every process in it), as a node loss or an OOM kill would."""
         self.processes[pod_name].kill()
+
+    def kill_worker(self, pod_name: str) -> int:
+        """SIGKILL one training process of a node (torchrun's worker, not its launcher or agent), as a crash of
+        that process would end it; its pid."""
+        return self.processes[pod_name].kill_worker()
 
     # --- the loop --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -186,6 +202,8 @@ class PodRunner:
                 env[item["name"]] = value
         self._own_port(pod, env)
         env["PET_MASTER_ADDR"] = "127.0.0.1"  # the headless-Service name of node 0, resolved as DNS would
+        if "PET_LOCAL_ADDR" in env:  # the pod's own name (a job that restarts in place), resolved the same way
+            env["PET_LOCAL_ADDR"] = "127.0.0.1"
         env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "finetunejob" / "torch_extensions")
         argv = [sys.executable if arg == "python" else remap(arg, mounts) for arg in container["command"]]
         log = open(root / "log", "ab")  # noqa: SIM115 - owned by the process
