@@ -173,3 +173,13 @@ def test_a_fixed_gang_in_place_waits_for_its_replaced_pod_past_the_schedule_time
     p = plan(spec, formed, old)
     assert p.status["phase"] == "Pending" and p.status["attempt"] == 1 and p.delete_workloads == []
     assert p.status["nodes"] == "2/3"
+
+
+@pytest.mark.parametrize(("nodes", "starts"), [(1, False), (2, True), (3, True)])
+def test_an_elastic_job_needs_room_for_min_nodes_only(nodes, starts):
+    free = [{"name": f"gpu-node-{i}", "labels": {}, "taints": [], "unschedulable": False,
+             "allocatable": {"nvidia.com/gpu": "8"}} for i in range(nodes)]
+    obs = Observed(name="test-job", namespace="ns", generation=1, labels={}, status={}, workloads=[], pods=[],
+                   now=T0, nodes=free)
+    p = lifecycle.plan(job(), obs)
+    assert (p.create_attempt == 1) == starts and (p.status.get("reason") == "InsufficientCapacity") != starts

@@ -49,11 +49,12 @@ def never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
     runPolicy.capacityShortage: wait) nothing is created until the nodes can hold it, or (False, create) the
     attempt is created for a cluster autoscaler to see."""
     st, d, resource = p.status, job.spec.distributed, job.spec.resources.gpu_resource_name
-    gang = d.num_nodes * d.gpus_per_node
+    # An elastic job needs minNodes of them to start (and takes more when they come).
+    gang = d.fewest_nodes * d.gpus_per_node
     quota = capacity.quota_limit(obs.quotas or [], resource) if gang else None
     if quota is not None and gang > quota[1]:
         finish(p, obs, "Failed", "QuotaTooSmall", (
-            f"the gang needs {gang} {resource} ({d.num_nodes} node(s) x {d.gpus_per_node}), but ResourceQuota "
+            f"the gang needs {gang} {resource} ({d.fewest_nodes} node(s) x {d.gpus_per_node}), but ResourceQuota "
             f"{quota[0]} of this namespace allows {quota[1]}: it can never run here; ask for at most {quota[1]} "
             f"(numNodes x gpusPerNode) or have the quota raised"))
         return True
@@ -77,9 +78,9 @@ def never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
             f"spec.distributed.gpusPerNode is {d.gpus_per_node}, but the largest of {where} ({node}) has {most} "
             f"{resource} allocatable: no node can run a pod of this job; ask for at most {most} per node (e.g. "
             f"numNodes {-(-gang // most)} x gpusPerNode {most}) or add nodes with more GPUs; {then}"))
-    elif cap.slots < d.num_nodes:
+    elif cap.slots < d.fewest_nodes:
         st.update(reason="InsufficientCapacity", message=(
-            f"the gang needs {d.num_nodes} pod(s) of {d.gpus_per_node} {resource} ({gang} in all), but {where} "
+            f"the gang needs {d.fewest_nodes} pod(s) of {d.gpus_per_node} {resource} ({gang} in all), but {where} "
             f"hold {cap.slots} such pod(s) ({cap.total} {resource} on {cap.nodes} node(s)): it cannot run until "
             f"nodes are added; {then}"))
     else:
