@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 from tests.e2e.cluster_training import pod_runner, shared_volume, tiny_two_node_job, wait_status
 from tests.support.controlplane import fake_gpu_node
 
-ELASTIC_STEPS = 300
+ELASTIC_STEPS = 200
 SAVE_STEPS = 10
 NODE_LABEL = "finetunejob.dev/e2e-elastic"
 # Losses of the same step (same samples, same weights before it) on 1, 2 or 3 nodes differ by the order of

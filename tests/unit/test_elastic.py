@@ -187,3 +187,13 @@ def test_each_worker_takes_its_predecessors_result_once(tmp_path):
 def test_times_round_trip_to_the_millisecond(seconds):
     assert abs(workers.parse_iso(workers.iso(seconds)) - seconds) < 0.001
 
+
+
+def test_finetune_run_gives_each_node_an_address_of_this_host(tmp_path):
+    from finetune_operator.cli.local_run import node_environment, prepare
+
+    spec = validate_job(elastic())
+    _, ctx = prepare(spec, tmp_path)
+    env = node_environment(spec, ctx, tmp_path, rank=1, port=29400)
+    assert env[c.ENV_PET_LOCAL_ADDR] == "127.0.0.1" and env[c.ENV_PET_RDZV_BACKEND] == "c10d"
+    assert not [k for k, v in env.items() if k.startswith("PET_") and "$(" in v]

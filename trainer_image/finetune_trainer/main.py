@@ -382,6 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif code != exit_codes.SUCCESS:
         log.error("%s: %s", summary["reason"], summary["message"])
     write_result(code, summary)
+    if unexpected is not None and os.environ.get(c.ENV_PET_RDZV_BACKEND) == c.RDZV_BACKEND_C10D:
+        # A worker of a group that restarts in place: its failure is logged and its result written; the group
+        # re-forms as soon as it is gone, and the interpreter's teardown (a process group with a vanished peer,
+        # trackers) takes seconds. Nothing is lost: no checkpoint is being written (train() waited for it).
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
     release_process_group()
     if unexpected is not None:
         raise unexpected
