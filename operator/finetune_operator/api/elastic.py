@@ -41,7 +41,7 @@ def accumulation_steps(spec: Any, world_size: int) -> int | None:
 def global_batch_size(spec: Any) -> int:
     """Sequences per optimizer step as the spec says (at numNodes); what every size of an elastic job keeps."""
     t, d = spec.training, spec.distributed
-    return t.per_device_train_batch_size * t.gradient_accumulation_steps * d.world_size
+    return int(t.per_device_train_batch_size * t.gradient_accumulation_steps * d.world_size)
 
 
 def node_range(spec: Any) -> range:

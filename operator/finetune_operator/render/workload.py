@@ -83,7 +83,7 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
         if queue:  # Kueue may admit it with fewer pods (at least minNodes) when its quota is short
             annotations[c.ANNOTATION_KUEUE_MIN_PARALLELISM] = str(d.min_nodes)
             annotations[c.ANNOTATION_KUEUE_COMPLETIONS_EQUAL_PARALLELISM] = "true"
-    job = {
+    job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
