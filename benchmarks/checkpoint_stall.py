@@ -3,8 +3,8 @@ own) against the overlapped one (a host-memory snapshot, written in the backgrou
 one run; prints figures.
 
 Each checkpoint's marker records its stall (the training loop's wait) and its save time (until it was complete on
-the output volume). A full fine-tune of a small Llama (its weights, gradients' optimizer states: ~3x the weights
-per checkpoint) on CPU, one process, as `finetune run` runs it.
+the output volume). A small Llama on CPU, one process, as `finetune run` runs it: a full fine-tune (weights and
+Adam's states: ~3x the weights per checkpoint) and LoRA (the adapter and its states).
 Usage: .venv/bin/python benchmarks/checkpoint_stall.py [--layers 6] [--hidden 512] [--vocab 16000] [--saves 3]
        [--out FILE]
 """
@@ -33,21 +33,21 @@ from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
 EVERY = 4  # optimizer steps between checkpoints
 
 
-def job(model: Path, overlap: bool, saves: int) -> dict:
+def job(model: Path, method: str, overlap: bool, saves: int) -> dict:
     doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-sft.yaml").read_text())
     spec = doc["spec"]
     spec["model"]["name"] = str(model)
-    spec["method"] = {"type": "full"}
+    spec["method"] = {"type": method}
     spec["training"].update(maxSteps=EVERY * saves, learningRate=1e-4, loggingSteps=1)
     spec["checkpoints"] = {"saveSteps": EVERY, "keep": saves + 1, "overlap": overlap}
     return doc
 
 
-def run(model: Path, work: Path, overlap: bool, saves: int) -> dict:
+def run(model: Path, work: Path, method: str, overlap: bool, saves: int) -> dict:
     started = time.monotonic()
     env = {"OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
-    nodes = start_nodes(validate_job(job(model, overlap, saves)), work, extra_env=env)
+    nodes = start_nodes(validate_job(job(model, method, overlap, saves)), work, extra_env=env)
     codes = [n.process.wait() for n in nodes]
     if codes != [0]:
         raise RuntimeError(f"the run exited {codes}: see {work / 'logs'}")
@@ -62,24 +62,28 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--saves", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=["full", "lora"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ckpt-stall-") as tmp:
         work = Path(tmp)
         model = build_tiny_model(work / "model", layers=args.layers, hidden=args.hidden, heads=8, kv_heads=4,
                                  intermediate=args.hidden * 8 // 3, vocab_size=args.vocab)
-        results = {mode: run(model, work / mode, mode == "overlapped", args.saves)
-                   for mode in ("synchronous", "overlapped")}
-    sync, over = (statistics.median(results[m]["stalls"]) for m in ("synchronous", "overlapped"))
-    print(f"checkpoint of {results['synchronous']['bytes'] / 2**20:.0f} MiB of weights (+ optimizer states), "
-          f"{args.saves} saves each")
-    for mode, r in results.items():
-        print(f"  {mode:12s} stall per save: median {statistics.median(r['stalls']):.3f} s "
-              f"(each: {', '.join(f'{s:.3f}' for s in r['stalls'])}); save until complete: median "
-              f"{statistics.median(r['saves']):.3f} s; run wall {r['wall']:.1f} s")
-    print(f"  overlapped stall / synchronous stall: {over / sync:.1%}")
+        results = {method: {mode: run(model, work / f"{method}-{mode}", method, mode == "overlapped", args.saves)
+                            for mode in ("synchronous", "overlapped")} for method in args.methods}
+    for method, modes in results.items():
+        sync, over = (statistics.median(modes[m]["stalls"]) for m in ("synchronous", "overlapped"))
+        modes["ratio"] = over / sync
+        print(f"{method}: checkpoint of {modes['synchronous']['bytes'] / 2**20:.1f} MiB of weights (+ optimizer "
+              f"states), {args.saves} saves each")
+        for mode in ("synchronous", "overlapped"):
+            r = modes[mode]
+            print(f"  {mode:12s} stall per save: median {statistics.median(r['stalls']):.3f} s "
+                  f"(each: {', '.join(f'{s:.3f}' for s in r['stalls'])}); save until complete: median "
+                  f"{statistics.median(r['saves']):.3f} s; run wall {r['wall']:.1f} s")
+        print(f"  overlapped stall / synchronous stall: {over / sync:.1%}")
     if args.out:
-        args.out.write_text(json.dumps({"results": results, "ratio": over / sync}, indent=2))
+        args.out.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

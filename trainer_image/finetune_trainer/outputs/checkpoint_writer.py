@@ -22,10 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The names PEFT keeps of a model's state when it saves an adapter (peft.utils.save_and_load): a LoRA job's snapshot
-# holds these tensors only, not the frozen base weights.
-ADAPTER_KEYS = ("lora_", "modules_to_save", "embed_tokens", "lm_head", "embedding", "wte", "word_embeddings")
-
 
 def overlapped(spec: Any) -> bool:
     """Whether a job's checkpoints are written in the background (checkpoints.overlap, where it applies)."""
@@ -35,27 +31,43 @@ def overlapped(spec: Any) -> bool:
             and (push is None or push.strategy != "checkpoint") and spec.evaluation.early_stopping is None)
 
 
-def snapshot(value: Any) -> Any:
+def snapshot(value: Any, into: Any = None) -> Any:
     """A copy of `value` whose tensors live in host memory and share nothing with the training's (dicts, lists and
-    tuples walked; anything else is immutable or copied by the caller)."""
+    tuples walked; anything else is immutable or copied by the caller). `into`: the last snapshot of the same
+    structure, whose buffers are reused (no new allocation, no page faults: the copy is all that stalls); pinned
+    memory when the tensors are on a GPU, so the device-to-host copy runs at full speed."""
     import torch
 
     if isinstance(value, torch.Tensor):
+        if (isinstance(into, torch.Tensor) and into.shape == value.shape and into.dtype == value.dtype
+                and into.device.type == "cpu"):
+            return into.copy_(value.detach())
+        if value.device.type == "cuda":
+            return torch.empty(value.shape, dtype=value.dtype, pin_memory=True).copy_(value.detach())
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: snapshot(v) for k, v in value.items()}
+        old = into if isinstance(into, dict) else {}
+        return {k: snapshot(v, old.get(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(v) for v in value)
+        old = into if isinstance(into, (list, tuple)) and len(into) == len(value) else [None] * len(value)
+        return type(value)(snapshot(v, o) for v, o in zip(value, old, strict=True))
     return value
 
 
-def model_snapshot(model: Any) -> dict[str, Any]:
-    """The weights a checkpoint of `model` saves: an adapter's tensors for a PEFT model (save_pretrained picks the
-    adapter's own out of them, as out of the whole state), every tensor otherwise."""
+def model_snapshot(model: Any, into: Any = None) -> dict[str, Any]:
+    """The weights a checkpoint of `model` saves: for a PEFT model the tensors PEFT itself picks to save (the
+    adapter's, and the embeddings only when it would save them), not the frozen base; every tensor otherwise.
+    save_pretrained picks the same out of them as out of the whole state."""
     state = model.state_dict()
-    if type(model).__name__.startswith("Peft"):
-        state = {k: v for k, v in state.items() if any(key in k for key in ADAPTER_KEYS)}
-    return snapshot(state)
+    if isinstance(into, dict) and into.keys() <= state.keys():
+        state = {k: state[k] for k in into}  # what PEFT picked at the first save: the same all run long
+    elif hasattr(model, "peft_config") and hasattr(model, "active_adapter"):
+        from peft.utils import get_peft_model_state_dict
+
+        adapter = model.active_adapter
+        saved = set(get_peft_model_state_dict(model, adapter_name=adapter))  # references, no copy
+        state = {k: v for k, v in state.items() if k in saved or k.replace(f".{adapter}", "") in saved}
+    return snapshot(state, into)
 
 
 class CheckpointWriter:
@@ -64,6 +76,7 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.buffers: dict[str, Any] = {}  # the last snapshot, reused by the next once it is written
 
     def wait(self) -> float:
         """Blocks until the write in flight is done; the seconds waited. Re-raises its failure."""
@@ -108,8 +121,8 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     trainer._save_rng_state(output_dir)
     if not trainer.args.should_save:
         return
-    weights = model_snapshot(trainer.model)
-    optimizer = snapshot(trainer.optimizer.state_dict())
+    weights = writer.buffers["weights"] = model_snapshot(trainer.model, writer.buffers.get("weights"))
+    optimizer = writer.buffers["optimizer"] = snapshot(trainer.optimizer.state_dict(), writer.buffers.get("optimizer"))
     scheduler = copy.deepcopy(trainer.lr_scheduler.state_dict())
     for cb in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
         name, state = type(cb).__name__, cb.state()
