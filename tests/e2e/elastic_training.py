@@ -139,7 +139,8 @@ def test_an_elastic_job_restarts_in_place_shrinks_on_a_lost_node_and_grows_back(
     assert len(pods["2"]) == 2 and pods["2"][0]["metadata"]["uid"] == first["2"]
 
     groups = records(output / "workers.jsonl")
-    assert [g["nodes"] for g in groups] == [3, 3, 2, 3], groups
+    nodes = [g["nodes"] for g in groups]  # an elastic start may train on 2 until the third node joins
+    assert nodes[nodes.index(3):] == [3, 3, 2, 3], groups
     # The global batch never changed: the accumulation did, with the world size.
     assert {(g["worldSize"], g["gradientAccumulationSteps"], g["globalBatchSize"]) for g in groups} == {
         (3, 2, 6), (2, 3, 6)}
@@ -161,5 +162,6 @@ def test_an_elastic_job_restarts_in_place_shrinks_on_a_lost_node_and_grows_back(
     assert {"NodeLost", "Shrunk", "Grew", "RestartedInPlace"} <= set(reasons), sorted(reasons)
     assert "a1-2" in reasons["NodeLost"]["message"] and "2 surviving node(s)" in reasons["Shrunk"]["message"]
     goodput = st["goodput"]
-    assert goodput["inPlaceRecoverySeconds"] > 0 and goodput["stepsRedone"] == sum(g["lostSteps"] for g in groups[1:])
+    redone = sum(g["lostSteps"] for g in groups[nodes.index(3) + 1:])
+    assert goodput["inPlaceRecoverySeconds"] > 0 and goodput["stepsRedone"] == redone, (goodput, groups)
 

@@ -141,7 +141,8 @@ def test_node_zero_hosts_the_rendezvous(rank):
     env = {c.ENV_PET_RDZV_BACKEND: "c10d", c.ENV_PET_NODE_RANK: rank, c.ENV_PET_MASTER_ADDR: "job-a1-0.job",
            c.ENV_PET_MASTER_PORT: "29400", c.ENV_PET_NNODES: "1", c.ENV_PET_NPROC_PER_NODE: "1"}
     child = launch.worker_command("/etc/finetune/trainer.json", env)
-    assert child.name == "torchrun"  # one process too: the agent is what restarts it
+    # One process too: the agent is what restarts it; torchrun's, with the trainer's libraries loaded once.
+    assert child.name == "torchrun" and child.argv[1:3] == ["-m", "finetune_trainer.agent"]
     assert child.env[c.ENV_PET_RDZV_ENDPOINT] == "job-a1-0.job:29400"
     conf = dict(item.split("=") for item in child.env[c.ENV_PET_RDZV_CONF].split(","))
     assert conf["is_host"] == ("true" if rank == "0" else "false")

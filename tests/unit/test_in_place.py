@@ -143,6 +143,12 @@ def test_worker_groups_are_announced_once_each_with_goodput():
     assert plan(job(), grew.status, attempt()).events == []  # the same report: nothing new
 
 
+def test_groups_re_formed_before_the_first_step_are_the_start():
+    p = plan(job(), running(workers=group(3, "g1", cause="Interrupted (exit 143): stopped before training")),
+             attempt())
+    assert events(p) == [] and "restartsInPlace" not in p.status and p.status["recovery"]["nodes"] == 3
+
+
 def test_a_report_of_another_attempt_is_not_announced():
     p = plan(job(), running(workers=group(2, "old", attempt_=0)), attempt())
     assert events(p) == [] and "generation" not in p.status.get("recovery", {})

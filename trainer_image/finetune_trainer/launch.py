@@ -9,10 +9,11 @@
   operator rendered, so the argv carries no topology.
 - A job of one node and one process (CPU jobs, one GPU) runs the trainer without torchrun: its agent has nothing
   to coordinate there, and its start-up cost every attempt seconds of CPU. The trainer gets the same variables.
-- An attempt that restarts in place (PET_RDZV_BACKEND=c10d) runs torchrun's elastic agent: node 0's agent hosts the
-  rendezvous on the master address and port (explicitly: in a test kubelet every pod's address is the same), a
-  failed worker is restarted on its pod up to PET_MAX_RESTARTS times, and the group re-forms with the nodes that
-  are there (PET_NNODES MIN:MAX for an elastic job).
+- An attempt that restarts in place (PET_RDZV_BACKEND=c10d) runs torchrun's elastic agent (agent.py: the same
+  agent, with the trainer's libraries imported once and its workers forked): node 0's agent hosts the rendezvous on
+  the master address and port (explicitly: in a test kubelet every pod's address is the same), a failed worker is
+  restarted on its pod up to PET_MAX_RESTARTS times, and the group re-forms with the nodes that are there
+  (PET_NNODES MIN:MAX for an elastic job).
 """
 
 import argparse
@@ -105,8 +106,10 @@ def rendezvous_env(env: Mapping[str, str]) -> dict[str, str]:
 def worker_command(config: str, env: Mapping[str, str]) -> Child:
     """torchrun, or for a single process the trainer itself with the variables torchrun would have given its one
     worker (ranks, world, rendezvous address; torch.distributed, accelerate and the Trainer read them)."""
+    if restarts_in_place(env):  # torchrun's agent, with the trainer's libraries loaded once (agent.py)
+        return Child([sys.executable, "-m", "finetune_trainer.agent", "--config", config], rendezvous_env(env))
     if not single_process(env):
-        return Child(torchrun_argv(config), rendezvous_env(env))
+        return Child(torchrun_argv(config))
     return Child([sys.executable, "-u", "-m", "finetune_trainer", "--config", config], {
         "RANK": "0", c.ENV_LOCAL_RANK: "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default",

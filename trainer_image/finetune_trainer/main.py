@@ -154,7 +154,7 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
 
 def run(config_path: str) -> dict[str, Any]:
     predecessor = workers.take_predecessor()  # what the worker before this one on this pod left (in place)
-    marks = {"started": workers.PROCESS_STARTED}
+    marks = {"started": workers.started()}
     cfg, args = setup(config_path)
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (

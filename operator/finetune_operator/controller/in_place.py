@@ -103,7 +103,9 @@ def announce_workers(p: Plan, job: ValidatedJob, obs: Observed) -> None:
     gpus_before = st.get("gpus") or 0
     st["gpus"] = nodes * job.spec.distributed.gpus_per_node
     cause = workers.get("cause")
-    if cause is None and before is None:  # the attempt's first group
+    if before is None:
+        # The attempt's first group to train (groups that re-formed before a first step, such as an elastic start
+        # with minNodes joined by a late node, are its start, not restarts).
         st["goodput"] = goodput.regrouped(st.get("goodput"), obs.now, gpus_before, st["gpus"], 0.0, 0)
         return
     recovery, lost = float(workers.get("recoverySeconds") or 0.0), int(workers.get("lostSteps") or 0)

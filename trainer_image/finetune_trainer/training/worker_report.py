@@ -10,7 +10,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from finetune_operator.api import constants as c
-from finetune_trainer.training.workers import PROCESS_STARTED, REACHED, WORKERS_FILE, describe, iso, last_progress
+from finetune_trainer.training.workers import REACHED, WORKERS_FILE, describe, iso, last_progress
 
 
 class WorkerGroupReport(TrainerCallback):
@@ -50,7 +50,7 @@ class WorkerGroupReport(TrainerCallback):
         world = args.world_size
         nodes = int(os.environ.get(c.ENV_GROUP_WORLD_SIZE) or max(1, world // max(1, args.local_process_count)))
         record: dict[str, Any] = {
-            "attempt": self.attempt, "generation": iso(PROCESS_STARTED), "nodes": nodes, "worldSize": world,
+            "attempt": self.attempt, "generation": iso(self.marks["started"]), "nodes": nodes, "worldSize": world,
             "gradientAccumulationSteps": args.gradient_accumulation_steps,
             "globalBatchSize": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
             "restartCount": self.share["restartCount"], "resumedStep": self.resumed_step,

@@ -18,8 +18,23 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 
-# When this process started (as near as the trainer can tell): the recovery timeline's "workers started".
+# When this process started (as near as the trainer can tell): the recovery timeline's "workers started". A worker
+# forked from the agent (agent.py) imported this long before it existed: its start is its fork.
 PROCESS_STARTED = time.time()
+_IMPORTED_BY = os.getpid()
+
+
+def started() -> float:
+    """When this worker process started: its import of this module, or its fork from the process that did."""
+    if os.getpid() != _IMPORTED_BY:
+        try:  # the process's own start, from /proc (clock ticks since boot)
+            ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+            boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                        if line.startswith("btime"))
+            return boot + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            return time.time()
+    return PROCESS_STARTED
 WORKERS_FILE = "workers.jsonl"
 # The optimizer step this process reached, for its result file (how far the group got before it ended).
 REACHED: dict[str, int] = {"step": 0}
