@@ -104,7 +104,14 @@ def scenario_run(scenario: str, kubectl: Kubectl, cp: ControlPlane, work: Path, 
                     kubectl.run("cordon", next(p["spec"]["nodeName"] for p in pods_by_index(kubectl, namespace)["2"]))
                 runner.kill(next(n for n in runner.processes if "-a1-2-" in n))
             killed = time.time()
-            group = wait("the next group's first step", lambda: len(groups(output)) > before and groups(output)[-1])
+            seen: dict[str, float] = {}  # when the operator's status first said Restarting (a gang restart)
+
+            def next_group():
+                if "restarting" not in seen and status().get("phase") == "Restarting":
+                    seen["restarting"] = time.time()
+                return len(groups(output)) > before and groups(output)[-1]
+
+            group = wait("the next group's first step", next_group)
             st = status()
             attempt2 = kubectl.json_or_none("get", "job", "tiny-cpu-sft-a2", "-n", namespace)
             pods2 = [p for ps in pods_by_index(kubectl, namespace).values() for p in ps
@@ -116,8 +123,7 @@ def scenario_run(scenario: str, kubectl: Kubectl, cp: ControlPlane, work: Path, 
     at = {name: parse_iso(value) for name, value in group["at"].items()}
     phases: dict[str, float] = {}
     if scenario == "gang":
-        restarting = next((k8s_time(cd["lastTransitionTime"]) for cd in st["conditions"]
-                           if cd["type"] == "Restarting"), None)
+        restarting = seen.get("restarting")
         created = k8s_time(attempt2["metadata"]["creationTimestamp"]) if attempt2 else None
         running = max((k8s_time(p["status"].get("startTime")) or 0 for p in pods2), default=None)
         marks = [("failure seen by the operator", restarting), ("backoff, old gang stopped, new Job", created),

@@ -114,18 +114,24 @@ class PodmanContainer:
         return int(found.stdout.strip())
 
 
-# Run inside a trainer container (no procps there): SIGKILL the first process whose argv runs the trainer module.
+# Run inside a trainer container (no procps there): SIGKILL a child of torchrun's agent (a training process).
 KILL_WORKER = """
 import os, signal
-for pid in sorted(p for p in os.listdir('/proc') if p.isdigit()):
+def argv(pid):
     try:
-        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
+        return open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
     except OSError:
-        continue
-    if b'finetune_trainer' in argv and b'torch.distributed.run' not in argv:
-        os.kill(int(pid), signal.SIGKILL)
-        print(pid)
-        break
+        return []
+def parent(pid):
+    try:
+        return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])
+    except OSError:
+        return -1
+pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]
+agents = {p for p in pids if {b'finetune_trainer.agent', b'torch.distributed.run'} & set(argv(p))}
+worker = next(p for p in sorted(pids) if parent(p) in agents)
+os.kill(worker, signal.SIGKILL)
+print(worker)
 """
 
 

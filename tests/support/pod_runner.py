@@ -66,15 +66,36 @@ class LocalProcess:
     remove = kill  # what is left of a process group once the pod is gone: nothing
 
     def kill_worker(self) -> int:
-        for pid in descendants(self.proc.pid):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"finetune_trainer" in argv and b"torch.distributed.run" not in argv:
-                os.kill(pid, signal.SIGKILL)
+        pid = training_process(descendants(self.proc.pid), argv_of, parent_of)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+
+def argv_of(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def training_process(pids: list[int], argv, parent) -> int:
+    """A training process among a pod's: a child of torchrun's agent (forked from ours, finetune_trainer.agent, so
+    with its argv; or started by torchrun's own with the trainer module's)."""
+    agents = set()
+    for pid in pids:
+        try:
+            if {b"finetune_trainer.agent", b"torch.distributed.run"} & set(argv(pid)):
+                agents.add(pid)
+        except OSError:
+            continue
+    for pid in pids:
+        try:
+            if parent(pid) in agents:
                 return pid
-        raise LookupError(f"no training process under {self.proc.pid}")
+        except OSError:
+            continue
+    raise LookupError(f"no training process among {pids}")
 
 
 def write_service_account(directory: Path, token: str, ca: Path, namespace: str) -> Path:
