@@ -66,13 +66,13 @@ ANNOTATION_POD_SET_HASH: Final = f"{GROUP}/pod-set-hash"
 # a grace, it is released (the next attempt could not be created to take it).
 ANNOTATION_HELD_SINCE: Final = f"{GROUP}/held-since"
 # On an attempt's Job that restarts in place (api/elastic.py): its pods may fail and be replaced alone, which the
-# operator counts against this many (runPolicy.inPlaceRestarts as the attempt was rendered); and the fewest nodes
-# an elastic attempt trains on.
+# operator counts against this many (runPolicy.inPlaceRestarts as the attempt was rendered).
 ANNOTATION_RESTARTS_IN_PLACE: Final = f"{GROUP}/restarts-in-place"
+# On an elastic attempt's Job: the fewest nodes it trains on (distributed.minNodes as the attempt was rendered).
 ANNOTATION_MIN_NODES: Final = f"{GROUP}/min-nodes"
-# Kueue's partial admission: it may admit an elastic attempt with fewer pods than numNodes (at least this many),
-# and then lowers completions with parallelism.
+# Kueue's partial admission: it may admit an elastic attempt with fewer pods than numNodes (at least this many).
 ANNOTATION_KUEUE_MIN_PARALLELISM: Final = f"{KUEUE_PREFIX}job-min-parallelism"
+# Kueue lowers the Job's completions with its parallelism when it admits fewer pods (partial admission).
 ANNOTATION_KUEUE_COMPLETIONS_EQUAL_PARALLELISM: Final = f"{KUEUE_PREFIX}job-completions-equal-parallelism"
 
 # Paths inside trainer pods.
