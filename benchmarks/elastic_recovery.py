@@ -98,11 +98,11 @@ def scenario_run(scenario: str, kubectl: Kubectl, cp: ControlPlane, work: Path, 
                  and (status().get("checkpoint") or {}).get("step", 0) >= 20)
             before = len(groups(output))
             if scenario == "in-place":
-                runner.kill_worker(next(n for n in runner.processes if "-a1-1-" in n))
+                runner.kill_worker(runner.running("-a1-1-"))
             else:
                 if scenario == "elastic":
-                    kubectl.run("cordon", next(p["spec"]["nodeName"] for p in pods_by_index(kubectl, namespace)["2"]))
-                runner.kill(next(n for n in runner.processes if "-a1-2-" in n))
+                    kubectl.run("cordon", pods_by_index(kubectl, namespace)["2"][-1]["spec"]["nodeName"])
+                runner.kill(runner.running("-a1-2-"))
             killed = time.time()
             seen: dict[str, float] = {}  # when the operator's status first said Restarting (a gang restart)
 

@@ -134,6 +134,14 @@ class PodRunner:
         for proc in self.processes.values():
             proc.remove()
 
+    def running(self, fragment: str) -> str:
+        """The pod whose name holds fragment (e.g. "-a1-2-": attempt 1, node 2) whose container still runs: a pod
+        of a job that restarts in place may have been replaced, and the one before it is still listed."""
+        live = [name for name, proc in self.processes.items() if fragment in name and proc.poll() is None]
+        if len(live) != 1:
+            raise LookupError(f"{len(live)} running pods named *{fragment}*: {sorted(self.processes)}")
+        return live[0]
+
     def kill(self, pod_name: str) -> None:
         """SIGKILL one node's container (every process in it), as a node loss or an OOM kill would."""
         self.processes[pod_name].kill()

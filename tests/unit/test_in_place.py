@@ -189,3 +189,19 @@ def test_an_elastic_job_needs_room_for_min_nodes_only(nodes, starts):
                    now=T0, nodes=free)
     p = lifecycle.plan(job(), obs)
     assert (p.create_attempt == 1) == starts and (p.status.get("reason") == "InsufficientCapacity") != starts
+
+
+@pytest.mark.parametrize("lost", [(0,), (1,), (2,), (0, 1), (1, 2), (0, 1, 2)],
+                         ids=lambda lost: "+".join(map(str, lost)))
+def test_pods_lost_together_are_each_replaced_alone_and_below_min_nodes_the_job_waits(lost):
+    """Node 0 (the rendezvous' host) is a lost node as any other to the operator; two or three lost in one pass are
+    each counted and announced; below minNodes the attempt waits for its replacements (Pending), never restarted."""
+    ready = 3 - len(lost)
+    p = plan(job(), running(), attempt(failed=len(lost), ready=ready), [failed_pod(i) for i in lost])
+    assert (p.status["attempt"], p.status["restarts"], p.delete_workloads, p.create_attempt) == (1, 0, [], None)
+    lost_events = [e for e in p.events if e.reason == "NodeLost"]
+    assert [e.type for e in lost_events] == ["Warning"] * len(lost) and p.status["nodesLost"] == len(lost)
+    assert [f"test-job-a1-{i}-x" in e.message for i, e in zip(lost, lost_events, strict=True)] == [True] * len(lost)
+    assert p.status["recovery"]["podFailures"] == len(lost)
+    assert p.status["phase"] == ("Running" if ready >= 2 else "Pending"), p.status
+    assert p.status["nodes"] == f"{ready}/3 (min 2)"
