@@ -19,7 +19,9 @@ from tests.conftest import ROOT
 from tests.e2e.cluster_training import pod_runner, shared_volume, tiny_two_node_job, wait_status
 from tests.support.controlplane import fake_gpu_node
 
-ELASTIC_STEPS = 200
+# Enough steps after the shrink (~step 30) for the replacement pod to start and join before the end: on 2 busy
+# cores its start took ~60 s after the shrink, and 170 steps took ~85 s (with 200 steps the run ended first).
+ELASTIC_STEPS = 400
 SAVE_STEPS = 10
 NODE_LABEL = "finetunejob.dev/e2e-elastic"
 # Losses of the same step (same samples, same weights before it) on 1, 2 or 3 nodes differ by the order of

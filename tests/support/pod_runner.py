@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
-from finetune_operator.cli.processes import descendants, kill_tree
+from finetune_operator.cli.processes import argv_of, descendants, kill_tree, parent_of, training_process
 from tests.support.controlplane import ROOT, free_port
 from tests.support.pod_status import terminated
 
@@ -69,33 +69,6 @@ class LocalProcess:
         pid = training_process(descendants(self.proc.pid), argv_of, parent_of)
         os.kill(pid, signal.SIGKILL)
         return pid
-
-
-def argv_of(pid: int) -> list[bytes]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def training_process(pids: list[int], argv, parent) -> int:
-    """A training process among a pod's: a child of torchrun's agent (forked from ours, finetune_trainer.agent, so
-    with its argv; or started by torchrun's own with the trainer module's)."""
-    agents = set()
-    for pid in pids:
-        try:
-            if {b"finetune_trainer.agent", b"torch.distributed.run"} & set(argv(pid)):
-                agents.add(pid)
-        except OSError:
-            continue
-    for pid in pids:
-        try:
-            if parent(pid) in agents:
-                return pid
-        except OSError:
-            continue
-    raise LookupError(f"no training process among {pids}")
 
 
 def write_service_account(directory: Path, token: str, ca: Path, namespace: str) -> Path:
