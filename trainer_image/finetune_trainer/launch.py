@@ -81,6 +81,11 @@ RDZV_KEEP_ALIVE_SECONDS = 1
 RDZV_KEEP_ALIVE_MISSED = 3
 # How long the agents wait for the fewest nodes (a fixed gang's replaced pod, an elastic one's minNodes) to join.
 RDZV_JOIN_TIMEOUT_SECONDS = 900
+# How long an agent waits for a key another agent writes once a group is formed (its ranks, MASTER_ADDR). torch's
+# 60 s default failed every agent of a group on 2 busy cores (load 15-18): one agent, still stopping its workers
+# (each saves a checkpoint at its step's end) or starved of CPU, wrote its key after the others gave up, and every
+# pod was replaced. A lost agent is noticed by the keep-alives, not by this.
+RDZV_READ_TIMEOUT_SECONDS = 300
 
 
 # The workers' own store, new for every group (its rank 0 hosts it), instead of one the agents share across groups:
@@ -98,6 +103,7 @@ def rendezvous_env(env: Mapping[str, str]) -> dict[str, str]:
             c.ENV_PET_RDZV_ENDPOINT: f"{env.get(c.ENV_PET_MASTER_ADDR, '127.0.0.1')}:"
                                      f"{env.get(c.ENV_PET_MASTER_PORT, str(c.DEFAULT_RENDEZVOUS_PORT))}",
             c.ENV_PET_RDZV_CONF: f"is_host={host},join_timeout={RDZV_JOIN_TIMEOUT_SECONDS},"
+                                 f"read_timeout={RDZV_READ_TIMEOUT_SECONDS},"
                                  f"last_call_timeout={RDZV_LAST_CALL_SECONDS},"
                                  f"keep_alive_interval={RDZV_KEEP_ALIVE_SECONDS},"
                                  f"keep_alive_max_attempt={RDZV_KEEP_ALIVE_MISSED}"}
