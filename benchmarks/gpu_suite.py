@@ -12,6 +12,9 @@ Cases (GPU sizes; --smoke runs the same code on CPU with a tiny model, sequence 
 4. first_step: process start to the first optimizer step of the 1B model with the tokenized data cached.
 5. grpo: LoRA GRPO on the 1B model against TRL's GRPOTrainer called directly (benchmarks/gpu_grpo.py): seconds per
    step, the ratio, peak memory against the fit estimate.
+6. in_place_restart: runPolicy.inPlaceRestarts, the training process killed (SIGKILL) after a checkpoint:
+   torchrun's elastic agent starts a new one on the same node, its process group (NCCL on a GPU) is formed again
+   through the c10d rendezvous, it resumes from that checkpoint and the run finishes; the recovery's phases.
 
 On a GPU machine (no registry: hack/gpu-wheels.sh prepares the carry here):
   pip install -q --no-index --no-deps --no-build-isolation --target .gpu-site .gpu-wheels/* && \\
@@ -58,7 +61,8 @@ GPU_8B_SHAPED = Size(4096, 8, 32, 8, 14336, 32000, 4096, 10, 1)  # an 8B model's
 SMOKE = Size(64, 2, 4, 2, 128, 512, 128, 4, 2)
 CASE_SECONDS = {"ours": 150, "hf_trainer": 120, "trl": 120, "first_step": 120, "gradient_checkpointing": 120,
                 "compile": 180, "liger": 120, "lora_8b_shaped": 240, "qlora": 180, "fsdp2": 240, "zero3": 180,
-                "grpo": 300}
+                "grpo": 300,
+                "in_place_restart": 240}
 SMOKE_SECONDS = 90
 
 
@@ -353,6 +357,49 @@ def case_zero3(work: Path, size: Size, gpu: bool) -> dict:
     return _switch(work, size, gpu, "zero3", distributed={"strategy": "deepspeed", "deepspeed": {"zeroStage": 3}})
 
 
+def case_in_place_restart(work: Path, size: Size, gpu: bool) -> dict:
+    """The run's training process killed once checkpoint 2 is complete: torchrun's agent restarts it in place (the
+    process group re-formed through the c10d rendezvous) and it resumes from that checkpoint to the end."""
+    import yaml
+
+    from finetune_operator.cli.processes import argv_of, descendants, parent_of, training_process
+    from finetune_trainer.outputs.checkpoints import COMPLETE_MARKER
+
+    here = work / "in_place_restart"
+    steps = max(size.steps, 6)
+    doc = job_spec(build_model(here, size), write_data(here, size), size, gpu, runPolicy={"inPlaceRestarts": 1},
+                   checkpoints={"saveStrategy": "steps", "saveSteps": 2, "overlap": True},
+                   training={"maxSteps": steps})
+    (here / "job.yaml").write_text(yaml.safe_dump(doc))
+    output = here / "run" / "output"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    log = open(here / "run.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "finetune_operator", "run", str(here / "job.yaml"), "--output",
+                             str(here / "run")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + CASE_SECONDS["in_place_restart"]
+        while not (output / "checkpoint-2" / COMPLETE_MARKER).exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"no checkpoint 2 before the kill (exit {proc.poll()}): see {here / 'run.log'}")
+            time.sleep(0.2)
+        victim = training_process(descendants(proc.pid), argv_of, parent_of)
+        os.kill(victim, 9)
+        code = proc.wait(timeout=CASE_SECONDS["in_place_restart"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    groups = [json.loads(line) for line in (output / "workers.jsonl").read_text().splitlines()]
+    if code != 0 or len(groups) != 2 or not (output / "final").is_dir():
+        raise RuntimeError(f"exit {code}, {len(groups)} worker group(s): see {here / 'run.log'}")
+    last = groups[-1]
+    return {"killedPid": victim, "cause": last.get("cause"), "resumedStep": last.get("resumedStep"),
+            "lostSteps": last.get("lostSteps"), "recoverySeconds": last.get("recoverySeconds"),
+            "timeline": last.get("timeline"), "backend": "nccl" if gpu else "gloo"}
+
+
 class SkipCase(Exception):
     """The case cannot run here (a package or a device missing): said in the table, not a failure."""
 
@@ -363,7 +410,8 @@ MEASURED_ALONE = ("ours", "hf_trainer", "trl", "first_step", "grpo")
 CASES = {"ours": case_ours, "hf_trainer": case_hf_trainer, "trl": case_trl, "first_step": case_first_step,
          "gradient_checkpointing": case_gradient_checkpointing, "compile": case_compile, "liger": case_liger,
          "lora_8b_shaped": case_lora_8b_shaped, "qlora": case_qlora, "fsdp2": case_fsdp2, "zero3": case_zero3,
-         "grpo": case_grpo}
+         "grpo": case_grpo,
+         "in_place_restart": case_in_place_restart}
 SMOKE_SKIPS = {"compile": "torch.compile is measured on a GPU only (inductor's CPU build would take minutes here)"}
 
 
@@ -425,9 +473,13 @@ def table(results: list[dict], meta: dict) -> str:
             f" / {100 * f['mfuIndependent']:.1f}%" if f.get("mfuIndependent") else "")
         goals = {"ours": f"MFU >= {GOALS['mfu']:.0%}", "hf_trainer": "ours >= 1.0x", "trl": "ours >= 1.0x",
                  "first_step": f"first step < {GOALS['first_step_seconds']:.0f} s",
-                 "grpo": f"ours >= {GOALS['grpo_vs_trl']}x TRL"}
+                 "grpo": f"ours >= {GOALS['grpo_vs_trl']}x TRL",
+                 "in_place_restart": "a killed worker restarts in place, the run finishes"}
         goal = goals.get(r["case"], "runs, saves, reloads")
         status = r["status"] + (f": {r.get('why') or r.get('error', '')[:160]}" if r["status"] != "ok" else "")
+        if r["case"] == "in_place_restart" and r["status"] == "ok":
+            status += (f" ({f.get('backend')}: resumed from step {f.get('resumedStep')}, {f.get('lostSteps')} redone, "
+                       f"first step {f.get('recoverySeconds')} s after the kill)")
         if r.get("sharedDevice") and r["status"] == "ok":
             status += f" ({r['sharedDevice']} cases at once: tokens/s not comparable)"
         peak = f"{f.get('peakMemoryGiB') or ''}" + (f" ({f['predictedPeakGiB']})" if f.get("predictedPeakGiB") else "")

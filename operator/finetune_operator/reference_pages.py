@@ -132,8 +132,10 @@ def rendered_keys() -> dict[str, dict[str, set[str]]]:
     return seen
 
 
-# Set by the operator while a job runs, on objects it does not render (what a render of the examples cannot show).
+# Set by the operator while a job runs, on objects it does not render, or rendered only in a case no example shows.
 SET_AT_RUN_TIME = {
+    c.ANNOTATION_KUEUE_MIN_PARALLELISM: "the Job of an elastic attempt queued in Kueue (annotations)",
+    c.ANNOTATION_KUEUE_COMPLETIONS_EQUAL_PARALLELISM: "the Job of an elastic attempt queued in Kueue (annotations)",
     c.ANNOTATION_SUSPENDED: "the attempt's Job, when the operator suspends it (spec.suspend without Kueue)",
     c.ANNOTATION_HELD_SINCE: "the Kueue Workload of a failed attempt, while a gang restart holds its admission",
     c.LABEL_KUEUE_PREBUILT: "the next attempt's Job, naming the Kueue Workload it takes over",

@@ -254,3 +254,21 @@ def test_a_held_admission_goes_back_when_the_next_attempt_cannot_be_created(queu
     wait_phase(kubectl, queued, "refused", "Running", operator, attempt=2, timeout=60, nodes="2/2")
     finish(kubectl, queued, "refused", attempt=2)
     wait_phase(kubectl, queued, "refused", "Succeeded", operator, timeout=60)
+
+
+def test_an_elastic_gang_larger_than_its_quota_is_admitted_with_min_nodes(queued, kubectl, operator, tmp_path):
+    """Kueue's partial admission: 3 nodes x 8 GPUs, at least 2, into 16 GPUs of quota: admitted with 2 pods (the
+    Job's parallelism and completions lowered by Kueue), and running on them."""
+    from tests.e2e.cluster_training import shared_volume
+
+    shared_volume(kubectl, queued, tmp_path / "shared")
+    gang(kubectl, queued, "stretch", nodes=3, **{"spec.distributed.minNodes": 2, "spec.output.claimName": "shared",
+                                                 "spec.training.gradientAccumulationSteps": 2})
+    wait_phase(kubectl, queued, "stretch", "Running", operator, timeout=60, nodes="2/2")
+    job = job_of(kubectl, queued, "stretch")
+    assert (job["spec"]["parallelism"], job["spec"]["completions"]) == (2, 2)
+    assert job["metadata"]["annotations"][c.ANNOTATION_KUEUE_MIN_PARALLELISM] == "2"
+    admission = workload_of(kubectl, queued, "stretch")["status"]["admission"]["podSetAssignments"][0]
+    assert admission["count"] == 2 and len(attempt_pods(kubectl, queued, "stretch", 1)) == 2
+    finish(kubectl, queued, "stretch")
+    wait_phase(kubectl, queued, "stretch", "Succeeded", operator, timeout=60)

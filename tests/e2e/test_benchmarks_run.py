@@ -29,3 +29,27 @@ def test_object_storage_benchmark_runs_and_reports_both_figures(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["checkpointBytes"] > 0 and figures["restartRatio"] > 0
     assert figures["restartToFirstStepSecondsFromBucket"] > 0 and figures["restartToFirstStepSecondsFromClaim"] > 0
+
+
+def test_checkpoint_stall_benchmark_runs_and_reports_both_saves(tmp_path):
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checkpoint_stall.py"), "--layers", "2",
+                           "--hidden", "64", "--vocab", "1000", "--saves", "2", "--methods", "lora", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lora = json.loads(out.read_text())["lora"]
+    for mode in ("synchronous", "overlapped"):  # every save marked complete with its stall, never past its save
+        assert len(lora[mode]["stalls"]) == 2 and all(0 <= s <= t for s, t in zip(lora[mode]["stalls"],
+                                                                                  lora[mode]["saves"], strict=True))
+    assert lora["ratio"] > 0
+
+
+def test_elastic_recovery_benchmark_runs_an_in_place_restart(tmp_path):
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "elastic_recovery.py"), "--only", "in-place",
+                           "--kill-after", "10", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = json.loads(out.read_text())["in-place"]
+    assert (r["nodes"], r["attempt"], r["restartsInPlace"]) == (3, 1, 1) and r["seconds"] > 0
+    assert 0 <= r["stepsRedone"] <= 10 and r["phases"]["checkpoint load"] >= 0

@@ -30,7 +30,8 @@ def test_the_suite_runs_every_case_in_smoke_mode(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {r["case"]: r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
-    ran = {"ours", "hf_trainer", "trl", "first_step", "gradient_checkpointing", "lora_8b_shaped", "zero3", "grpo"}
+    ran = {"ours", "hf_trainer", "trl", "first_step", "gradient_checkpointing", "lora_8b_shaped", "zero3", "grpo",
+           "in_place_restart"}
     assert {n for n, r in results.items() if r["status"] == "ok"} == ran, {n: r.get("error") for n, r in
                                                                             results.items()}
     assert all(r["status"] == "skipped" and r["why"] for n, r in results.items() if n not in ran)
@@ -41,5 +42,7 @@ def test_the_suite_runs_every_case_in_smoke_mode(tmp_path):
     assert results["lora_8b_shaped"]["figures"]["predictedPeakGiB"] > 0
     grpo = results["grpo"]["figures"]  # our GRPO and TRL's GRPOTrainer called directly, the same run
     assert grpo["secondsPerStep"] > 0 and grpo["vsTrl"] > 0 and grpo["sameRunAsTrl"] and grpo["predictedPeakGiB"] > 0
+    restart = results["in_place_restart"]["figures"]  # the killed worker's group re-formed from checkpoint 2
+    assert "killed" in restart["cause"] and restart["resumedStep"] >= 2 and restart["recoverySeconds"] > 0
     table = (tmp_path / "results.md").read_text()
     assert "| ours | ok |" in table and "MFU >= 50%" in table

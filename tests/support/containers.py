@@ -74,6 +74,10 @@ def security_args(pod_security: dict[str, Any], container_security: dict[str, An
     return args
 
 
+# Pod DNS names a container resolves (what the headless Service gives a cluster's pods): indexes 0 to this.
+POD_NAMES_RESOLVED = 8
+
+
 class PodmanContainer:
     """One running container; `podman run` stays attached, so its exit status is the container's."""
 
@@ -101,6 +105,34 @@ class PodmanContainer:
     def remove(self) -> None:
         self.kill()
         podman("rm", "-f", "--ignore", self.name, check=False)
+
+    def kill_worker(self) -> int:
+        """SIGKILL one training process inside the container (torchrun's worker, not the launcher or the agent)."""
+        found = podman("exec", self.name, "python", "-c", KILL_WORKER, check=False)
+        if found.returncode != 0 or not found.stdout.strip().isdigit():
+            raise LookupError(f"no training process in {self.name}: {found.stdout} {found.stderr}")
+        return int(found.stdout.strip())
+
+
+# Run inside a trainer container (no procps there): SIGKILL a child of torchrun's agent (a training process).
+KILL_WORKER = """
+import os, signal
+def argv(pid):
+    try:
+        return open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
+    except OSError:
+        return []
+def parent(pid):
+    try:
+        return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])
+    except OSError:
+        return -1
+pids = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]
+agents = {p for p in pids if {b'finetune_trainer.agent', b'torch.distributed.run'} & set(argv(p))}
+worker = next(p for p in sorted(pids) if parent(p) in agents)
+os.kill(worker, signal.SIGKILL)
+print(worker)
+"""
 
 
 def fs_group_volume(path: Path, gid: int) -> None:
@@ -151,6 +183,11 @@ class ContainerPodRunner(PodRunner):
             args += ["--env", f"{key}={value}"]
         master = env[c.ENV_PET_MASTER_ADDR]
         args += ["--add-host", f"{master}:127.0.0.1"]
+        # A job that restarts in place names each pod by its DNS name (PET_LOCAL_ADDR): every pod's must resolve.
+        own, index = env.get(c.ENV_PET_LOCAL_ADDR), env.get(c.ENV_PET_NODE_RANK)
+        if own and index is not None:
+            head, _, tail = own.partition(f"-{index}.")
+            args += [arg for i in range(POD_NAMES_RESOLVED) for arg in ("--add-host", f"{head}-{i}.{tail}:127.0.0.1")]
         args += ["--entrypoint", json.dumps(container["command"][:1]), container["image"],
                  *container["command"][1:], *container.get("args", [])]
         return PodmanContainer(name, args, root / "log")

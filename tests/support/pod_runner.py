@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
-from finetune_operator.cli.processes import kill_tree
+from finetune_operator.cli.processes import argv_of, descendants, kill_tree, parent_of, training_process
 from tests.support.controlplane import ROOT, free_port
 from tests.support.pod_status import terminated
 
@@ -64,6 +64,11 @@ class LocalProcess:
         kill_tree(self.proc.pid)
 
     remove = kill  # what is left of a process group once the pod is gone: nothing
+
+    def kill_worker(self) -> int:
+        pid = training_process(descendants(self.proc.pid), argv_of, parent_of)
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
 
 def write_service_account(directory: Path, token: str, ca: Path, namespace: str) -> Path:
@@ -102,9 +107,22 @@ class PodRunner:
         for proc in self.processes.values():
             proc.remove()
 
+    def running(self, fragment: str) -> str:
+        """The pod whose name holds fragment (e.g. "-a1-2-": attempt 1, node 2) whose container still runs: a pod
+        of a job that restarts in place may have been replaced, and the one before it is still listed."""
+        live = [name for name, proc in self.processes.items() if fragment in name and proc.poll() is None]
+        if len(live) != 1:
+            raise LookupError(f"{len(live)} running pods named *{fragment}*: {sorted(self.processes)}")
+        return live[0]
+
     def kill(self, pod_name: str) -> None:
         """SIGKILL one node's container (every process in it), as a node loss or an OOM kill would."""
         self.processes[pod_name].kill()
+
+    def kill_worker(self, pod_name: str) -> int:
+        """SIGKILL one training process of a node (torchrun's worker, not its launcher or agent), as a crash of
+        that process would end it; its pid."""
+        return self.processes[pod_name].kill_worker()
 
     # --- the loop --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -186,6 +204,8 @@ class PodRunner:
                 env[item["name"]] = value
         self._own_port(pod, env)
         env["PET_MASTER_ADDR"] = "127.0.0.1"  # the headless-Service name of node 0, resolved as DNS would
+        if "PET_LOCAL_ADDR" in env:  # the pod's own name (a job that restarts in place), resolved the same way
+            env["PET_LOCAL_ADDR"] = "127.0.0.1"
         env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "finetunejob" / "torch_extensions")
         argv = [sys.executable if arg == "python" else remap(arg, mounts) for arg in container["command"]]
         log = open(root / "log", "ab")  # noqa: SIM115 - owned by the process

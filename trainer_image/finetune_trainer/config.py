@@ -1,12 +1,15 @@
 """The mounted trainer.json -> a typed TrainerConfig and real TrainingArguments (via HfArgumentParser)."""
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from finetune_operator.api import constants as c
+from finetune_operator.api.elastic import accumulation_steps
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_trainer.errors import ConfigError
 
@@ -61,6 +64,9 @@ def training_arguments(cfg: TrainerConfig):
 
     kind: Any = TrainingArguments
     kwargs = dict(cfg.training_arguments)
+    if cfg.spec.distributed.elastic:
+        kwargs["gradient_accumulation_steps"] = elastic_accumulation(cfg.spec, int(os.environ.get(c.ENV_WORLD_SIZE,
+                                                                                                   "1")))
     if cfg.spec.method.objective != "sft":
         from finetune_trainer.training.objectives import objective_arguments, trl_classes
 
@@ -71,3 +77,14 @@ def training_arguments(cfg: TrainerConfig):
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"TrainingArguments rejected the config: {exc}") from exc
     return args
+
+
+def elastic_accumulation(spec: FineTuneJobSpec, world_size: int) -> int:
+    """An elastic group's gradient accumulation: the global batch the spec gives at numNodes, on the processes
+    torchrun gathered (validation made sure every size of the range has a whole one)."""
+    steps = accumulation_steps(spec, world_size)
+    if steps is None:
+        raise ConfigError(f"the global batch {spec.global_batch_size} cannot be kept on {world_size} processes "
+                          "(no whole gradient accumulation); the elastic range of spec.distributed should not allow "
+                          "this size")
+    return steps

@@ -9,6 +9,11 @@
   operator rendered, so the argv carries no topology.
 - A job of one node and one process (CPU jobs, one GPU) runs the trainer without torchrun: its agent has nothing
   to coordinate there, and its start-up cost every attempt seconds of CPU. The trainer gets the same variables.
+- An attempt that restarts in place (PET_RDZV_BACKEND=c10d) runs torchrun's elastic agent (agent.py: the same
+  agent, with the trainer's libraries imported once and its workers forked): node 0's agent hosts the rendezvous on
+  the master address and port (explicitly: in a test kubelet every pod's address is the same), a failed worker is
+  restarted on its pod up to PET_MAX_RESTARTS times, and the group re-forms with the nodes that are there
+  (PET_NNODES MIN:MAX for an elastic job).
 """
 
 import argparse
@@ -57,13 +62,58 @@ def torchrun_argv(config: str) -> list[str]:
 
 def single_process(env: Mapping[str, str]) -> bool:
     """One node of one process: nothing to rendezvous with, and torchrun's agent would only start the trainer and
-    wait for it, at the price of its own torch import (~2.5 s of CPU before every attempt's first step)."""
-    return env.get(c.ENV_PET_NNODES, "1") in ("1", "1:1") and env.get(c.ENV_PET_NPROC_PER_NODE, "1") == "1"
+    wait for it, at the price of its own torch import (~2.5 s of CPU before every attempt's first step). Unless it
+    restarts in place: then the agent is what restarts it."""
+    return (env.get(c.ENV_PET_NNODES, "1") in ("1", "1:1") and env.get(c.ENV_PET_NPROC_PER_NODE, "1") == "1"
+            and not restarts_in_place(env))
+
+
+def restarts_in_place(env: Mapping[str, str]) -> bool:
+    return env.get(c.ENV_PET_RDZV_BACKEND) == c.RDZV_BACKEND_C10D
+
+
+# How long the agents of an elastic group wait, once minNodes have joined, for more before they start: a lost
+# node's survivors re-form after it, so it is part of every shrink; a node that comes later joins by a regrowth.
+RDZV_LAST_CALL_SECONDS = 3
+# A lost node's agent is taken out of the rendezvous once it missed this many keep-alives of this many seconds
+# (torch's defaults, 5 s x 3, would add 15 s to every shrink); each agent writes the rendezvous state that often.
+RDZV_KEEP_ALIVE_SECONDS = 1
+RDZV_KEEP_ALIVE_MISSED = 3
+# How long the agents wait for the fewest nodes (a fixed gang's replaced pod, an elastic one's minNodes) to join.
+RDZV_JOIN_TIMEOUT_SECONDS = 900
+# How long an agent waits for a key another agent writes once a group is formed (its ranks, MASTER_ADDR). torch's
+# 60 s default failed every agent of a group on 2 busy cores (load 15-18): one agent, still stopping its workers
+# (each saves a checkpoint at its step's end) or starved of CPU, wrote its key after the others gave up, and every
+# pod was replaced. A lost agent is noticed by the keep-alives, not by this.
+RDZV_READ_TIMEOUT_SECONDS = 300
+
+
+# The workers' own store, new for every group (its rank 0 hosts it), instead of one the agents share across groups:
+# torch keeps a group's keys there, and the next group's gloo would connect to the addresses of the last one's.
+TORCH_DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def rendezvous_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The c10d rendezvous endpoint (node 0's agent on the master address and port), and who hosts it: node 0
+    (by its completion index, not by matching its hostname, which in a test kubelet every pod shares)."""
+    if not restarts_in_place(env) or env.get(c.ENV_PET_RDZV_ENDPOINT):
+        return {}
+    host = "true" if env.get(c.ENV_PET_NODE_RANK, "0") == "0" else "false"
+    return {TORCH_DISABLE_SHARED_STORE: "1",
+            c.ENV_PET_RDZV_ENDPOINT: f"{env.get(c.ENV_PET_MASTER_ADDR, '127.0.0.1')}:"
+                                     f"{env.get(c.ENV_PET_MASTER_PORT, str(c.DEFAULT_RENDEZVOUS_PORT))}",
+            c.ENV_PET_RDZV_CONF: f"is_host={host},join_timeout={RDZV_JOIN_TIMEOUT_SECONDS},"
+                                 f"read_timeout={RDZV_READ_TIMEOUT_SECONDS},"
+                                 f"last_call_timeout={RDZV_LAST_CALL_SECONDS},"
+                                 f"keep_alive_interval={RDZV_KEEP_ALIVE_SECONDS},"
+                                 f"keep_alive_max_attempt={RDZV_KEEP_ALIVE_MISSED}"}
 
 
 def worker_command(config: str, env: Mapping[str, str]) -> Child:
     """torchrun, or for a single process the trainer itself with the variables torchrun would have given its one
     worker (ranks, world, rendezvous address; torch.distributed, accelerate and the Trainer read them)."""
+    if restarts_in_place(env):  # torchrun's agent, with the trainer's libraries loaded once (agent.py)
+        return Child([sys.executable, "-m", "finetune_trainer.agent", "--config", config], rendezvous_env(env))
     if not single_process(env):
         return Child(torchrun_argv(config))
     return Child([sys.executable, "-u", "-m", "finetune_trainer", "--config", config], {

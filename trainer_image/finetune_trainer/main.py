@@ -8,12 +8,14 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
+from finetune_operator.api.elastic import restarts_in_place
 from finetune_trainer import objectstore
 from finetune_trainer.config import TrainerConfig, load_config, training_arguments
 from finetune_trainer.errors import (
@@ -37,7 +39,7 @@ from finetune_trainer.outputs.summary import (
     preference_summary,
     sharding,
 )
-from finetune_trainer.training import advice
+from finetune_trainer.training import advice, workers
 from finetune_trainer.training.model import base_model
 from finetune_trainer.training.trainer import build_trainer
 from finetune_trainer.unused_libraries import leave_out, unused_libraries
@@ -151,6 +153,8 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
 
 
 def run(config_path: str) -> dict[str, Any]:
+    predecessor = workers.take_predecessor()  # what the worker before this one on this pod left (in place)
+    marks = {"started": workers.started()}
     cfg, args = setup(config_path)
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (
@@ -190,11 +194,18 @@ def run(config_path: str) -> dict[str, Any]:
 
     check_before_loading(cfg.spec, len(tokenizer), warnings)
     model = load_model(cfg.spec, use_cpu=args.use_cpu, vocab_size=len(tokenizer))
+    marks["modelLoaded"] = time.time()
     if cfg.spec.method.objective != "reward":  # a reward model does not generate
         # Samples, checkpoints and the final model stop generating where the data taught the model to stop.
         add_stop_ids(base_model(model), trained_stop_ids(cfg.spec, tokenizer))
     trainable, total = trainable_parameters(model)
     trainer, progress, watchdog, stop, samples = build_trainer(cfg, args, tokenizer, model, data, reporter, warnings)
+    # The group torchrun formed and what its forming cost (workers.jsonl); told to the operator, which follows the
+    # groups of an attempt that restarts in place.
+    from finetune_trainer.training.worker_report import WorkerGroupReport
+
+    trainer.add_callback(WorkerGroupReport(cfg.output_dir, reporter if restarts_in_place(cfg.spec) else None,
+                                           predecessor, cfg.attempt, marks))
     if remote is not None:  # the bucket's newest complete checkpoint, here before the first step
         remote.restore()
         trainer.add_callback(remote.callback(progress))
@@ -325,7 +336,8 @@ def write_result(code: int, summary: dict[str, Any]) -> None:
     if not directory:
         return
     rank = os.environ.get(c.ENV_LOCAL_RANK, "0")
-    Path(directory, f"result-{rank}.json").write_text(json.dumps({"exitCode": code, **summary}, default=str))
+    result = {"exitCode": code, **summary, **workers.result_fields()}
+    Path(directory, f"result-{rank}.json").write_text(json.dumps(result, default=str))
 
 
 def release_process_group() -> None:
@@ -370,6 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif code != exit_codes.SUCCESS:
         log.error("%s: %s", summary["reason"], summary["message"])
     write_result(code, summary)
+    if unexpected is not None and os.environ.get(c.ENV_PET_RDZV_BACKEND) == c.RDZV_BACKEND_C10D:
+        # A worker of a group that restarts in place: its failure is logged and its result written; the group
+        # re-forms as soon as it is gone, and the interpreter's teardown (a process group with a vanished peer,
+        # trackers) takes seconds. Nothing is lost: no checkpoint is being written (train() waited for it).
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
     release_process_group()
     if unexpected is not None:
         raise unexpected

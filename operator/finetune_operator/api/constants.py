@@ -65,6 +65,15 @@ ANNOTATION_POD_SET_HASH: Final = f"{GROUP}/pod-set-hash"
 # When the FineTuneJob took a failed attempt's admitted Workload over: held longer than the restart's backoff and
 # a grace, it is released (the next attempt could not be created to take it).
 ANNOTATION_HELD_SINCE: Final = f"{GROUP}/held-since"
+# On an attempt's Job that restarts in place (api/elastic.py): its pods may fail and be replaced alone, which the
+# operator counts against this many (runPolicy.inPlaceRestarts as the attempt was rendered).
+ANNOTATION_RESTARTS_IN_PLACE: Final = f"{GROUP}/restarts-in-place"
+# On an elastic attempt's Job: the fewest nodes it trains on (distributed.minNodes as the attempt was rendered).
+ANNOTATION_MIN_NODES: Final = f"{GROUP}/min-nodes"
+# Kueue's partial admission: it may admit an elastic attempt with fewer pods than numNodes (at least this many).
+ANNOTATION_KUEUE_MIN_PARALLELISM: Final = f"{KUEUE_PREFIX}job-min-parallelism"
+# Kueue lowers the Job's completions with its parallelism when it admits fewer pods (partial admission).
+ANNOTATION_KUEUE_COMPLETIONS_EQUAL_PARALLELISM: Final = f"{KUEUE_PREFIX}job-completions-equal-parallelism"
 
 # Paths inside trainer pods.
 CONFIG_MOUNT_PATH: Final = "/etc/finetune"
@@ -110,6 +119,19 @@ ENV_PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
 ENV_PET_NODE_RANK: Final = "PET_NODE_RANK"
 ENV_PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
 ENV_PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+# An attempt that restarts in place runs torchrun's c10d rendezvous (hosted by node 0's agent on the master port):
+# workers restarted on their pods up to PET_MAX_RESTARTS times, PET_NNODES a range MIN:MAX for an elastic job.
+# The launcher adds PET_RDZV_ENDPOINT and PET_RDZV_CONF from the variables above (finetune_trainer/launch.py).
+ENV_PET_RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
+ENV_PET_RDZV_ID: Final = "PET_RDZV_ID"
+ENV_PET_RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"
+ENV_PET_RDZV_CONF: Final = "PET_RDZV_CONF"
+ENV_PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+ENV_PET_LOCAL_ADDR: Final = "PET_LOCAL_ADDR"
+RDZV_BACKEND_C10D: Final = "c10d"
+# torchrun's own variables for each worker: its agent's restart count, the nodes of the group.
+ENV_TORCHELASTIC_RESTART_COUNT: Final = "TORCHELASTIC_RESTART_COUNT"
+ENV_GROUP_WORLD_SIZE: Final = "GROUP_WORLD_SIZE"
 
 # Our own variables, read by finetune_trainer.
 ENV_CONFIG: Final = "FINETUNE_CONFIG"
@@ -133,6 +155,7 @@ ENV_SERVICEACCOUNT_DIR: Final = "FINETUNE_SERVICEACCOUNT_DIR"
 SERVICEACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 # torch.distributed's own variables, set by torchrun for each worker.
 ENV_RANK: Final = "RANK"
+ENV_WORLD_SIZE: Final = "WORLD_SIZE"
 ENV_LOCAL_RANK: Final = "LOCAL_RANK"
 # Hugging Face's cache root (models, tokenizers, datasets downloaded from the Hub), and the other libraries'
 # compile caches: all on a writable volume, the root filesystem being read-only.

@@ -95,7 +95,16 @@ class FsdpSpec(ApiModel):
 
 
 class DistributedSpec(ApiModel):
-    num_nodes: int = Field(default=1, ge=1, le=4096, description="Pods (torchrun nodes) per attempt.")
+    num_nodes: int = Field(default=1, ge=1, le=4096, description="Pods (torchrun nodes) per attempt; with "
+                           "minNodes, the most the job grows to.")
+    min_nodes: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="Elastic size: the job starts once this many of its numNodes pods run, continues on the "
+        "survivors (down to minNodes) when a node is lost, and grows back toward numNodes when pods can run again; "
+        "torchrun's c10d rendezvous re-forms the group and the trainer resumes from the newest checkpoint, with "
+        "gradient accumulation recomputed so the global batch stays the same. Needs output.claimName and strategy "
+        "ddp. Unset: a fixed gang of numNodes.",
+    )
     gpus_per_node: int = Field(
         default=1, ge=0, le=64, description="GPUs requested per pod, one training process each; 0 runs on CPU."
     )
@@ -131,6 +140,16 @@ class DistributedSpec(ApiModel):
     def world_size(self) -> int:
         return self.num_nodes * self.processes_per_node
 
+    @property
+    def elastic(self) -> bool:
+        """numNodes is a range: minNodes..numNodes nodes."""
+        return self.min_nodes is not None and self.min_nodes < self.num_nodes
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest nodes the job trains on (numNodes for a fixed gang)."""
+        return self.min_nodes if self.min_nodes is not None else self.num_nodes
+
     @model_validator(mode="after")
     def _strategy_rules(self) -> "DistributedSpec":
         errors: list[FieldError] = []
@@ -160,6 +179,17 @@ class DistributedSpec(ApiModel):
                 FieldError("deepspeed.offloadOptimizer", self.deepspeed.offload_optimizer,
                            "a CPU job has no GPU memory to offload from",
                            "set offloadOptimizer/offloadParams: none, or request gpusPerNode")
+            )
+        if self.min_nodes is not None and self.min_nodes > self.num_nodes:
+            errors.append(
+                FieldError("minNodes", self.min_nodes, f"more than numNodes ({self.num_nodes}), the most the job "
+                           "grows to", f"set minNodes to at most {self.num_nodes}, or raise numNodes")
+            )
+        if self.elastic and self.strategy != "ddp":
+            errors.append(
+                FieldError("minNodes", self.min_nodes, f"an elastic job resumes its checkpoints on another number of "
+                           f"processes, which strategy {self.strategy}'s sharded optimizer states cannot be loaded "
+                           "on without a conversion", "use strategy ddp for an elastic job, or remove minNodes")
             )
         if self.gpus_per_node > 0 and self.cpu_processes_per_node != 1:
             errors.append(

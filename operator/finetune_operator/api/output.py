@@ -88,6 +88,13 @@ class CheckpointSpec(ApiModel):
     )
     save_steps: int = Field(default=500, ge=1, description="Optimizer steps between checkpoints (saveStrategy steps).")
     keep: int = Field(default=3, ge=1, le=1000, description="Complete checkpoints kept (save_total_limit).")
+    overlap: bool = Field(
+        default=True,
+        description="Write checkpoints in the background: training stands still only while what a checkpoint holds "
+        "is copied to host memory, and goes on while it is written, verified and marked complete (only a complete "
+        "one is ever resumed from). Applies to strategy ddp without output.uri (whose uploads are in the "
+        "background already), checkpoint pushes or early stopping; false: training waits for every save.",
+    )
     resume: str = Field(
         default="auto",
         min_length=1,

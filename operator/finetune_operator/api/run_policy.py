@@ -54,6 +54,16 @@ class RunPolicy(ApiModel):
         default=3, ge=0, le=1000,
         description="Gang restarts allowed: when any node fails, the whole attempt is replaced, up to this many times.",
     )
+    in_place_restarts: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="Restarts on the same pods before a gang restart: a worker that fails with a retryable error "
+        "is restarted by torchrun on its pod (at most this many times per pod, --max-restarts) and the group "
+        "re-forms; a pod that fails or is lost is replaced alone (at most this many per attempt that failed by "
+        "themselves; pods stopped from outside are not counted). Past that a failure restarts the gang (counted "
+        "against backoffLimit). Permanent errors (data, config, divergence) fail the job as ever. Needs "
+        "output.claimName when numNodes > 1. Unset: 3 for an elastic job (distributed.minNodes), else 0 (every "
+        "failure restarts the gang).",
+    )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job once it has been active this long, restarts included; time "
         "spent Queued (waiting for Kueue's admission) or Suspended does not count (status.activeSeconds)."

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from .base import ApiModel
 from .data import DataSpec
 from .distributed import DistributedSpec
+from .elastic import elastic_rules
 from .errors import FieldError, SpecRuleErrors
 from .evaluation import EvaluationSpec
 from .grpo_rules import grpo_rules
@@ -378,4 +379,5 @@ RULES = (
     Rule(("output", "pod", "tracking"), _credential_rules),
     Rule(("data", "pod", "output"), _cache_rules),
     Rule(("model", "method", "data", "pod", "s3"), _s3_rules),
+    Rule(("distributed", "training", "checkpoints", "output", "run_policy"), elastic_rules),
 )

@@ -105,11 +105,22 @@ class Goodput(ApiModel):
                                   description="The failure a restart is recovering from (absent otherwise).")
     attempt_since: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
                                       description="When the current attempt was started by a restart.")
+    in_place_recovery_seconds: float = Field(default=0.0, ge=0, description="Wall time from each failure or lost "
+                                             "node until the re-formed worker group (same pods, or the survivors) "
+                                             "made its first step: what restarts in place cost.")
+    checkpoint_stall_seconds: float = Field(default=0.0, ge=0, description="Time the training loop stood still "
+                                            "for checkpoints (the snapshot; the write goes on in the background).")
+    checkpoint_step: int | None = Field(default=None, ge=0, description="The newest checkpoint counted in "
+                                        "checkpointStallSeconds.")
 
 
 class CheckpointRef(ApiModel):
     step: int = Field(ge=0, description="Global step of the newest complete checkpoint.")
     path: str = Field(max_length=4096, description="Its directory inside the output volume.")
+    stall_seconds: float | None = Field(default=None, ge=0, description="How long training stood still for this "
+                                        "checkpoint (with overlapped saves: the snapshot to host memory).")
+    save_seconds: float | None = Field(default=None, ge=0, description="From the save's start until the checkpoint "
+                                       "was complete (marked) on the output volume.")
     restored_from: str | None = Field(default=None, max_length=4096, description="The checkpoint the running "
                                       "attempt resumed from (resume: auto resumes only one that the same model and "
                                       "method produced).")
@@ -140,6 +151,45 @@ class UploadStatus(ApiModel):
                                      "upload, or an upload is retried: the store slow or unreachable; training goes "
                                      "on): since when.")
     last_error: str | None = Field(default=None, max_length=1024, description="The store's last error, retried.")
+
+
+class Workers(ApiModel):
+    """The worker group torchrun formed last (an attempt that restarts in place or is elastic re-forms it after a
+    failure, a lost node or a joining one); reported by its rank 0 after its first step."""
+
+    attempt: int | None = Field(default=None, ge=0, description="The attempt it belongs to.")
+    generation: str = Field(max_length=64, description="When the group's rank 0 started: tells groups apart.")
+    nodes: int = Field(ge=1, description="Nodes (pods) in the group.")
+    world_size: int = Field(ge=1, description="Training processes in the group.")
+    gradient_accumulation_steps: int = Field(ge=1, description="Accumulation that keeps the global batch on this "
+                                             "world size.")
+    global_batch_size: int = Field(ge=1, description="Sequences per optimizer step (unchanged by the size).")
+    restart_count: int = Field(default=0, ge=0, description="torchrun's restarts of the workers on rank 0's pod.")
+    cause: str | None = Field(default=None, max_length=1024, description="Why the group before it ended: the most "
+                              "telling failure its workers left (absent for an attempt's first group).")
+    resumed_step: int | None = Field(default=None, ge=0, description="The checkpoint step the group resumed from.")
+    lost_steps: int | None = Field(default=None, ge=0, description="Steps the group before it had made past that "
+                                   "checkpoint, done again.")
+    failed_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"},
+                                  description="When the group before it failed (its first worker to end).")
+    recovery_seconds: float | None = Field(default=None, ge=0, description="From failedAt to this group's first "
+                                           "optimizer step.")
+    timeline: dict[str, float] = Field(default_factory=dict, description="Seconds after failedAt: workersStarted "
+                                       "(detection, torchrun's restart and rendezvous), modelLoaded, "
+                                       "checkpointLoaded, firstStep.")
+    at: dict[str, str] = Field(default_factory=dict, description="The same phases' ends on the wall clock "
+                               "(RFC 3339, milliseconds).")
+
+
+class Recovery(ApiModel):
+    """The operator's account of the current attempt's lost pods and worker groups (what was already announced)."""
+
+    attempt: int = Field(ge=0, description="The attempt counted here.")
+    pods_failed: int = Field(default=0, ge=0, description="Its Job's failed pods already looked at.")
+    pod_failures: int = Field(default=0, ge=0, description="Of those, pods that failed by themselves (not stopped "
+                              "from outside): counted against runPolicy.inPlaceRestarts.")
+    generation: str | None = Field(default=None, max_length=64, description="The worker group last announced.")
+    nodes: int | None = Field(default=None, ge=1, description="Its nodes.")
 
 
 class Reporter(ApiModel):
@@ -199,7 +249,16 @@ class FineTuneJobStatus(ApiModel):
                                   "runPolicy.scheduleTimeoutSeconds and retried (not counted against backoffLimit).")
     disruptions: int = Field(default=0, ge=0, description="Gang restarts because a pod was stopped from outside "
                              "(deleted, evicted, preempted, a node drained): not counted against backoffLimit.")
-    nodes: str | None = Field(default=None, max_length=32, description="Nodes running / nodes requested, e.g. 2/2.")
+    nodes: str | None = Field(default=None, max_length=32, description="Nodes running / nodes requested, e.g. "
+                              "2/2; an elastic job adds its minimum: 3/4 (min 2).")
+    restarts_in_place: int = Field(default=0, ge=0, description="Worker groups re-formed on the same pods after a "
+                                   "failure or a lost node (runPolicy.inPlaceRestarts), instead of a gang restart.")
+    nodes_lost: int = Field(default=0, ge=0, description="Pods of a job that restarts in place that failed or were "
+                            "stopped, and were replaced alone (the others kept running).")
+    recovery: Recovery | None = Field(default=None, description="The operator's account of lost pods and worker "
+                                      "groups of the current attempt.")
+    workers: Workers | None = Field(default=None, description="The worker group torchrun formed last (reported by "
+                                    "its rank 0).")
     gpus: int | None = Field(default=None, ge=0, description="GPUs requested by one attempt.")
     global_batch_size: int | None = Field(default=None, ge=1, description="Sequences per optimizer step.")
     progress: Progress | None = Field(default=None, description="Training progress reported by rank 0.")

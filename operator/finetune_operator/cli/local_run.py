@@ -117,6 +117,8 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
         c.ENV_TORCH_EXTENSIONS_DIR: str(Path.home() / ".cache" / "finetunejob" / "torch_extensions"),
         c.ENV_TRITON_CACHE_DIR: str(workdir / "cache" / "triton"),
     })
+    if c.ENV_PET_LOCAL_ADDR in env:  # restarts in place: each node's agent is named by its address, here this host's
+        env.update({c.ENV_PET_LOCAL_ADDR: "127.0.0.1", c.ENV_PET_RDZV_ID: f"{job.name}-local"})
     return env
 
 

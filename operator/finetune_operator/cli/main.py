@@ -19,6 +19,7 @@ from .. import __version__
 from ..api import exit_codes
 from ..api.constants import DEFAULT_TRAINER_IMAGE
 from ..api.crd import all_crds_yaml
+from ..api.elastic import accumulation_steps, in_place_restart_limit
 from ..api.errors import FieldError, InvalidSpec
 from ..api.runtime_layers import resolve_offline
 from ..api.transformers_names import TRANSFORMERS_VERSION
@@ -163,6 +164,15 @@ def describe(job: ValidatedJob, local: bool = False) -> str:
         f"{t.gradient_accumulation_steps} accumulation x {d.world_size} process(es)",
         f"  tracking:   {', '.join(s.tracking.trackers)}",
     ]
+    if d.elastic:
+        sizes = ", ".join(f"{accumulation_steps(s, n * d.processes_per_node)} on {n}"
+                          for n in range(d.fewest_nodes, d.num_nodes))
+        lines.insert(2, f"  elastic:    {d.fewest_nodes} to {d.num_nodes} node(s); the global batch stays, with "
+                        f"accumulation {sizes} node(s)")
+    limit = in_place_restart_limit(s)
+    if limit:
+        lines.append(f"  restarts:   a failed worker restarts on its pod (at most {limit} times per pod), a lost pod "
+                     "is replaced alone")
     if s.output.uri is not None:
         lines.append(f"  output:     {s.output.uri} (checkpoints uploaded as they are saved; resumes from there)")
     if s.output.push is not None:

@@ -35,6 +35,33 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def argv_of(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def training_process(pids: list[int], argv: Callable[[int], list[bytes]], parent: Callable[[int], int]) -> int:
+    """A training process among a pod's: a child of torchrun's agent (forked from ours, finetune_trainer.agent, so
+    with its argv; or started by torchrun's own with the trainer module's)."""
+    agents = set()
+    for pid in pids:
+        try:
+            if {b"finetune_trainer.agent", b"torch.distributed.run"} & set(argv(pid)):
+                agents.add(pid)
+        except OSError:
+            continue
+    for pid in pids:
+        try:
+            if parent(pid) in agents:
+                return pid
+        except OSError:
+            continue
+    raise LookupError(f"no training process among {pids}")
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     """A preexec_fn: the child gets `sig` when the process that started it dies, even by SIGKILL (Linux
     PR_SET_PDEATHSIG); a launcher gets SIGTERM and stops its trainers gracefully, so nothing outlives

@@ -43,7 +43,8 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
     slim["metadata"]["owner"] = next((r.get("uid") for r in meta.get("ownerReferences") or []
                                       if r.get("controller") and r.get("kind") == c.KIND), None)
     kept = {k: v for k, v in (meta.get("annotations") or {}).items()
-            if k in (c.ANNOTATION_SUSPENDED, c.ANNOTATION_POD_SET_HASH, c.ANNOTATION_ATTEMPT_SPEC_HASH)}
+            if k in (c.ANNOTATION_SUSPENDED, c.ANNOTATION_POD_SET_HASH, c.ANNOTATION_ATTEMPT_SPEC_HASH,
+                     c.ANNOTATION_RESTARTS_IN_PLACE, c.ANNOTATION_MIN_NODES)}
     if kept:
         slim["metadata"]["annotations"] = kept
     return slim

@@ -5,7 +5,11 @@ Updated only when the phase changes (a status write happens then anyway), so acc
   `runningSince` marks the open period (now - runningSince) x gpus is still to be added.
 - restartDowntimeSeconds: wall time from each detected failure until the next gang ran again.
 - stepsRedone: optimizer steps done twice because of restarts: the step the failed attempt reported last minus
-  the step of the checkpoint the next attempt resumes from (only if that report came from the failed attempt).
+  the step of the checkpoint the next attempt resumes from (only if that report came from the failed attempt);
+  for a worker group re-formed in place, the steps its trainer says it redid.
+- inPlaceRecoverySeconds: from each failure to the first step of the worker group re-formed in place (the trainer's
+  figure, controller/in_place.py); a group of another size also closes the GPU-hours period at the old size.
+- checkpointStallSeconds: what each new checkpoint (status.checkpoint.stallSeconds) held training up.
 """
 
 from datetime import datetime
@@ -21,7 +25,9 @@ def account(status: dict[str, Any], before: dict[str, Any], now: datetime, gpus:
             resumed_step: int | None) -> None:
     """Updates status["goodput"] in place from the phase change before -> status (both operator status dicts)."""
     was, phase = before.get("phase"), status.get("phase")
-    goodput = dict(before.get("goodput") or NOTHING_YET)
+    # What the pass already changed (a re-formed worker group, lifecycle.py), else what the status held.
+    goodput = dict(status.get("goodput") or before.get("goodput") or NOTHING_YET)
+    _checkpoint_stall(goodput, before.get("checkpoint") or {})
     if was == "Running" and phase != "Running":
         since = parse_time(goodput.pop("runningSince", None))
         if since is not None:
@@ -44,3 +50,28 @@ def account(status: dict[str, Any], before: dict[str, Any], now: datetime, gpus:
         goodput["attemptSince"] = format_time(now)  # later reports belong to the next attempt
     if goodput != NOTHING_YET or before.get("goodput"):
         status["goodput"] = goodput
+
+
+def _checkpoint_stall(goodput: dict[str, Any], checkpoint: dict[str, Any]) -> None:
+    """Adds the stall of a checkpoint not counted yet (the trainer reports each one's)."""
+    step, stall = checkpoint.get("step"), checkpoint.get("stallSeconds")
+    if step is None or stall is None or step == goodput.get("checkpointStep"):
+        return
+    goodput["checkpointStep"] = step
+    goodput["checkpointStallSeconds"] = round(goodput.get("checkpointStallSeconds", 0.0) + float(stall), 3)
+
+
+def regrouped(goodput: dict[str, Any] | None, now: datetime, gpus_before: int, gpus_after: int, recovery: float,
+              lost_steps: int) -> dict[str, Any]:
+    """A worker group re-formed in place: its recovery and redone steps added; another size closes the running
+    period at the old size (GPU-hours count the GPUs that trained)."""
+    goodput = dict(goodput or NOTHING_YET)
+    if recovery or lost_steps:
+        goodput["inPlaceRecoverySeconds"] = round(goodput.get("inPlaceRecoverySeconds", 0.0) + recovery, 3)
+        goodput["stepsRedone"] = goodput.get("stepsRedone", 0) + lost_steps
+    since = parse_time(goodput.get("runningSince"))
+    if since is not None and gpus_before != gpus_after:
+        hours = max((now - since).total_seconds(), 0.0) * gpus_before / SECONDS_PER_HOUR
+        goodput["gpuHours"] = round(goodput.get("gpuHours", 0.0) + hours, 4)
+        goodput["runningSince"] = format_time(now)
+    return goodput

@@ -7,7 +7,7 @@ Kueue's labels in suspension.py, the conditions in conditions.py.
 """
 
 import re
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from ..api import constants as c
@@ -19,6 +19,7 @@ from ..fit import WARN_FRACTION
 from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import goodput, queueing
 from .conditions import set_conditions
+from .in_place import announce_workers, lost_pods, nodes_text
 from .observed import (
     DISRUPTED,
     RUNTIME_RETRY_SECONDS,
@@ -26,18 +27,22 @@ from .observed import (
     attempt_nodes,
     attempt_of,
     classify_failure,
+    failed_pods,
     format_time,
     job_ended_failed,
     job_failed,
     job_succeeded,
+    min_nodes_of,
     parse_time,
     preflight_report,
     ready_pods,
+    restarts_in_place_of,
     succeeded_pods,
 )
 from .planning import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, condition_time, finish, finished
 from .settings import Settings
 from .suspension import edited, follow_kueue_labels, resume_edited, resuming, suspension
+from .upkeep import active_clock, active_seconds, post_notice, stale_progress
 from .waiting import CREATE_REFUSALS, never_fits, refused, waiting
 
 
@@ -70,9 +75,9 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     set_conditions(p, obs)
-    _post_notice(p, obs)
-    _active_clock(p, obs)
-    _stale_progress(p, obs)
+    post_notice(p, obs)
+    active_clock(p, obs)
+    stale_progress(p, obs)
     phase, reason = p.status.get("phase"), p.status.get("reason")
     waits = phase == "Pending" and reason in WAITING_REASONS
     queued = phase == "Queued"
@@ -126,52 +131,6 @@ def _keep_admission(p: Plan, obs: Observed, settings: Settings) -> None:
         p.offer_kueue = held["name"]
 
 
-# Phases in which no attempt trains: the trainer's last progress is marked as the last attempt's and has no ETA.
-STOPPED_PHASES = ("Queued", "Suspended", "Restarting", "Failed")
-
-
-def _stale_progress(p: Plan, obs: Observed) -> None:
-    """The one trainer-owned field the operator touches: a stopped attempt's ETA would read as if it were running
-    (ETA 4s on a preempted job), so it is cleared and the progress marked Stopped, once."""
-    progress = obs.status.get("progress") or {}
-    if p.status.get("phase") in STOPPED_PHASES and progress and progress.get("phase") != "Stopped":
-        p.status["progress"] = {"phase": "Stopped", "eta": None,
-                                "message": f"the last report of attempt {obs.status.get('attempt')}, which is not "
-                                           "running"}
-
-
-# Phases whose time counts against runPolicy.activeDeadlineSeconds: not the time a job waits in Kueue's queue or
-# is suspended.
-COUNTED_PHASES = ("Pending", "Running", "Restarting")
-
-
-def active_seconds(status: dict[str, Any], now: datetime) -> float:
-    """Seconds the job has been active (not Queued or Suspended): what activeDeadlineSeconds limits."""
-    if "activeSince" not in status and "activeSeconds" not in status:  # a job an older operator started
-        since = parse_time(status.get("startTime"))
-    else:
-        since = parse_time(status.get("activeSince"))
-    return float(status.get("activeSeconds") or 0) + ((now - since).total_seconds() if since else 0.0)
-
-
-def _active_clock(p: Plan, obs: Observed) -> None:
-    st = p.status
-    counting = st.get("phase") in COUNTED_PHASES
-    if not counting and st.get("activeSince"):
-        st["activeSeconds"] = int(active_seconds(st, obs.now))
-        del st["activeSince"]
-    elif counting and not st.get("activeSince"):
-        st["activeSince"] = st.get("startTime") if "activeSeconds" not in st else format_time(obs.now)
-
-
-def _post_notice(p: Plan, obs: Observed) -> None:
-    """The trainer's latest warning (status.notice: it may only write its own status) as a Warning Event, once."""
-    notice = obs.status.get("notice") or {}
-    if notice.get("time") and notice.get("time") != obs.status.get("noticePosted"):
-        p.events.append(Event("Warning", str(notice.get("reason") or "TrainerWarning"), str(notice.get("message"))))
-        p.status["noticePosted"] = notice["time"]
-
-
 def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> None:
     spec, st, now = job.spec, p.status, obs.now
     # GPUs and the global batch of the running attempt: an edit of the topology applies from the next attempt.
@@ -180,7 +139,7 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
     if not st.get("attempt"):
         # The message the first look at the attempt would write anyway: one status write fewer per job.
         st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
-                  message=f"attempt 1: 0/{spec.distributed.num_nodes} node(s) running")
+                  message=f"attempt 1: {_nodes_text(spec, 0)} node(s) running")
         if never_fits(p, job, obs):
             return
     attempt = st["attempt"]
@@ -262,14 +221,20 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
     if p.resume_from:  # the trainer checks it was made by the same model and method (else exit 78, explained)
         p.create_events.append(Event("Normal", "Resuming", f"attempt {st['attempt']} starts from {p.resume_from} "
                                                     f"(step {checkpoint.get('step', 0)})"))
-    st["nodes"] = f"0/{job.spec.distributed.num_nodes}"
+    st["nodes"] = _nodes_text(job.spec, 0)
     if st.get("phase") != "Restarting":
         st["phase"] = "Pending"
+
+
+def _nodes_text(spec: Any, running: int) -> str:
+    return nodes_text(running, spec.distributed.num_nodes, spec.distributed.fewest_nodes)
 
 
 def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) -> None:
     spec, st = job.spec, p.status
     nodes = attempt_nodes(workload, spec.distributed.num_nodes)  # the running attempt's topology, not an edit's
+    fewest = min_nodes_of(workload, nodes)  # an elastic attempt trains on fewer (and Kueue may admit fewer)
+    in_place = restarts_in_place_of(workload) is not None
     want_suspend = spec.suspend
     is_suspended = bool((workload.get("spec") or {}).get("suspend"))
     # The digest is computed only when it can matter (a resume, a new generation), not on every pass.
@@ -285,7 +250,9 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
             f"the spec was edited (generation {obs.generation}); attempt {st['attempt']} keeps the spec it was "
             f"created with (only runPolicy and suspend apply at once): {how}")))
     queued = suspension(p, obs, workload, want_suspend, is_suspended)
-    if nodes != spec.distributed.num_nodes and not finished(workload):
+    # Kueue may admit an elastic attempt with fewer pods (partial admission): that is no edit of the topology.
+    resized = min_nodes_of(workload, 0) > 0 and fewest <= nodes <= spec.distributed.num_nodes
+    if nodes != spec.distributed.num_nodes and not finished(workload) and not resized:
         p.topology_change = (f"spec.distributed.numNodes is {spec.distributed.num_nodes}, attempt {st['attempt']} "
                              f"runs on {nodes} node(s): the new topology applies from the next attempt (a gang "
                              "restart); the running one keeps its own")
@@ -293,12 +260,20 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
     # Pods that finished their work still count: a gang whose first node exits a moment before the others is
     # finishing, not Pending again.
     running = ready + succeeded_pods(workload)
-    st["nodes"] = f"{min(running, nodes)}/{nodes}"
+    st["nodes"] = nodes_text(min(running, nodes), nodes, fewest)
+    ended = None
+    if in_place and (want_suspend or is_suspended):  # pods stopped by a suspend are no lost nodes
+        st["recovery"] = {**(st.get("recovery") or {}), "attempt": st["attempt"], "podsFailed": failed_pods(workload)}
+    elif in_place and not finished(workload):
+        ended = lost_pods(p, job, obs, workload)
     if job_succeeded(workload):
-        finish(p, obs, "Succeeded", "Succeeded", f"attempt {st['attempt']} completed on {nodes} node(s)")
-    elif job_failed(workload):  # kept (see _advance): its pods tell what happened
-        code, reason, message = classify_failure(obs.pods)
+        finish(p, obs, "Succeeded", "Succeeded", f"attempt {st['attempt']} completed on "
+               f"{(obs.status.get('workers') or {}).get('nodes') or nodes} node(s)")
+    elif job_failed(workload) or ended is not None:  # kept (see _advance): its pods tell what happened
+        code, reason, message = ended or classify_failure(obs.pods)
         _failed_attempt(p, job, obs, reason, message, code=code)
+        if ended is not None:  # its Job would replace the pods: the operator ends it
+            p.delete_workloads.append(workload["metadata"]["name"])
     elif want_suspend:
         st.update(phase="Suspended", reason="Suspended", message="suspended by spec.suspend; "
                   "checkpoints are kept and the job resumes from the newest one"
@@ -310,13 +285,18 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
     elif is_suspended:  # our own unsuspend (spec.suspend cleared) is on its way
         st.update(phase="Pending", reason="Resuming", message=f"attempt {st['attempt']}: resuming from the newest "
                   "checkpoint")
-    elif running >= nodes:
-        if st.get("phase") != "Running" or ready == nodes:
-            st.update(phase="Running", reason="Running",
-                      message=f"attempt {st['attempt']}: {nodes} node(s) running")
+    elif running >= fewest:
+        if st.get("phase") != "Running" or ready >= fewest:
+            text = f"{nodes}" if fewest == nodes else nodes_text(min(running, nodes), nodes, fewest)
+            st.update(phase="Running", reason="Running", message=f"attempt {st['attempt']}: {text} node(s) running")
+        if in_place:
+            announce_workers(p, job, obs)
         _stall_check(p, job, obs, workload["metadata"]["name"])
     else:
-        waiting(p, job, obs, workload, min(running, nodes), nodes)
+        # A gang that restarts in place waits for its replaced pod as long as torchrun's rendezvous does, once it
+        # has trained (its Job is old: the schedule timeout counts from its creation).
+        formed = (st.get("recovery") or {}).get("attempt") == st["attempt"] and st["recovery"].get("generation")
+        waiting(p, job, obs, workload, min(running, nodes), nodes, fewest, timeout_applies=not formed)
 
 
 def _failed_attempt(p: Plan, job: ValidatedJob, obs: Observed, reason: str, message: str, code: int | None) -> None:

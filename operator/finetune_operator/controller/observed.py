@@ -28,9 +28,34 @@ def job_ended_failed(job: dict[str, Any]) -> bool:
 
 def job_failed(job: dict[str, Any]) -> bool:
     """The attempt failed: its Job failed, or a pod failed in a Job queued in Kueue (which never fails by itself:
-    render/workload.py), whose other pods still run until the operator deletes it."""
+    render/workload.py), whose other pods still run until the operator deletes it. A pod of an attempt that restarts
+    in place is replaced alone: the operator counts those (controller/in_place.py)."""
     spec, status = job.get("spec") or {}, job.get("status") or {}
+    if restarts_in_place_of(job) is not None:
+        return job_ended_failed(job)
     return job_ended_failed(job) or (int(spec.get("backoffLimit") or 0) > 0 and int(status.get("failed") or 0) > 0)
+
+
+def _annotation_int(job: dict[str, Any], key: str) -> int | None:
+    value = ((job.get("metadata") or {}).get("annotations") or {}).get(key)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def restarts_in_place_of(job: dict[str, Any]) -> int | None:
+    """How many of its pods an attempt may lose by their own failure and replace alone (runPolicy.inPlaceRestarts
+    as it was rendered), or None: a fixed gang, which any failure restarts."""
+    return _annotation_int(job, c.ANNOTATION_RESTARTS_IN_PLACE)
+
+
+def min_nodes_of(job: dict[str, Any], default: int) -> int:
+    """The fewest nodes an attempt trains on: an elastic one's minNodes, else all of them."""
+    value = _annotation_int(job, c.ANNOTATION_MIN_NODES)
+    return value if value is not None else default
+
+
+def failed_pods(job: dict[str, Any]) -> int:
+    """The Job controller's count of its pods that failed (or were deleted before they succeeded)."""
+    return int((job.get("status") or {}).get("failed") or 0)
 
 
 def job_succeeded(job: dict[str, Any]) -> bool:

@@ -11,7 +11,8 @@ from .observed import format_time, job_ended_failed, job_succeeded, parse_time
 OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt", "restarts", "scheduleRetries",
                           "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
                           "goodput", "preflight", "noticePosted", "kueueDeactivated", "activeSeconds", "activeSince",
-                          "disruptions", "runtime", "memoryEstimate")
+                          "disruptions", "runtime", "memoryEstimate", "restartsInPlace", "nodesLost",
+                          "recovery")
 CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
                    "Succeeded", "Failed")
 

@@ -82,6 +82,16 @@ REASONS: Final = {
     "RewardFunctionFailed": Reason("Failed; Event Warning", "a reward function of method.grpo.rewards is missing, "
                                    "raised, or returned the wrong number of rewards or NaN: its name and the row "
                                    "are in the message (exit 78)"),
+    # Events only: an attempt that restarts in place (runPolicy.inPlaceRestarts, distributed.minNodes).
+    "NodeLost": Reason("Event Warning", "a pod of an attempt that restarts in place failed or was stopped: it is "
+                       "replaced alone, the others keep running (counted against runPolicy.inPlaceRestarts unless "
+                       "stopped from outside)"),
+    "RestartedInPlace": Reason("Event Warning", "the workers restarted on the same pods and resumed from the newest "
+                               "checkpoint, with the cause, the steps redone and the recovery time"),
+    "Shrunk": Reason("Event Warning", "an elastic job trains on the surviving nodes of a lost one (at least "
+                     "distributed.minNodes), its global batch kept"),
+    "Grew": Reason("Event Normal", "an elastic job took a node back (at most distributed.numNodes), its global batch "
+                   "kept"),
     # Events only.
     "SpecEdited": Reason("Event Normal", "the spec was edited while an attempt runs: the edit applies from the next "
                          "attempt"),

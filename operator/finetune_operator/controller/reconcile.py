@@ -24,6 +24,7 @@ from ..render import RenderContext, render_all, render_trainer_identity
 from ..render.preflight import PREFLIGHT_ATTEMPT, render_preflight
 from .cache import Snapshot
 from .expectations import Expectations
+from .in_place import pods_needed
 from .kube import Kube, NameConflict
 from .lifecycle import plan
 from .merge_patch import merge_patch
@@ -128,8 +129,9 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
         # A preflight that just passed: its pod's termination message carries the memory estimate for the status.
         preflight_passed = status.get("preflight") == "Running" and any(
             job_succeeded(w) for w in view.workloads if attempt_of(w) == 0)
-        pods = kube.list_pods(view.namespace, view.name) if current_failed or waiting or preflight_passed or \
-            status.get("phase") == "Restarting" else []
+        lost = current is not None and pods_needed(current, status)  # a pod of an attempt in place failed
+        pods = kube.list_pods(view.namespace, view.name) if current_failed or waiting or preflight_passed or lost \
+            or status.get("phase") == "Restarting" else []
     events = kube.list_job_events(view.namespace, current["metadata"]["name"]) if waiting and current else []
     # A new job asking for GPUs: does any node have that many? (A Warning at once instead of a wait.)
     gpus = job.spec.distributed.gpus_per_node if not isinstance(job, InvalidSpec) else 0

@@ -9,6 +9,7 @@ from ..api import constants as c
 from ..api.validation import ValidatedJob
 from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import capacity, queueing
+from .in_place import nodes_text
 from .observed import (
     ATTEMPT_REFUSED,
     NAME_CONFLICT,
@@ -48,11 +49,12 @@ def never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
     runPolicy.capacityShortage: wait) nothing is created until the nodes can hold it, or (False, create) the
     attempt is created for a cluster autoscaler to see."""
     st, d, resource = p.status, job.spec.distributed, job.spec.resources.gpu_resource_name
-    gang = d.num_nodes * d.gpus_per_node
+    # An elastic job needs minNodes of them to start (and takes more when they come).
+    gang = d.fewest_nodes * d.gpus_per_node
     quota = capacity.quota_limit(obs.quotas or [], resource) if gang else None
     if quota is not None and gang > quota[1]:
         finish(p, obs, "Failed", "QuotaTooSmall", (
-            f"the gang needs {gang} {resource} ({d.num_nodes} node(s) x {d.gpus_per_node}), but ResourceQuota "
+            f"the gang needs {gang} {resource} ({d.fewest_nodes} node(s) x {d.gpus_per_node}), but ResourceQuota "
             f"{quota[0]} of this namespace allows {quota[1]}: it can never run here; ask for at most {quota[1]} "
             f"(numNodes x gpusPerNode) or have the quota raised"))
         return True
@@ -76,9 +78,9 @@ def never_fits(p: Plan, job: ValidatedJob, obs: Observed) -> bool:
             f"spec.distributed.gpusPerNode is {d.gpus_per_node}, but the largest of {where} ({node}) has {most} "
             f"{resource} allocatable: no node can run a pod of this job; ask for at most {most} per node (e.g. "
             f"numNodes {-(-gang // most)} x gpusPerNode {most}) or add nodes with more GPUs; {then}"))
-    elif cap.slots < d.num_nodes:
+    elif cap.slots < d.fewest_nodes:
         st.update(reason="InsufficientCapacity", message=(
-            f"the gang needs {d.num_nodes} pod(s) of {d.gpus_per_node} {resource} ({gang} in all), but {where} "
+            f"the gang needs {d.fewest_nodes} pod(s) of {d.gpus_per_node} {resource} ({gang} in all), but {where} "
             f"hold {cap.slots} such pod(s) ({cap.total} {resource} on {cap.nodes} node(s)): it cannot run until "
             f"nodes are added; {then}"))
     else:
@@ -113,14 +115,17 @@ def refused(p: Plan, obs: Observed, attempt: int) -> None:
         p.status["phase"] = "Pending"
 
 
-def waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int, nodes: int) -> None:
-    """Not every node runs: say why (from the pods and the Job's events, once they were read), give up on a
-    partial gang after scheduleTimeoutSeconds, and look again soon: no pod watch tells us when things change."""
+def waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int, nodes: int,
+            fewest: int | None = None, timeout_applies: bool = True) -> None:
+    """Not every node runs (not minNodes of an elastic attempt): say why (from the pods and the Job's events, once
+    they were read), give up on a partial gang after scheduleTimeoutSeconds, and look again soon: no pod watch
+    tells us when things change."""
     st = p.status
     why = waiting_reason(obs.pods, obs.events)
     created = parse_time((workload.get("metadata") or {}).get("creationTimestamp"))
     age = (obs.now - created).total_seconds() if created is not None else 0.0
-    timeout = job.spec.run_policy.schedule_timeout_seconds
+    timeout = job.spec.run_policy.schedule_timeout_seconds if timeout_applies else None
+    count = nodes_text(running, nodes, fewest or nodes)
     queued = queueing.managed(workload, queueing.kueue_workload(obs.kueue_workloads, workload))
     if timeout and not queued and created is not None and age >= timeout:
         schedule_timeout(p, job, obs, workload, running, nodes, why)
@@ -129,15 +134,15 @@ def waiting(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any],
     if timeout and not queued and created is not None:
         p.requeue(timeout - age)
     if why is not None:
-        st.update(phase="Pending", reason=why[0], message=f"attempt {st['attempt']}: {running}/{nodes} node(s) "
-                  f"running; {why[1]}")
+        st.update(phase="Pending", reason=why[0], message=f"attempt {st['attempt']}: {count} node(s) running; "
+                  f"{why[1]}")
     elif (not obs.looked and st.get("phase") == "Pending" and st.get("reason") in WAITING_REASONS
           and st.get("reason") not in CREATE_REFUSALS):  # a refusal is over once the Job exists
         return  # not looked at this pass: the reason found last time stands until the next look
     elif st.get("phase") != "Restarting" or running:  # a restarted gang reads Restarting until its pods run
         keep = st.get("reason") if st.get("phase") == "Pending" and st.get("reason") not in WAITING_REASONS else None
         st.update(phase="Pending", reason=keep or "Pending",
-                  message=f"attempt {st['attempt']}: {running}/{nodes} node(s) running")
+                  message=f"attempt {st['attempt']}: {count} node(s) running")
 
 
 def schedule_timeout(p: Plan, job: ValidatedJob, obs: Observed, workload: dict[str, Any], running: int,

@@ -4,9 +4,10 @@ import posixpath
 from typing import Any
 
 from ..api import constants as c
+from ..api.elastic import in_place_restart_limit, restarts_in_place
 from ..api.spec import FineTuneJobSpec
 from .context import RenderContext
-from .names import master_address
+from .names import master_address, pod_address
 from .trainer_config import cache_dir
 
 # The keys of spec.s3.credentialsSecret, as boto reads them from the environment (a session token only for
@@ -18,7 +19,7 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
     """Reserved names come first and users cannot set them (the API rejects it), so nothing is silently overridden."""
     d = spec.distributed
     env: list[dict[str, Any]] = [
-        {"name": c.ENV_PET_NNODES, "value": str(d.num_nodes)},
+        {"name": c.ENV_PET_NNODES, "value": f"{d.min_nodes}:{d.num_nodes}" if d.elastic else str(d.num_nodes)},
         {"name": c.ENV_PET_NPROC_PER_NODE, "value": str(d.processes_per_node)},
         {"name": c.ENV_PET_NODE_RANK,
          "valueFrom": _field_ref(f"metadata.annotations['{c.ANNOTATION_COMPLETION_INDEX}']")},
@@ -37,6 +38,8 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
         {"name": c.ENV_TRITON_CACHE_DIR, "value": posixpath.join(c.CACHE_MOUNT_PATH, "triton")},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    if restarts_in_place(spec):
+        env += rendezvous_env(spec, ctx)
     if d.gpus_per_node == 0:
         # DeepSpeed otherwise probes for CUDA and fails; the CPU accelerator runs ZeRO on gloo.
         env.append({"name": c.ENV_DS_ACCELERATOR, "value": "cpu"})
@@ -57,6 +60,16 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": push.token_secret.name,
                                                                         "key": push.token_secret.key}}})
     return env
+
+
+def rendezvous_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any]]:
+    """torchrun's c10d rendezvous, one per attempt (its id), and its restarts of failed workers on their pods. Each
+    agent names itself by its pod's DNS name (the name other nodes reach its workers by, when it is rank 0; and
+    what orders the ranks: node 0 first). Attempt and index from the pod, as master_address does."""
+    return [{"name": c.ENV_PET_RDZV_BACKEND, "value": c.RDZV_BACKEND_C10D},
+            {"name": c.ENV_PET_RDZV_ID, "value": f"{ctx.name}-a$({c.ENV_ATTEMPT})"},
+            {"name": c.ENV_PET_MAX_RESTARTS, "value": str(in_place_restart_limit(spec))},
+            {"name": c.ENV_PET_LOCAL_ADDR, "value": pod_address(ctx, f"$({c.ENV_PET_NODE_RANK})")}]
 
 
 def _field_ref(path: str) -> dict[str, Any]:

@@ -22,7 +22,12 @@ def master_address(ctx: RenderContext) -> str:
 
     The attempt comes from the pod's own label ($(FINETUNE_ATTEMPT), expanded by the kubelet), so every attempt's
     containers are the same: Kueue then lets the next attempt take over the last one's admitted Workload."""
-    return f"{ctx.name}-a$({c.ENV_ATTEMPT})-0.{service_name(ctx)}.{ctx.namespace}.svc"
+    return pod_address(ctx, "0")
+
+
+def pod_address(ctx: RenderContext, index: str) -> str:
+    """DNS name of the pod of completion index `index` (a number, or $(VAR) for the kubelet to expand)."""
+    return f"{ctx.name}-a$({c.ENV_ATTEMPT})-{index}.{service_name(ctx)}.{ctx.namespace}.svc"
 
 
 def job_labels(ctx: RenderContext, component: str) -> dict[str, str]:

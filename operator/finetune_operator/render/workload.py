@@ -2,9 +2,10 @@
 
 Indexed Jobs are what Kueue and every cluster already understand; the completion index is the node rank and gives
 each pod a stable hostname under the headless Service. backoffLimit 0: the operator owns gang restarts, so one
-failed node fails the Job and the operator replaces the whole attempt. A Job queued in Kueue never fails by itself
-(a failed Job finishes its Workload and gives the quota up): the operator sees its first failed pod, hands the
-admitted Workload to the next attempt and deletes the Job (controller/queueing.py).
+failed node fails the Job and the operator replaces the whole attempt. An attempt that restarts in place
+(api/elastic.py) is the exception: its Job replaces a failed pod alone, and the operator counts those. A Job queued
+in Kueue never fails by itself (a failed Job finishes its Workload and gives the quota up): the operator sees its
+first failed pod, hands the admitted Workload to the next attempt and deletes the Job (controller/queueing.py).
 """
 
 import hashlib
@@ -13,6 +14,7 @@ from typing import Any
 
 from ..api import constants as c
 from ..api.constants import CACHE_VOLUME, CONFIG_VOLUME, OUTPUT_VOLUME, SHM_VOLUME, TMP_VOLUME
+from ..api.elastic import in_place_restart_limit, restarts_in_place
 from ..api.spec import FineTuneJobSpec
 from ..api.volumes import Volume
 from .context import RenderContext
@@ -73,7 +75,15 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
         annotations[c.ANNOTATION_SUSPENDED] = "true"
     if queue and ctx.kueue_workload:
         kueue_labels[c.LABEL_KUEUE_PREBUILT] = ctx.kueue_workload
-    job = {
+    in_place = restarts_in_place(spec)
+    if in_place:
+        annotations[c.ANNOTATION_RESTARTS_IN_PLACE] = str(in_place_restart_limit(spec))
+    if d.elastic:
+        annotations[c.ANNOTATION_MIN_NODES] = str(d.min_nodes)
+        if queue:  # Kueue may admit it with fewer pods (at least minNodes) when its quota is short
+            annotations[c.ANNOTATION_KUEUE_MIN_PARALLELISM] = str(d.min_nodes)
+            annotations[c.ANNOTATION_KUEUE_COMPLETIONS_EQUAL_PARALLELISM] = "true"
+    job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
@@ -86,13 +96,18 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
             "completionMode": "Indexed",
             "completions": d.num_nodes,
             "parallelism": d.num_nodes,
-            "backoffLimit": KUEUE_BACKOFF_LIMIT if queue else 0,
+            # In place, a failed pod is replaced alone (same index, same name) and the operator counts it.
+            "backoffLimit": KUEUE_BACKOFF_LIMIT if queue or in_place else 0,
             # Kueue admits a queued workload by unsuspending it, so a queued job starts suspended.
             "suspend": spec.suspend or bool(queue),
             "podReplacementPolicy": "Failed",
             "template": _pod_template(spec, ctx, labels),
         },
     }
+    if in_place:
+        # Node 0's agent hosts the rendezvous and leaves last (torchrun's exit barrier waits for every agent): its
+        # success is the job's, even when a lost node's replacement never ran (an elastic job that finished smaller).
+        job["spec"]["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
     annotations[c.ANNOTATION_POD_SET_HASH] = pod_set_hash(job)
     return job
 

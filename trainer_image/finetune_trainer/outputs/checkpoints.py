@@ -76,10 +76,12 @@ def incompatibility(directory: Path, spec: Any, keys: tuple[str, ...] = MODEL_KE
                      for key in changed)
 
 
-def mark_complete(directory: Path, producer: dict[str, Any] | None = None) -> dict:
-    """Verifies, then writes the marker by rename, so a crash mid-write never leaves a marker that lies."""
+def mark_complete(directory: Path, producer: dict[str, Any] | None = None,
+                  timings: dict[str, float] | None = None) -> dict:
+    """Verifies, then writes the marker by rename, so a crash mid-write never leaves a marker that lies. `timings`:
+    how long training stood still for the save (stallSeconds) and how long the save took (saveSeconds)."""
     summary = {**verify(directory), "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               **({"producedBy": producer} if producer is not None else {})}
+               **({"producedBy": producer} if producer is not None else {}), **(timings or {})}
     tmp = directory / f".{COMPLETE_MARKER}.tmp"
     tmp.write_text(json.dumps(summary))
     os.replace(tmp, directory / COMPLETE_MARKER)

@@ -114,6 +114,10 @@ class ProgressCallback(TrainerCallback):
         if state.is_world_process_zero and self.checkpoint is not None:
             self._report(self.last_record, force=True)
 
+    def report_checkpoint(self) -> None:
+        """The newest checkpoint, completed after its save (overlapped saves), reported at once."""
+        self._report(self.last_record, force=True)
+
     def attempt_totals(self, state, runtime_seconds: float | None) -> dict[str, Any]:
         """Steps and tokens of this process's training alone: a resumed attempt's rate must not count the tokens
         of the attempts before it (a run resumed at its last step trained nothing)."""
@@ -171,24 +175,35 @@ def _peak_memory_gib() -> float | None:
 
 
 class CheckpointMarkerCallback(TrainerCallback):
-    """After each save: verify the checkpoint and mark it complete (rank 0), then tell the progress callback."""
+    """After each save: verify the checkpoint and mark it complete (rank 0), then tell the progress callback. With
+    overlapped saves (checkpoint_writer.py) the writer marks it once written (`deferred`), through complete()."""
 
     def __init__(self, output_dir: Path, progress: ProgressCallback | None = None,
-                 producer: dict[str, Any] | None = None):
+                 producer: dict[str, Any] | None = None, deferred: bool = False):
         self.output_dir = output_dir
         self.progress = progress
         self.producer = producer  # what made the checkpoint (checkpoints.provenance), recorded in its marker
+        self.deferred = deferred
+        self.save_started: float | None = None  # set by the trainer as a save begins: the stall is measured from it
 
     def on_save(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
+        if self.deferred or not state.is_world_process_zero:
             return
         directory = self.output_dir / f"checkpoint-{state.global_step}"
         if not directory.is_dir():
             return
-        # Raises IncompleteCheckpoint: a save that lost weights is fatal.
-        checkpoints.mark_complete(directory, self.producer)
+        took = time.monotonic() - self.save_started if self.save_started is not None else None
+        self.complete(state.global_step, directory, stall=took, save=took)
+
+    def complete(self, step: int, directory: Path, stall: float | None, save: float | None) -> None:
+        """Marks `directory` complete, its timings in the marker and in status.checkpoint. Raises IncompleteCheckpoint:
+        a save that lost weights is fatal."""
+        timings = {k: round(v, 4) for k, v in (("stallSeconds", stall), ("saveSeconds", save)) if v is not None}
+        checkpoints.mark_complete(directory, self.producer, timings)
         if self.progress is not None:
-            self.progress.checkpoint = {"step": state.global_step, "path": str(directory)}
+            self.progress.checkpoint = {"step": step, "path": str(directory), **timings}
+            if self.deferred and self.progress.last_record:  # the loop's own on_save came before it: say it now
+                self.progress.report_checkpoint()
 
 
 class LearningRateOnResume(TrainerCallback):

@@ -1,13 +1,18 @@
 """The Trainer of a job: transformers' for SFT, TRL's for a preference objective, with our callbacks (progress,
 checkpoint markers, divergence, graceful stop, samples) and a perplexity beside every validation loss."""
 
+import logging
 import math
+import time
 from typing import Any
 
 from finetune_trainer.config import TrainerConfig
 from finetune_trainer.outputs import checkpoints
+from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter, overlapped, save_in_background
 from finetune_trainer.training import advice
 from finetune_trainer.training.model import base_model
+
+log = logging.getLogger(__name__)
 
 
 def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, warnings):
@@ -31,7 +36,9 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     stop = GracefulStop()
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
     # With output.uri, status.checkpoint names a checkpoint once it is complete in the bucket (remote_output).
-    marked = CheckpointMarkerCallback(cfg.output_dir, None if cfg.spec.output.uri else progress, producer)
+    writer = CheckpointWriter() if overlapped(cfg.spec) else None
+    marked = CheckpointMarkerCallback(cfg.output_dir, None if cfg.spec.output.uri else progress, producer,
+                                      deferred=writer is not None)
     callbacks = [marked, progress, watchdog, stop, LearningRateOnResume(warnings)]
     early = cfg.spec.evaluation.early_stopping
     if early is not None:
@@ -123,6 +130,28 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
         def _get_train_sampler(self, *args: Any, **kwargs: Any) -> Any:
             sampler = super()._get_train_sampler(*args, **kwargs)
             return grpo_objective.resumable_sampler(sampler) if grpo else sampler
+
+        def train(self, *args: Any, **kwargs: Any) -> Any:
+            """Whatever ends training waits for the checkpoint being written (overlapped saves)."""
+            try:
+                result = super().train(*args, **kwargs)
+            except BaseException:
+                if writer is not None:
+                    try:
+                        writer.drain()
+                    except Exception as exc:  # the training's own failure is the one to report
+                        log.warning("the checkpoint being written failed too: %s", exc)
+                raise
+            if writer is not None:
+                writer.drain()
+            return result
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            marked.save_started = time.monotonic()
+            if writer is None:
+                super()._save_checkpoint(model, trial)
+            else:
+                save_in_background(self, writer, marked, trial)
 
         def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
             # transformers trains one step past max_steps when it resumes a checkpoint saved at max_steps in mid-epoch

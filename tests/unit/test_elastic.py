@@ -1,0 +1,203 @@
+"""Elastic size and in-place restarts, from the spec to the pod: the rules at apply, what the Job and torchrun are
+given, the accumulation each world size gets, and what a re-formed worker group says about the one before it."""
+
+import json
+
+import pytest
+
+from finetune_operator.api import constants as c
+from finetune_operator.api.elastic import accumulation_steps, in_place_restart_limit, restarts_in_place
+from finetune_operator.api.errors import InvalidSpec
+from finetune_operator.api.validation import validate_job
+from finetune_operator.render import RenderContext
+from finetune_operator.render.workload import pod_set_hash, render_workload
+from finetune_trainer import launch
+from finetune_trainer.config import elastic_accumulation
+from finetune_trainer.training import workers
+from tests.builders import make_job
+from tests.support.pod_runner import expand
+
+CLAIM = {"spec.output.claimName": "shared"}
+
+
+def elastic(nodes=3, fewest=2, per_device=1, accumulation=2, **overrides):
+    return make_job({"spec.distributed.numNodes": nodes, "spec.distributed.minNodes": fewest,
+                     "spec.distributed.gpusPerNode": 0, "spec.training.perDeviceTrainBatchSize": per_device,
+                     "spec.training.gradientAccumulationSteps": accumulation, **CLAIM, **overrides})
+
+
+def errors_of(manifest) -> list[str]:
+    try:
+        validate_job(manifest)
+    except InvalidSpec as exc:
+        return [e.path for e in exc.errors]
+    return []
+
+
+# Every range of up to 4 nodes x micro-batch 1-2 x accumulation 1-4: accepted exactly when each size of the range
+# gets a whole accumulation that keeps the global batch (counted here by brute force).
+RANGES = [(n, m, b, a) for n in range(2, 5) for m in range(1, n) for b in (1, 2) for a in range(1, 5)]
+
+
+@pytest.mark.parametrize(("nodes", "fewest", "per_device", "accumulation"), RANGES,
+                         ids=[f"{m}-{n}nodes-b{b}-a{a}" for n, m, b, a in RANGES])
+def test_a_range_is_accepted_exactly_when_every_size_keeps_the_global_batch(nodes, fewest, per_device, accumulation):
+    global_batch = nodes * per_device * accumulation
+    keeps = all(global_batch % (k * per_device) == 0 for k in range(fewest, nodes + 1))
+    found = errors_of(elastic(nodes, fewest, per_device, accumulation))
+    assert found == ([] if keeps else ["spec.distributed.minNodes"])
+    if keeps:
+        spec = validate_job(elastic(nodes, fewest, per_device, accumulation)).spec
+        for k in range(fewest, nodes + 1):
+            steps = accumulation_steps(spec, k)
+            assert steps * k * per_device == global_batch == elastic_accumulation(spec, k) * k * per_device
+
+
+def test_the_refusal_names_the_sizes_and_a_batch_that_works():
+    with pytest.raises(InvalidSpec) as raised:
+        validate_job(elastic(4, 2, 1, 1))
+    text = raised.value.errors[0].render()
+    assert "cannot stay the same on 3 node(s)" in text and "a multiple of 12 (e.g. gradientAccumulationSteps 3)" in text
+
+
+@pytest.mark.parametrize(("overrides", "path"), [
+    ({"spec.distributed.minNodes": 4}, "spec.distributed.minNodes"),
+    ({"spec.distributed.strategy": "deepspeed"}, "spec.distributed.minNodes"),
+    ({"spec.output.claimName": None}, "spec.output.claimName"),
+    ({"spec.checkpoints.saveStrategy": "no"}, "spec.checkpoints.saveStrategy"),
+    ({"spec.runPolicy.inPlaceRestarts": 0}, "spec.runPolicy.inPlaceRestarts"),
+], ids=["more-than-numNodes", "sharded-optimizer", "no-shared-output", "no-checkpoints", "no-restarts"])
+def test_what_an_elastic_job_cannot_do_is_refused_at_apply(overrides, path):
+    manifest = elastic(**{k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("spec.output.claimName", "") is None:
+        manifest["spec"].pop("output")
+    assert path in errors_of(manifest)
+
+
+@pytest.mark.parametrize(("nodes", "fewest", "in_place", "limit"), [
+    (1, None, None, 0), (2, None, None, 0), (2, None, 2, 2), (3, 2, None, 3), (3, 2, 5, 5), (3, 3, None, 0)],
+    ids=["one-node", "fixed-gang", "fixed-gang-in-place", "elastic", "elastic-more-restarts", "min-equals-max"])
+def test_who_restarts_in_place(nodes, fewest, in_place, limit):
+    manifest = make_job({"spec.distributed.numNodes": nodes, "spec.distributed.gpusPerNode": 0, **CLAIM,
+                         "spec.training.gradientAccumulationSteps": 2})
+    if fewest is not None:
+        manifest["spec"]["distributed"]["minNodes"] = fewest
+    if in_place is not None:
+        manifest["spec"]["runPolicy"] = {"inPlaceRestarts": in_place}
+    spec = validate_job(manifest).spec
+    assert in_place_restart_limit(spec) == limit
+    assert restarts_in_place(spec) == (limit > 0 or spec.distributed.elastic)
+
+
+def rendered(manifest, attempt=1, queue=False):
+    if queue:
+        manifest["metadata"]["labels"] = {c.LABEL_KUEUE_QUEUE: "team"}
+    spec = validate_job(manifest).spec
+    labels = manifest["metadata"].get("labels") or {}
+    return render_workload(spec, RenderContext(name="test-job", namespace="ns", attempt=attempt, job_labels=labels))
+
+
+def pod_env(job, index, attempt):
+    """The container's variables as the kubelet expands them for the pod of `index`."""
+    env: dict[str, str] = {c.ENV_ATTEMPT: str(attempt), c.ENV_PET_NODE_RANK: str(index)}
+    for item in job["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if "value" in item:
+            env[item["name"]] = expand(item["value"], env)
+    return env
+
+
+def test_an_elastic_attempt_runs_the_c10d_rendezvous_and_replaces_pods_alone():
+    job = rendered(elastic())
+    env = pod_env(job, 2, 1)
+    assert env[c.ENV_PET_NNODES] == "2:3" and env[c.ENV_PET_RDZV_BACKEND] == "c10d"
+    assert env[c.ENV_PET_RDZV_ID] == "test-job-a1" and env[c.ENV_PET_MAX_RESTARTS] == "3"
+    assert env[c.ENV_PET_LOCAL_ADDR] == "test-job-a1-2.test-job.ns.svc"
+    spec = job["spec"]
+    assert spec["backoffLimit"] > 1000 and spec["podReplacementPolicy"] == "Failed"
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    annotations = job["metadata"]["annotations"]
+    assert (annotations[c.ANNOTATION_RESTARTS_IN_PLACE], annotations[c.ANNOTATION_MIN_NODES]) == ("3", "2")
+    assert c.ANNOTATION_KUEUE_MIN_PARALLELISM not in annotations
+    # Every attempt renders the same pods (the attempt comes from the pod's label): Kueue's admission carries over.
+    assert pod_set_hash(job) == pod_set_hash(rendered(elastic(), attempt=2))
+
+
+def test_kueue_may_admit_an_elastic_attempt_with_min_nodes():
+    annotations = rendered(elastic(), queue=True)["metadata"]["annotations"]
+    assert annotations[c.ANNOTATION_KUEUE_MIN_PARALLELISM] == "2"
+    assert annotations[c.ANNOTATION_KUEUE_COMPLETIONS_EQUAL_PARALLELISM] == "true"
+
+
+def test_a_fixed_gang_keeps_the_static_rendezvous_and_fails_whole():
+    job = rendered(make_job({"spec.distributed.numNodes": 2, "spec.distributed.gpusPerNode": 0}))
+    env = pod_env(job, 1, 1)
+    assert env[c.ENV_PET_NNODES] == "2" and not any(k.startswith("PET_RDZV") for k in env)
+    assert job["spec"]["backoffLimit"] == 0 and "successPolicy" not in job["spec"]
+    assert c.ANNOTATION_RESTARTS_IN_PLACE not in job["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("rank", ["0", "1", "7"])
+def test_node_zero_hosts_the_rendezvous(rank):
+    env = {c.ENV_PET_RDZV_BACKEND: "c10d", c.ENV_PET_NODE_RANK: rank, c.ENV_PET_MASTER_ADDR: "job-a1-0.job",
+           c.ENV_PET_MASTER_PORT: "29400", c.ENV_PET_NNODES: "1", c.ENV_PET_NPROC_PER_NODE: "1"}
+    child = launch.worker_command("/etc/finetune/trainer.json", env)
+    # One process too: the agent is what restarts it; torchrun's, with the trainer's libraries loaded once.
+    assert child.name == "torchrun" and child.argv[1:3] == ["-m", "finetune_trainer.agent"]
+    assert child.env[c.ENV_PET_RDZV_ENDPOINT] == "job-a1-0.job:29400"
+    conf = dict(item.split("=") for item in child.env[c.ENV_PET_RDZV_CONF].split(","))
+    assert conf["is_host"] == ("true" if rank == "0" else "false")
+    # torch's 60 s for a key another agent writes failed whole groups on busy cores (an agent still stopping)
+    assert int(conf["read_timeout"]) >= 300 and int(conf["keep_alive_max_attempt"]) * int(
+        conf["keep_alive_interval"]) <= 5
+    assert launch.TORCH_DISABLE_SHARED_STORE in child.env
+
+
+def result(code, message, step=10, ended="2026-01-01T00:00:10.000Z", reason="Error"):
+    return {"exitCode": code, "reason": reason, "message": message, "step": step, "endedAt": ended}
+
+
+PEER = "RuntimeError: [pair.cc:561] Connection closed by peer [10.0.0.3]:4014"
+
+
+@pytest.mark.parametrize(("shares", "cause"), [
+    ([{"predecessor": None, "restartCount": 0}] * 2, None),
+    ([{"predecessor": result(1, PEER), "restartCount": 1}, {"predecessor": None, "restartCount": 1}],
+     "1 worker(s) ended without a word (killed: SIGKILL, or the OOM killer), and the others lost them"),
+    ([{"predecessor": result(1, PEER), "restartCount": 1}, {"predecessor": result(1, PEER), "restartCount": 1}],
+     "a peer went away (a node lost, or its workers)"),
+    ([{"predecessor": result(1, PEER, ended="2026-01-01T00:00:09.000Z"), "restartCount": 1},
+      {"predecessor": result(1, "ValueError: bad batch", ended="2026-01-01T00:00:11.000Z"), "restartCount": 1}],
+     "Error (exit 1): ValueError: bad batch"),
+], ids=["first-group", "worker-killed", "node-lost", "own-error-wins"])
+def test_a_group_tells_why_the_one_before_it_ended(shares, cause):
+    found = workers.describe(shares)
+    if cause is None:
+        assert found is None
+        return
+    assert found["cause"].startswith(cause) and found["reached"] == 10
+    assert found["failedAt"] == min(workers.parse_iso(s["predecessor"]["endedAt"]) for s in shares
+                                    if s["predecessor"])
+
+
+def test_each_worker_takes_its_predecessors_result_once(tmp_path):
+    env = {c.ENV_RESULT_DIR: str(tmp_path), c.ENV_LOCAL_RANK: "1"}
+    (tmp_path / "result-1.json").write_text(json.dumps(result(1, "boom")))
+    assert workers.take_predecessor(env)["message"] == "boom"
+    assert workers.take_predecessor(env) is None  # the next one finds none: its predecessor left no word
+    assert not (tmp_path / "result-1.json").exists() and (tmp_path / "previous-1.json").exists()
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.5, 1795761907.688])
+def test_times_round_trip_to_the_millisecond(seconds):
+    assert abs(workers.parse_iso(workers.iso(seconds)) - seconds) < 0.001
+
+
+
+def test_finetune_run_gives_each_node_an_address_of_this_host(tmp_path):
+    from finetune_operator.cli.local_run import node_environment, prepare
+
+    spec = validate_job(elastic())
+    _, ctx = prepare(spec, tmp_path)
+    env = node_environment(spec, ctx, tmp_path, rank=1, port=29400)
+    assert env[c.ENV_PET_LOCAL_ADDR] == "127.0.0.1" and env[c.ENV_PET_RDZV_BACKEND] == "c10d"
+    assert not [k for k, v in env.items() if k.startswith("PET_") and "$(" in v]

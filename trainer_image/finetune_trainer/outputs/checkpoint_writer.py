@@ -1,0 +1,145 @@
+"""Checkpoints that do not stall training: the training loop takes a snapshot of what a checkpoint holds into host
+memory (the weights the checkpoint saves, the optimizer and scheduler states, the trainer state; the RNG states,
+small, are written at once), and a background thread writes it with the Trainer's own writers (save_pretrained,
+torch.save), then verifies it and marks it complete (checkpoints.mark_complete), then rotates the old ones. The
+completion marker stays the rule: a checkpoint whose write was cut short has none and is never resumed from.
+
+One write is in flight at a time: a save that comes while the last one is still being written waits for it (that
+wait is stall too). Training's end, a stop and a crash all wait for the write in flight (drain) before the process
+says anything about its checkpoints.
+
+Used where the Trainer's save is rank 0's alone (DDP, one process); sharded states (FSDP, DeepSpeed), object
+storage uploads (output.uri has its own background upload), checkpoint pushes and best-model tracking keep the
+synchronous save.
+"""
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def overlapped(spec: Any) -> bool:
+    """Whether a job's checkpoints are written in the background (checkpoints.overlap, where it applies)."""
+    d = spec.distributed
+    push = spec.output.push
+    return (spec.checkpoints.overlap and d.strategy == "ddp" and not spec.output.uri
+            and (push is None or push.strategy != "checkpoint") and spec.evaluation.early_stopping is None)
+
+
+def snapshot(value: Any, into: Any = None) -> Any:
+    """A copy of `value` whose tensors live in host memory and share nothing with the training's (dicts, lists and
+    tuples walked; anything else is immutable or copied by the caller). `into`: the last snapshot of the same
+    structure, whose buffers are reused (no new allocation, no page faults: the copy is all that stalls); pinned
+    memory when the tensors are on a GPU, so the device-to-host copy runs at full speed."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if (isinstance(into, torch.Tensor) and into.shape == value.shape and into.dtype == value.dtype
+                and into.device.type == "cpu"):
+            return into.copy_(value.detach())
+        if value.device.type == "cuda":
+            return torch.empty(value.shape, dtype=value.dtype, pin_memory=True).copy_(value.detach())
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        old = into if isinstance(into, dict) else {}
+        return {k: snapshot(v, old.get(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        old = into if isinstance(into, (list, tuple)) and len(into) == len(value) else [None] * len(value)
+        return type(value)(snapshot(v, o) for v, o in zip(value, old, strict=True))
+    return value
+
+
+def model_snapshot(model: Any, into: Any = None) -> dict[str, Any]:
+    """The weights a checkpoint of `model` saves: for a PEFT model the tensors PEFT itself picks to save (the
+    adapter's, and the embeddings only when it would save them), not the frozen base; every tensor otherwise.
+    save_pretrained picks the same out of them as out of the whole state."""
+    state = model.state_dict()
+    if isinstance(into, dict) and into.keys() <= state.keys():
+        state = {k: state[k] for k in into}  # what PEFT picked at the first save: the same all run long
+    elif hasattr(model, "peft_config") and hasattr(model, "active_adapter"):
+        from peft.utils import get_peft_model_state_dict
+
+        adapter = model.active_adapter
+        saved = set(get_peft_model_state_dict(model, adapter_name=adapter))  # references, no copy
+        state = {k: v for k, v in state.items() if k in saved or k.replace(f".{adapter}", "") in saved}
+    return snapshot(state, into)
+
+
+class CheckpointWriter:
+    """One background write at a time; its failure is raised in the training loop at the next save or drain."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.buffers: dict[str, Any] = {}  # the last snapshot, reused by the next once it is written
+
+    def wait(self) -> float:
+        """Blocks until the write in flight is done; the seconds waited. Re-raises its failure."""
+        started = time.monotonic()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return time.monotonic() - started
+
+    drain = wait
+
+    def submit(self, name: str, write: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                write()
+            except BaseException as exc:  # handed to the training loop, which raises it
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, name=f"checkpoint-writer-{name}", daemon=False)
+        self.thread.start()
+
+
+def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, trial: Any) -> None:
+    """The Trainer's _save_checkpoint, overlapped: what it would write, snapshotted here (the stall); written,
+    marked complete (`marked`: CheckpointMarkerCallback) and rotated by the writer's thread. Rank 0 writes the
+    checkpoint; every rank writes its RNG state at once, as the Trainer does."""
+    import copy
+
+    import torch
+    from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, ExportableState
+    from transformers.trainer_utils import rotate_checkpoints
+
+    started = marked.save_started or time.monotonic()
+    writer.wait()  # the last one must be complete before the next begins (one in flight)
+    run_dir = trainer._get_output_dir(trial=trial)
+    step = trainer.state.global_step
+    output_dir = os.path.join(run_dir, f"checkpoint-{step}")
+    trainer.store_flos()
+    trainer._save_rng_state(output_dir)
+    if not trainer.args.should_save:
+        return
+    weights = writer.buffers["weights"] = model_snapshot(trainer.model, writer.buffers.get("weights"))
+    optimizer = writer.buffers["optimizer"] = snapshot(trainer.optimizer.state_dict(), writer.buffers.get("optimizer"))
+    scheduler = copy.deepcopy(trainer.lr_scheduler.state_dict())
+    for cb in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
+        name, state = type(cb).__name__, cb.state()
+        if isinstance(trainer.state.stateful_callbacks.get(name), list):
+            trainer.state.stateful_callbacks[name].append(state)
+        else:
+            trainer.state.stateful_callbacks[name] = state
+    trainer_state = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+    stall = time.monotonic() - started
+    limit, best = trainer.args.save_total_limit, trainer.state.best_model_checkpoint
+
+    def write() -> None:
+        trainer._save(output_dir, state_dict=weights)
+        torch.save(optimizer, os.path.join(output_dir, OPTIMIZER_NAME))
+        torch.save(scheduler, os.path.join(output_dir, SCHEDULER_NAME))
+        Path(output_dir, TRAINER_STATE_NAME).write_text(trainer_state)
+        marked.complete(step, Path(output_dir), stall=stall, save=time.monotonic() - started)
+        rotate_checkpoints(output_dir=run_dir, save_total_limit=limit, best_model_checkpoint=best)
+
+    writer.submit(str(step), write)
