@@ -378,3 +378,126 @@ def test_a_trainer_token_reads_another_jobs_spec_through_its_status(arena, kubec
     assert answer.status in (200, 403), answer
     promise(answer.status == 403, f"{answer.status}: the trainer of job attacker read job victim's spec: "
                                   f"{json.dumps(answer.body.get('spec', {}).get('data'))[:200]}")
+
+
+# --- 6. With the operator running ----------------------------------------------------------------------------------
+def _gpus(job: dict) -> int:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    return job["spec"]["parallelism"] * int(container["resources"]["limits"].get("nvidia.com/gpu", "0"))
+
+
+@hole
+def test_an_unbound_token_of_a_jobs_own_service_account_rewrites_the_recorded_limits(arena, kubectl, operator):
+    """The trainer-status policy binds the trainer identity always, and other identities only when their token is
+    bound to a pod (admission-policy.yaml's matchConditions). A job that runs as a ServiceAccount its user named
+    (ci-bot) gets a Role to patch its own status; a token of ci-bot bound to nothing (`kubectl create token ci-bot`,
+    a legacy token Secret, a CI system's token) is not judged by the policy at all: it writes phase, and it rewrites
+    status.runtime, the record every later update and attempt is judged against. With the record's limits emptied,
+    the job goes from its runtime's 2 GPUs to 8, at apply and in the operator."""
+    eddie = arena["eddie"]
+    job = lean("bot", runtimeRef={"name": "attack-small"}, pod={"serviceAccountName": "ci-bot"},
+               runPolicy={"activeDeadlineSeconds": 120})
+    kubectl.run("apply", "-f", "-", "--as=eddie", input=json.dumps(job))
+    st = wait_status(kubectl, NS, "bot", lambda s: s.get("phase") == "Running", operator, timeout=120)
+    assert st["runtime"]["layers"][0]["limits"]["maxGpusPerJob"] == 2
+    # Who may mint such a token: eddie (edit) if the built-in role lets him, else whoever holds ci-bot's tokens.
+    minted_by = "eddie" if can(kubectl, "eddie", NS, "create", "serviceaccounts", "--subresource=token") else "admin"
+    token = kubectl.run("create", "token", "ci-bot", "-n", NS,
+                        *(["--as=eddie"] if minted_by == "eddie" else [])).stdout.strip()
+    bot = TenantApi(eddie.kubeconfig, token=token)
+    status_path = bot._path(NS, "bot", "status")
+    phase = bot.request("PATCH", status_path, {"status": {"phase": "Succeeded"}},
+                        content_type="application/merge-patch+json", query={"dryRun": "All"})
+    emptied = [{**layer, "limits": {}} for layer in st["runtime"]["layers"]]
+    forged = bot.request("PATCH", status_path, {"status": {"runtime": {"layers": emptied}}},
+                         content_type="application/merge-patch+json")
+    if forged.admitted:
+        # The impact, end to end: eddie's edit past the runtime's 2 GPUs is admitted and the operator runs it.
+        kubectl.run("patch", "ftj", "bot", "-n", NS, "--as=eddie", "--type=merge", "-p", json.dumps(
+            {"spec": {"distributed": {"numNodes": 4, "gpusPerNode": 2}, "suspend": True}}))
+        wait_status(kubectl, NS, "bot", lambda s: s.get("phase") == "Suspended", operator, timeout=90)
+        kubectl.run("patch", "ftj", "bot", "-n", NS, "--as=eddie", "--type=merge", "-p",
+                    '{"spec": {"suspend": false}}')
+        wait_status(kubectl, NS, "bot", lambda s: s.get("attempt") == 2 and s.get("phase") in ("Running", "Pending"),
+                    operator, timeout=120)
+        assert _gpus(kubectl.json("get", "job", "bot-a2", "-n", NS)) == 8
+    promise(not phase.admitted and not forged.admitted,
+            f"ci-bot's unbound token (minted by {minted_by}): phase Succeeded {phase.status}, status.runtime limits "
+            f"emptied {forged.status}; attempt 2 of bot then holds 4 x 2 = 8 GPUs under "
+            "ClusterFineTuneRuntime attack-small, which allows limits.maxGpusPerJob = 2")
+
+
+@hole
+def test_an_orphaning_delete_keeps_the_attempt_running_past_the_runtimes_deadline(arena, kubectl, operator):
+    """fiona (FineTuneJobs only: she cannot create pods or Jobs) runs a job under a runtime that caps
+    activeDeadlineSeconds, and deletes it with propagationPolicy Orphan (`kubectl delete --cascade=orphan`), a right
+    `delete` alone gives. The attempt's Job has no activeDeadlineSeconds of its own (the operator times the job), so
+    its pods run on, as the trainer identity, with their GPUs, with no deadline and no operator watching."""
+    deadline = 30
+    job = lean("orphan", runtimeRef={"name": "attack-small"}, runPolicy={"activeDeadlineSeconds": deadline})
+    kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
+    wait_status(kubectl, NS, "orphan", lambda s: s.get("phase") == "Running", operator, timeout=120)
+    started = time.monotonic()
+    fiona = arena["fiona"]
+    gone = fiona.request("DELETE", fiona._path(NS, "orphan"), {"propagationPolicy": "Orphan"})
+    assert gone.admitted, gone
+    _until(lambda: kubectl.json_or_none("get", "ftj", "orphan", "-n", NS) is None, "the FineTuneJob was never deleted",
+           timeout=60)
+    # Past the deadline (and the GC's pass): the attempt still runs.
+    held = None
+    end = started + deadline + 45
+    while time.monotonic() < end:
+        held = kubectl.json_or_none("get", "job", "orphan-a1", "-n", NS)
+        if held is None or (held.get("status") or {}).get("active", 0) == 0:
+            break
+        time.sleep(2)
+    still = held is not None and (held.get("status") or {}).get("active", 0) > 0
+    if still:
+        assert not held["metadata"].get("ownerReferences") and "activeDeadlineSeconds" not in held["spec"]
+    promise(not still, f"{deadline + 45}s after the job started (deadline {deadline}s) its Job orphan-a1 still has "
+                       f"{held and held['status'].get('active')} active pod(s) holding {held and _gpus(held)} GPU(s), "
+                       "owned by nothing")
+
+
+BLANK = "attack-blank"
+CAP = runtime("attack-default", {"distributed": {"gpusPerNode": 1}}, {"maxGpusPerJob": 1}, default=True,
+              selector={"matchLabels": {"finetunejob.dev/attack-blank": "yes"}})
+
+
+@hole
+def test_a_job_created_suspended_before_a_default_runtime_is_never_judged_by_it(arena, kubectl, operator):
+    """runtimes.md: 'A job that has not started yet (no record) is judged against the runtimes as they are.' fiona
+    creates a job with suspend: true in a namespace no default runtime covers yet; nothing of it ever runs, but the
+    operator creates its attempt 1 (a suspended Job), and from then on it counts as started without a runtime. The
+    admin brings the namespace under a default runtime of 1 GPU; fiona resizes the job to 2 x 4 GPUs and resumes
+    it: admitted, and run."""
+    kubectl.run("create", "namespace", BLANK)
+    try:
+        kubectl.run("create", "role", "ftj-only", "--verb=create,get,list,update,patch,delete", f"--resource={FTJ}",
+                    "-n", BLANK)
+        kubectl.run("create", "rolebinding", "ftj-only", "--role=ftj-only", "--user=fiona", "-n", BLANK)
+        wait_can(kubectl, "fiona", BLANK, "create", FTJ)
+        _apply(kubectl, CAP)
+        job = lean("cheque", BLANK, suspend=True, distributed={"gpusPerNode": 1})
+        kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
+        st = wait_status(kubectl, BLANK, "cheque", lambda s: s.get("phase") == "Suspended" and s.get("attempt"),
+                         operator, timeout=90)
+        assert "runtime" not in st
+        pods = kubectl.json("get", "pods", "-n", BLANK)["items"]
+        assert pods == [], [p["metadata"]["name"] for p in pods]  # nothing of it ever ran
+        # The admin brings the namespace under the default (as creating one would): a new job is held to 1 GPU.
+        kubectl.run("label", "namespace", BLANK, "finetunejob.dev/attack-blank=yes")
+        fiona = arena["fiona"]
+        probe = lean("probe", BLANK, distributed={"numNodes": 2})
+        _until(lambda: "limits.maxGpusPerJob = 1" in fiona.create(probe).message, "the default never reached admission")
+        resized = fiona.request("PATCH", fiona._path(BLANK, "cheque"), {"spec": {
+            "distributed": {"numNodes": 2, "gpusPerNode": 4}, "suspend": False}},
+            content_type="application/merge-patch+json")
+        if resized.admitted:
+            wait_status(kubectl, BLANK, "cheque", lambda s: s.get("attempt") == 2, operator, timeout=120)
+            assert _gpus(kubectl.json("get", "job", "cheque-a2", "-n", BLANK)) == 8
+        promise(not resized.admitted, f"admitted ({resized.status}): attempt 2 of cheque holds 2 x 4 = 8 GPUs in a "
+                                      "namespace whose default ClusterFineTuneRuntime allows 1")
+    finally:
+        kubectl.run("delete", "clusterfinetuneruntime", CAP["metadata"]["name"], "--ignore-not-found", check=False)
+        kubectl.run("delete", "namespace", BLANK, "--wait=false")
