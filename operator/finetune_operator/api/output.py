@@ -1,12 +1,13 @@
 """spec.output and spec.checkpoints: where results go, when checkpoints are written and how runs resume."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from .base import ApiModel, FalseIsNo
 from .constants import OUTPUT_MOUNT_PATH
 from .k8s_names import DNS_SUBDOMAIN_PATTERN
+from .sources import RESUME_PATTERN, clean_resume
 from .storage import S3_URI_PATTERN
 
 
@@ -88,11 +89,12 @@ class CheckpointSpec(ApiModel):
     )
     save_steps: int = Field(default=500, ge=1, description="Optimizer steps between checkpoints (saveStrategy steps).")
     keep: int = Field(default=3, ge=1, le=1000, description="Complete checkpoints kept (save_total_limit).")
-    resume: str = Field(
+    resume: Annotated[str, AfterValidator(clean_resume)] = Field(
         default="auto",
         min_length=1,
         max_length=4096,
-        pattern=r"^(auto|never|/.*)$",
+        json_schema_extra={"pattern": RESUME_PATTERN},
         description="auto: continue from the newest complete checkpoint in the output directory; never: start "
-        "fresh; or an absolute path to a checkpoint directory.",
+        f"fresh; or an absolute path to a checkpoint directory (outside {OUTPUT_MOUNT_PATH}/, a runtime's "
+        "allowedModelSources apply to it: a checkpoint holds weights).",
     )
