@@ -7,7 +7,7 @@ Kueue's labels in suspension.py, the conditions in conditions.py.
 """
 
 import re
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from ..api import constants as c
@@ -19,6 +19,7 @@ from ..fit import WARN_FRACTION
 from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import goodput, queueing
 from .conditions import set_conditions
+from .deadlines import active_clock, active_seconds, attempt_deadline, follow_deadline
 from .observed import (
     DISRUPTED,
     RUNTIME_RETRY_SECONDS,
@@ -48,8 +49,6 @@ def backoff(settings: Settings, restarts: int) -> float:
 def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Settings()) -> Plan:
     st = {k: obs.status.get(k) for k in OPERATOR_STATUS_FIELDS if obs.status.get(k) is not None}
     st["observedGeneration"] = obs.generation
-    if obs.runtime is not None:
-        st["runtime"] = obs.runtime  # recorded with the first status write: what every attempt runs with
     p = Plan(status=st)
     previous_phase = obs.status.get("phase")
     live = [w for w in obs.workloads if not finished(w)]
@@ -66,12 +65,16 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         _ttl(p, job, obs)
     else:
         _advance(p, job, obs, settings)
+    if obs.runtime is not None and st.get("startTime"):
+        # Recorded when the job first really starts (never for an attempt created suspended): what every attempt,
+        # and every later edit, is judged against (controller/runtimes.py).
+        st["runtime"] = obs.runtime
     _keep_admission(p, obs, settings)
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
     set_conditions(p, obs)
     _post_notice(p, obs)
-    _active_clock(p, obs)
+    active_clock(p, obs)
     _stale_progress(p, obs)
     phase, reason = p.status.get("phase"), p.status.get("reason")
     waits = phase == "Pending" and reason in WAITING_REASONS
@@ -140,30 +143,6 @@ def _stale_progress(p: Plan, obs: Observed) -> None:
                                            "running"}
 
 
-# Phases whose time counts against runPolicy.activeDeadlineSeconds: not the time a job waits in Kueue's queue or
-# is suspended.
-COUNTED_PHASES = ("Pending", "Running", "Restarting")
-
-
-def active_seconds(status: dict[str, Any], now: datetime) -> float:
-    """Seconds the job has been active (not Queued or Suspended): what activeDeadlineSeconds limits."""
-    if "activeSince" not in status and "activeSeconds" not in status:  # a job an older operator started
-        since = parse_time(status.get("startTime"))
-    else:
-        since = parse_time(status.get("activeSince"))
-    return float(status.get("activeSeconds") or 0) + ((now - since).total_seconds() if since else 0.0)
-
-
-def _active_clock(p: Plan, obs: Observed) -> None:
-    st = p.status
-    counting = st.get("phase") in COUNTED_PHASES
-    if not counting and st.get("activeSince"):
-        st["activeSeconds"] = int(active_seconds(st, obs.now))
-        del st["activeSince"]
-    elif counting and not st.get("activeSince"):
-        st["activeSince"] = st.get("startTime") if "activeSeconds" not in st else format_time(obs.now)
-
-
 def _post_notice(p: Plan, obs: Observed) -> None:
     """The trainer's latest warning (status.notice: it may only write its own status) as a Warning Event, once."""
     notice = obs.status.get("notice") or {}
@@ -179,10 +158,13 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
     st.setdefault("globalBatchSize", spec.global_batch_size)
     if not st.get("attempt"):
         # The message the first look at the attempt would write anyway: one status write fewer per job.
-        st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
+        st.update(attempt=1, restarts=0, phase="Pending", reason="Created",
                   message=f"attempt 1: 0/{spec.distributed.num_nodes} node(s) running")
         if never_fits(p, job, obs):
             return
+    if not spec.suspend:
+        # The job really starts (its first attempt is not created suspended, or it is resumed): not before.
+        st.setdefault("startTime", format_time(now))
     attempt = st["attempt"]
     deadline = spec.run_policy.active_deadline_seconds
     active = active_seconds(st, now)
@@ -235,6 +217,7 @@ def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) ->
         finish(p, obs, "Failed", reason, f"preflight failed, no GPU was requested: {message}")
     else:
         p.create_preflight = check is None
+        st.setdefault("startTime", format_time(obs.now))  # the preflight runs even for a job created suspended
         st.update(preflight="Running", phase="Pending", reason="Preflight", nodes=f"0/{job.spec.distributed.num_nodes}",
                   message="checking the model, the data and the output volume before requesting GPUs")
         if p.create_preflight:
@@ -255,6 +238,7 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
         p.requeue(2)
         return
     p.create_attempt = st["attempt"]
+    p.attempt_deadline = attempt_deadline(job.spec.run_policy.active_deadline_seconds, st, obs.now)
     st["gpus"], st["globalBatchSize"] = job.spec.total_gpus, job.spec.global_batch_size
     refused(p, obs, st["attempt"])
     checkpoint = obs.status.get("checkpoint") or {}
@@ -285,6 +269,8 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
             f"the spec was edited (generation {obs.generation}); attempt {st['attempt']} keeps the spec it was "
             f"created with (only runPolicy and suspend apply at once): {how}")))
     queued = suspension(p, obs, workload, want_suspend, is_suspended)
+    if not finished(workload):
+        follow_deadline(p, obs, spec.run_policy.active_deadline_seconds, workload)
     if nodes != spec.distributed.num_nodes and not finished(workload):
         p.topology_change = (f"spec.distributed.numNodes is {spec.distributed.num_nodes}, attempt {st['attempt']} "
                              f"runs on {nodes} node(s): the new topology applies from the next attempt (a gang "
