@@ -1,50 +1,35 @@
 """An adversarial review of issue 41 on the real API server with the chart's policies: what a tenant, a FineTuneJob-only
 user or a trainer token can still do through a FineTuneJob, and where a platform admin's runtime limits do not hold.
 
-Each case states what the docs promise (README, docs/operations/security.md, docs/concepts/runtimes.md) and is marked
-xfail(strict, raises=Hole) while the product does not keep it: the evidence of the hole is asserted first (a plain
-assert: if the evidence itself fails, the case fails loudly), then the promise, which raises Hole. A fix makes the case
-XPASS, which fails the suite until the marker goes.
-
-Found (severity as the reviewer judges it):
-- runtime limits: allowedModelSources reads spec.model.name only (a tokenizer with trustRemoteCode runs its code
-  under a locked image; method.lora.initFrom is not checked either), and allowedModelSources/allowedDataSources are
-  string prefixes that '..' climbs out of (high: code execution past a locked image);
-- a Secret a runtime lends goes to an endpoint the tenant sets (output.push.endpoint, not lockable) (high);
+Each hole was first written here as a strict xfail (the evidence, then the promise the docs make). The fixed ones are
+regression tests now, asserting the refusal at `kubectl apply` as the tenant and the operator's own verdict (its
+check with no policy installed): every model source under allowedModelSources and remote code only where a runtime
+allows it; no location climbing out of a prefix; a credential a runtime lends sent nowhere the tenant chooses; no
+orphaning delete, and an attempt's Job ending by its own deadline; NFS and ConfigMaps only within the user's rights
+and the runtime's (restricted Pod Security and nfs: test_children_on_apiserver.py); a job created suspended judged by
+the runtimes when it first really starts; the Kueue priority label under a locked priority class.
+Still open (xfail, strict, raises=Hole; issue 41 section 4, worked on elsewhere):
 - an unbound token of a job's own ServiceAccount writes any status field: phase, and status.runtime, the record the
   limits are judged against (medium/high: issue 41 section 4's repro, still open for user ServiceAccounts);
-- a delete with propagationPolicy Orphan leaves the attempt's Job running with no deadline and no owner (medium);
-- a FineTuneJob-only user mounts NFS exports past allowedClaims and ConfigMaps she may not get (medium/low);
-- a job created suspended counts as started without a runtime, so a default added later never binds it (low);
-- a trainer token reads every job's spec through /status, which security.md says it cannot (low);
-- kueue.x-k8s.io/priority-class reaches the Job whatever pod.priorityClassName's lock says (low);
-- nfs volumes are refused by restricted Pod Security, which api/volumes.py says admits every kind (low, docs).
+- a trainer token reads every job's spec through /status, which security.md says it cannot (low).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import posixpath
-import subprocess
-import sys
-import textwrap
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from finetune_operator.api.errors import InvalidSpec
+from finetune_operator.api.runtime import ENDPOINT_FIELDS
 from finetune_operator.api.runtime_layers import resolve_offline
 from finetune_operator.api.validation import validate_job
-from finetune_operator.render.context import RenderContext
 from finetune_operator.render.rbac import render_trainer_identity
-from finetune_operator.render.workload import render_workload
 from tests.builders import make_job
 from tests.cluster.test_tenancy import FTJ, bind, can, chart_objects, delete_all, wait_can
-from tests.conftest import ROOT
 from tests.support.job_status import wait_status
 from tests.support.tenant_api import TenantApi
 
@@ -152,223 +137,145 @@ def arena(control_plane, kubectl):
         kubectl.run("delete", "namespace", NS, "--wait=false")
 
 
-def _python(script: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """A trainer-side step in its own process (its own HF_* settings), with this worktree's code."""
-    full = {**os.environ, **env,
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image"), str(ROOT)])}
-    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # a local path or server only; never the Hub
-        if key not in env:
-            full.pop(key, None)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=full, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-# --- 1. What runs, with the image locked -----------------------------------------------------------------------------
-REMOTE_CODE_TOKENIZER = """
-    import json, os, pathlib, sys
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    where = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else os.environ["EVIL_DIR"])
-    where.mkdir(parents=True, exist_ok=True)
-    vocab = {"<unk>": 0, "<eos>": 1, "hello": 2, "world": 3}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(where / "tokenizer.json"))
-    (where / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "EvilTokenizerFast", "eos_token": "<eos>", "unk_token": "<unk>",
-        "auto_map": {"AutoTokenizer": [None, "tokenization_evil.EvilTokenizerFast"]}}))
-    (where / "tokenization_evil.py").write_text(
-        "import os, pathlib\\n"
-        "pathlib.Path(os.environ['MARKER']).write_text('code from spec.model.tokenizer ran in pid %d' % os.getpid())\\n"
-        "from transformers import PreTrainedTokenizerFast\\n"
-        "class EvilTokenizerFast(PreTrainedTokenizerFast):\\n"
-        "    pass\\n")
-"""
-LOAD_TOKENIZER = """
-    import json, os
-    from finetune_operator.api.validation import validate_job
-    from finetune_trainer.training.model import load_tokenizer
-    job = validate_job(json.loads(os.environ["JOB"]))
-    load_tokenizer(job.spec)
-"""
-
-
-@hole
-def test_a_tokenizer_outside_allowed_model_sources_runs_its_code_under_a_locked_image(arena, tmp_path):
-    """The runtime locks the image, env, Secret env, volumes and identity, and allows models under /models/ only.
-    fiona (FineTuneJobs only) keeps model.name under /models/ but names a tokenizer elsewhere, with
-    trustRemoteCode: admission and the operator's own check both admit it (allowedModelSources reads model.name
-    only), and the trainer imports the Python file that comes with that tokenizer: the tenant's code in the
-    platform's image, with the platform's HF token in its environment. (A Hub id, `tokenizer: someone/evil`, is the
-    same field; a path is used here since no Hub is reachable.)"""
-    evil = tmp_path / "evil-tokenizer"
-    made = _python(REMOTE_CODE_TOKENIZER, {"EVIL_DIR": str(evil)})
-    assert made.returncode == 0, made.stderr[-2000:]
-    job = lean("remote-code", runtimeRef={"name": "attack-locked"},
-               model={"name": "/models/base", "tokenizer": str(evil), "trustRemoteCode": True})
-    answer = arena["fiona"].create(job)
-    operator_says = resolve_offline(job, [LOCKED], lambda: {**LABEL, "kubernetes.io/metadata.name": NS})
-    # Evidence: the merged job as the operator would run it makes the trainer import that file.
-    marker = tmp_path / "ran"
-    ran = _python(LOAD_TOKENIZER, {"JOB": json.dumps(operator_says.obj), "MARKER": str(marker),
-                                   "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HOME": str(tmp_path / "hf")})
-    assert marker.is_file(), (ran.returncode, ran.stderr[-3000:])
-    assert operator_says.obj["spec"]["pod"]["image"] == "registry.local/trainer:platform"
-    promise(not answer.admitted and bool(operator_says.errors),
-            f"admitted as fiona ({answer.status}) and the operator finds no error ({operator_says.errors}); the "
-            f"trainer ran: {marker.read_text()!r}")
-
-
-@hole
-def test_a_model_path_climbs_out_of_allowed_model_sources(arena):
-    """allowedModelSources [/models/] is a string prefix: /models/../output/evil passes it, at apply and in the
-    operator (with trustRemoteCode, whatever the tenant wrote there runs)."""
-    name = "/models/../output/evil"
-    job = lean("climb-model", runtimeRef={"name": "attack-locked"}, model={"name": name, "trustRemoteCode": True})
-    answer = arena["fiona"].create(job)
-    operator_says = resolve_offline(job, [LOCKED], lambda: {**LABEL, "kubernetes.io/metadata.name": NS})
-    assert not posixpath.normpath(name).startswith("/models/")
-    promise(not answer.admitted and bool(operator_says.errors),
-            f"admitted ({answer.status}), operator errors {operator_says.errors}: {name}")
-
-
-@hole
-def test_a_data_path_climbs_out_of_allowed_data_sources(arena):
-    """allowedDataSources [/data/] is a string prefix: /data/../anything passes it, at apply and in the operator.
-    With a Secret volume in the runtime, /data/../<its mount>/token would be read as training text."""
-    job = lean("climb", runtimeRef={"name": "attack-locked"},
-               data={"format": "text", "train": [{"path": "/data/../var/run/secrets/kubernetes.io/serviceaccount/token",
-                                                  "fileType": "text"}]})
-    answer = arena["fiona"].create(job)
-    operator_says = resolve_offline(job, [LOCKED], lambda: {**LABEL, "kubernetes.io/metadata.name": NS})
-    assert operator_says.missing is None
-    promise(not answer.admitted and bool(operator_says.errors),
-            f"admitted ({answer.status}: {answer.message[:200]}), operator errors {operator_says.errors}")
-
-
-# --- 2. A Secret the runtime lends goes where the tenant says -------------------------------------------------------
-class _Recorder(BaseHTTPRequestHandler):
-    seen: list[dict[str, str]] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _answer(self) -> None:
-        _Recorder.seen.append({"path": self.path, "authorization": self.headers.get("Authorization", "")})
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        body = b'{"url": "http://example/x", "name": "x"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_PUT = _answer
-
-
-PUSH_PROBE = """
-    import json, os, types
-    from finetune_operator.api.validation import validate_job
-    from finetune_trainer.outputs.hub import ensure_repo, hub_api
-    job = validate_job(json.loads(os.environ["JOB"]))
-    cfg = types.SimpleNamespace(spec=job.spec)
-    ensure_repo(hub_api(cfg), cfg)
-"""
-
-
-@hole
-def test_a_hub_token_the_runtime_lends_is_sent_to_an_endpoint_the_tenant_chooses(arena, kubectl, tmp_path):
-    """The platform lends HF_TOKEN through the runtime (pod.secretEnv, locked, with the image, env and volumes
-    locked as the runtimes page advises). fiona may not get that Secret. She sets spec.output.push.endpoint (not a
-    lockable field) to her own server: admitted, the pods get HF_TOKEN from platform-hf, and the trainer sends it to
-    her server as a bearer token. The same holds for tracking.wandb.baseUrl / tracking.mlflow.trackingUri with a
-    lent WANDB_API_KEY / MLFLOW_TRACKING_TOKEN."""
-    assert not can(kubectl, "fiona", NS, "get", "secret", "platform-hf")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def _operator_says(job: dict, *runtimes: dict, labels: dict | None = None) -> list[str]:
+    """The operator's verdict on the job (its check when no policy is installed): every error, rendered."""
+    resolved = resolve_offline(job, list(runtimes), lambda: {**(labels or LABEL), "kubernetes.io/metadata.name":
+                                                             job["metadata"]["namespace"]})
+    errors = [e.render() for e in resolved.errors]
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        job = lean("exfil", runtimeRef={"name": "attack-locked"},
-                   output={"push": {"repo": "fiona/anything", "endpoint": url}})
-        answer = arena["fiona"].create(job)
-        merged = resolve_offline(job, [LOCKED], lambda: {**LABEL, "kubernetes.io/metadata.name": NS})
-        assert not merged.errors and merged.missing is None, merged
-        pod = render_workload(validate_job(merged.obj).spec, RenderContext(name="exfil", namespace=NS))
-        env = pod["spec"]["template"]["spec"]["containers"][0]["env"]
-        assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "platform-hf", "key": "token",
-                                                                    "optional": False}}} in env
-        _Recorder.seen.clear()
-        _python(PUSH_PROBE, {"JOB": json.dumps(merged.obj), "HF_TOKEN": PLATFORM_TOKEN,
-                             "HF_HOME": str(tmp_path / "hf")}, timeout=120)
-        assert any(PLATFORM_TOKEN in r["authorization"] for r in _Recorder.seen), _Recorder.seen
-    finally:
-        server.shutdown()
-        server.server_close()
-    promise(not answer.admitted, f"admitted as fiona ({answer.status}); the trainer sent the platform's token to "
-                                 f"{url}: {_Recorder.seen[0]}")
+        validate_job(resolved.obj)
+    except InvalidSpec as exc:
+        errors += [e.render() for e in exc.errors]
+    return errors
+
+
+def _refused(answer, *said: str) -> bool:
+    return not answer.admitted and all(s in answer.message for s in said)
+
+
+# --- 1. What runs, with the image locked ---------------------------------------------------------------------------
+MODEL_SOURCES = {
+    "tokenizer": ({"model": {"name": "/models/base", "tokenizer": "/output/evil-tokenizer"}}, "spec.model.tokenizer"),
+    "hub tokenizer": ({"model": {"name": "/models/base", "tokenizer": "someone/evil"}}, "spec.model.tokenizer"),
+    "adapter": ({"method": {"type": "lora", "lora": {"initFrom": "/output/evil-adapter"}}},
+                "spec.method.lora.initFrom"),
+    "checkpoint": ({"checkpoints": {"resume": "/data/checkpoint-9"}}, "spec.checkpoints.resume"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MODEL_SOURCES))
+def test_every_model_source_is_held_to_allowed_model_sources(arena, case):
+    """The hole: allowedModelSources read spec.model.name only, so a tokenizer elsewhere (with trustRemoteCode, its
+    Python file ran in the platform's image with the platform's HF token) or an adapter passed."""
+    spec, field = MODEL_SOURCES[case]
+    job = lean("source", runtimeRef={"name": "attack-locked"}, **copy.deepcopy(spec))
+    job["spec"].setdefault("model", {"name": "/models/base"})
+    answer = arena["fiona"].create(job)
+    assert _refused(answer, "limits.allowedModelSources", "ClusterFineTuneRuntime attack-locked"), answer.message
+    assert [e for e in _operator_says(job, LOCKED) if e.startswith(f"{field}:")
+            and "limits.allowedModelSources" in e], _operator_says(job, LOCKED)
+    # The job's own output is where its checkpoints are: resuming from there needs no allowance.
+    own = lean("own", runtimeRef={"name": "attack-locked"}, model={"name": "/models/base"},
+               checkpoints={"resume": "/output/checkpoint-9"})
+    assert arena["fiona"].create(own).admitted and _operator_says(own, LOCKED) == []
+
+
+def test_remote_code_needs_the_runtimes_yes(arena):
+    job = lean("remote-code", runtimeRef={"name": "attack-locked"},
+               model={"name": "/models/base", "trustRemoteCode": True})
+    assert _refused(arena["fiona"].create(job), "spec.model.trustRemoteCode", "limits.allowTrustRemoteCode = false")
+    assert any("limits.allowTrustRemoteCode" in e for e in _operator_says(job, LOCKED))
+    # A job with no runtime decides for itself, as before.
+    free = lean("free", "attack-free", model={"name": "/models/base", "trustRemoteCode": True})
+    assert _operator_says(free, LOCKED, labels={}) == []
+
+
+CLIMBS = {
+    "model ..": ("model", {"name": "/models/../output/evil"}, "spec.model.name"),
+    "data ..": ("data", {"format": "text", "train": [
+        {"path": "/data/../var/run/secrets/kubernetes.io/serviceaccount/token", "fileType": "text"}]},
+        "spec.data.train[0].path"),
+    "data //": ("data", {"format": "text", "train": [{"path": "/data//x.txt"}]}, "spec.data.train[0].path"),
+    "data %2e%2e": ("data", {"format": "text", "train": [{"path": "/data/%2e%2e/x.txt"}]}, "spec.data.train[0].path"),
+    "s3 ..": ("data", {"format": "text", "train": [{"path": "s3://team-data/../other-team/x.txt"}]},
+              "spec.data.train[0].path"),
+    "trailing /..": ("model", {"name": "/models/x/.."}, "spec.model.name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLIMBS))
+def test_no_location_climbs_out_of_an_allowed_prefix(arena, case):
+    """The hole: /models/../output/evil started with /models/. The schema refuses such a location for every user at
+    `kubectl apply` (naming the field), and the operator's check does too."""
+    section, value, field = CLIMBS[case]
+    job = lean("climb", runtimeRef={"name": "attack-locked"}, **{section: value})
+    answer = arena["fiona"].create(job)
+    assert answer.status == 422 and field in answer.message, (answer.status, answer.message)
+    assert any(e.startswith(f"{field}:") for e in _operator_says(job, LOCKED)), _operator_says(job, LOCKED)
+
+
+# --- 2. A Secret the runtime lends goes only where the runtime says -------------------------------------------------
+ENDPOINTS = {
+    "pod.env": {"pod": {"env": [{"name": "HF_ENDPOINT", "value": "http://fiona.example"}]}},
+    "s3.endpointURL": {"s3": {"endpointURL": "http://fiona.example:9000"}},
+    "output.push.endpoint": {"output": {"push": {"repo": "fiona/anything", "endpoint": "http://fiona.example"}}},
+    "tracking.wandb.baseUrl": {"tracking": {"reportTo": ["wandb"], "wandb": {"baseUrl": "http://fiona.example",
+                                                                             "offline": True}}},
+    "tracking.mlflow.trackingUri": {"tracking": {"reportTo": ["mlflow"], "mlflow": {
+        "trackingUri": "http://fiona.example"}}},
+}
+
+
+@pytest.mark.parametrize("path", ENDPOINT_FIELDS)
+def test_a_credential_the_runtime_lends_goes_to_no_endpoint_the_tenant_chooses(arena, kubectl, path):
+    """The hole: the platform lent HF_TOKEN (pod.secretEnv, locked); fiona, who may not get that Secret, set
+    output.push.endpoint to her own server and the trainer sent her the token. Every field that says where a
+    credential goes is locked while the runtime lends one (LOCKED locks pod.env itself, so that one says so)."""
+    assert not can(kubectl, "fiona", NS, "get", "secret", "platform-hf")
+    job = lean("exfil", runtimeRef={"name": "attack-locked"}, **copy.deepcopy(ENDPOINTS[path]))
+    answer = arena["fiona"].create(job)
+    assert _refused(answer, f"spec.{path}", "is locked"), answer.message
+    assert any(e.startswith(f"spec.{path}: ") and "is locked" in e for e in _operator_says(job, LOCKED))
+    # CLAIMS lends nothing: the same field is the tenant's to set.
+    mine = lean("mine", runtimeRef={"name": "attack-claims"}, **copy.deepcopy(ENDPOINTS[path]))
+    if path == "output.push.endpoint":
+        mine["spec"]["output"]["push"]["tokenSecret"] = {"name": "fiona-token"}
+    assert arena["fiona"].create(mine).admitted and _operator_says(mine, CLAIMS) == []
 
 
 # --- 3. Volumes a FineTuneJob-only user cannot reach directly --------------------------------------------------------
-@hole
-@pytest.mark.parametrize("volume", [
-    {"name": "theirs", "mountPath": "/theirs", "nfs": {"server": "storage.team-b.internal", "path": "/exports/team-b"}},
-    {"name": "settings", "mountPath": "/settings", "configMap": "team-b-settings"},
-], ids=["nfs-past-allowedClaims", "configmap-fiona-may-not-get"])
-def test_a_finetunejob_only_user_mounts_what_she_could_not_reach_directly(arena, kubectl, volume):
-    """fiona may not create pods nor get ConfigMaps; the runtime allows the claim team-data only. Through a job she
-    mounts any NFS export (allowedClaims limits PersistentVolumeClaims only) and any ConfigMap of the namespace
-    (the Secret rule has no ConfigMap twin)."""
-    assert not can(kubectl, "fiona", NS, "create", "pods")
-    assert not can(kubectl, "fiona", NS, "get", "configmaps")
-    job = lean("mount", runtimeRef={"name": "attack-claims"}, pod={"volumes": [volume]})
-    answer = arena["fiona"].create(job)
-    operator_says = resolve_offline(job, [CLAIMS], lambda: {**LABEL, "kubernetes.io/metadata.name": NS})
-    promise(not answer.admitted and bool(operator_says.errors),
-            f"admitted ({answer.status}), operator errors {operator_says.errors}: {volume}")
+NFS = {"name": "theirs", "mountPath": "/theirs", "nfs": {"server": "storage.team-b.internal", "path": "/exports/b"}}
+SETTINGS = {"name": "settings", "mountPath": "/settings", "configMap": "team-b-settings"}
 
 
-@hole
-def test_an_nfs_volume_is_not_admitted_under_restricted_pod_security(arena, kubectl):
-    """api/volumes.py: 'each kind here is admitted under the restricted Pod Security Standard'; security.md: label
-    tenant namespaces restricted. An nfs volume is not in restricted's list: the attempt's pods are refused."""
-    ns = "attack-restricted"
-    kubectl.run("create", "namespace", ns)
-    try:
-        kubectl.run("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
-        job = validate_job(make_job({"metadata.name": "nfs", "metadata.namespace": ns, "spec.pod": {"volumes": [
-            {"name": "d", "mountPath": "/d", "nfs": {"server": "nfs.local", "path": "/x"}}]}}))
-        template = render_workload(job.spec, RenderContext(name="nfs", namespace=ns))["spec"]["template"]
-        template["spec"]["serviceAccountName"] = "default"  # the trainer-pods policy is not what is asked here
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nfs-a1-0-abcde", "namespace": ns,
-                                                               "labels": template["metadata"]["labels"]},
-               "spec": template["spec"]}
-        proc = kubectl.run("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
-        control = copy.deepcopy(pod)
-        control["spec"]["volumes"] = [v for v in control["spec"]["volumes"] if "nfs" not in v]
-        control["spec"]["containers"][0]["volumeMounts"] = [
-            m for m in control["spec"]["containers"][0]["volumeMounts"] if m["name"] != "d"]
-        assert kubectl.run("create", "--dry-run=server", "-f", "-", input=json.dumps(control),
-                           check=False).returncode == 0
-        promise(proc.returncode == 0, proc.stderr.strip())
-    finally:
-        kubectl.run("delete", "namespace", ns, "--wait=false")
+def test_a_finetunejob_only_user_mounts_no_nfs_export_nor_a_configmap_she_may_not_get(arena, kubectl):
+    """The hole: allowedClaims limited PersistentVolumeClaims only, and the Secret rule had no ConfigMap twin. An
+    NFS export needs the right to create pods, and under allowedClaims it is not storage at all (the operator says
+    so too); a ConfigMap needs `get` on it, which only admission can ask (as for Secrets)."""
+    assert not can(kubectl, "fiona", NS, "create", "pods") and not can(kubectl, "fiona", NS, "get", "configmaps")
+    free = lean("mount", pod={"volumes": [NFS]})  # no runtime: her rights alone
+    assert _refused(arena["fiona"].create(free), "spec.pod.volumes: mounting an NFS export needs the right to "
+                    "create pods in attack-review, which fiona has not")
+    assert arena["eddie"].create(free).admitted  # eddie may create pods
+    nfs = lean("mount", runtimeRef={"name": "attack-claims"}, pod={"volumes": [NFS]})
+    assert not arena["fiona"].create(nfs).admitted
+    assert _refused(arena["eddie"].create(nfs), "limits.allowedClaims", "no nfs volume")
+    assert any("spec.pod.volumes[0]" in e and "no nfs volume" in e for e in _operator_says(nfs, CLAIMS))
+    settings = lean("mount", runtimeRef={"name": "attack-claims"}, pod={"volumes": [SETTINGS]})
+    assert _refused(arena["fiona"].create(settings), "spec.pod.volumes: ConfigMap team-b-settings",
+                    "fiona may not get it")
+    assert arena["eddie"].create(settings).admitted
 
 
 # --- 4. Priority past a locked priority class -------------------------------------------------------------------------
-@hole
-def test_kueue_priority_label_is_not_covered_by_a_locked_priority_class(arena):
-    """LOCKED locks pod.priorityClassName and the queue. Every kueue.x-k8s.io/ label of the FineTuneJob reaches its
-    Job (render/workload.py), kueue.x-k8s.io/priority-class (Kueue's WorkloadPriorityClass) among them."""
+def test_a_locked_priority_class_locks_the_kueue_priority_label(arena):
+    """The hole: every kueue.x-k8s.io/ label reached the Job, kueue.x-k8s.io/priority-class among them, whatever
+    pod.priorityClassName's lock said."""
     job = lean("prio", runtimeRef={"name": "attack-locked"})
     job["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": "cluster-critical"}
     answer = arena["fiona"].create(job)
-    merged = resolve_offline(job, [LOCKED], lambda: {**LABEL, "kubernetes.io/metadata.name": NS})
-    spec = validate_job(merged.obj).spec
-    rendered = render_workload(spec, RenderContext(name="prio", namespace=NS,
-                                                   job_labels=merged.obj["metadata"]["labels"]))
-    assert rendered["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "cluster-critical"
-    promise(not answer.admitted, f"admitted ({answer.status}); the attempt Job carries the label")
+    assert _refused(answer, "metadata.labels.kueue.x-k8s.io/priority-class", "limits.locked"), answer.message
+    assert any(e.startswith("metadata.labels.kueue.x-k8s.io/priority-class") for e in _operator_says(job, LOCKED))
 
 
 # --- 5. Trainer tokens ------------------------------------------------------------------------------------------------
@@ -395,6 +302,40 @@ def test_a_trainer_token_reads_another_jobs_spec_through_its_status(arena, kubec
 
 
 # --- 6. With the operator running ----------------------------------------------------------------------------------
+def test_an_orphaning_delete_is_refused_and_an_orphaned_attempt_ends_by_its_own_deadline(arena, kubectl, operator):
+    """The hole: fiona deleted her job with propagationPolicy Orphan (a right `delete` alone gives) and its attempt
+    ran on, as the trainer identity, with its GPUs, past the runtime's deadline and owned by nothing. The chart's
+    policy refuses such a delete (and the orphan finalizer); a cluster admin may still orphan, and then the attempt's
+    Job ends by its own activeDeadlineSeconds, what was left of the job's."""
+    deadline = 20
+    job = lean("orphan", runtimeRef={"name": "attack-small"}, runPolicy={"activeDeadlineSeconds": deadline})
+    kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
+    wait_status(kubectl, NS, "orphan", lambda s: s.get("phase") == "Running", operator, timeout=120)
+    started = time.monotonic()
+    fiona = arena["fiona"]
+    for body in ({"propagationPolicy": "Orphan"}, {"orphanDependents": True}):
+        refused = fiona.request("DELETE", fiona._path(NS, "orphan"), body)
+        assert refused.status == 403 and "propagationPolicy Orphan" in refused.message, refused
+    finalizer = fiona.request("PATCH", fiona._path(NS, "orphan"), {"metadata": {"finalizers": ["orphan"]}},
+                              content_type="application/merge-patch+json")
+    assert finalizer.status == 403 and "orphan finalizer" in finalizer.message, finalizer
+    held = kubectl.json("get", "job", "orphan-a1", "-n", NS)
+    assert 0 < held["spec"]["activeDeadlineSeconds"] <= deadline + 5, held["spec"]
+    kubectl.run("delete", "ftj", "orphan", "-n", NS, "--cascade=orphan")  # a cluster admin may
+    _until(lambda: kubectl.json_or_none("get", "ftj", "orphan", "-n", NS) is None, "the FineTuneJob was never deleted",
+           timeout=60)
+    end = started + deadline + 40
+    while time.monotonic() < end:
+        held = kubectl.json_or_none("get", "job", "orphan-a1", "-n", NS)
+        if held is None or (held.get("status") or {}).get("active", 0) == 0:
+            break
+        time.sleep(2)
+    assert held is None or (held.get("status") or {}).get("active", 0) == 0, (
+        f"{deadline + 40}s after the job started (deadline {deadline}s) its orphaned Job still runs: {held}")
+    assert held is None or any(cd["reason"] == "DeadlineExceeded" for cd in held["status"].get("conditions") or [])
+    kubectl.run("delete", "job", "orphan-a1", "-n", NS, "--ignore-not-found")
+
+
 def _gpus(job: dict) -> int:
     container = job["spec"]["template"]["spec"]["containers"][0]
     return job["spec"]["parallelism"] * int(container["resources"]["limits"].get("nvidia.com/gpu", "0"))
@@ -441,50 +382,16 @@ def test_an_unbound_token_of_a_jobs_own_service_account_rewrites_the_recorded_li
             "ClusterFineTuneRuntime attack-small, which allows limits.maxGpusPerJob = 2")
 
 
-@hole
-def test_an_orphaning_delete_keeps_the_attempt_running_past_the_runtimes_deadline(arena, kubectl, operator):
-    """fiona (FineTuneJobs only: she cannot create pods or Jobs) runs a job under a runtime that caps
-    activeDeadlineSeconds, and deletes it with propagationPolicy Orphan (`kubectl delete --cascade=orphan`), a right
-    `delete` alone gives. The attempt's Job has no activeDeadlineSeconds of its own (the operator times the job), so
-    its pods run on, as the trainer identity, with their GPUs, with no deadline and no operator watching."""
-    deadline = 20
-    job = lean("orphan", runtimeRef={"name": "attack-small"}, runPolicy={"activeDeadlineSeconds": deadline})
-    kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
-    wait_status(kubectl, NS, "orphan", lambda s: s.get("phase") == "Running", operator, timeout=120)
-    started = time.monotonic()
-    fiona = arena["fiona"]
-    gone = fiona.request("DELETE", fiona._path(NS, "orphan"), {"propagationPolicy": "Orphan"})
-    assert gone.admitted, gone
-    _until(lambda: kubectl.json_or_none("get", "ftj", "orphan", "-n", NS) is None, "the FineTuneJob was never deleted",
-           timeout=60)
-    # Past the deadline (and the GC's pass): the attempt still runs.
-    held = None
-    end = started + deadline + 30
-    while time.monotonic() < end:
-        held = kubectl.json_or_none("get", "job", "orphan-a1", "-n", NS)
-        if held is None or (held.get("status") or {}).get("active", 0) == 0:
-            break
-        time.sleep(2)
-    still = held is not None and (held.get("status") or {}).get("active", 0) > 0
-    if still:
-        assert not held["metadata"].get("ownerReferences") and "activeDeadlineSeconds" not in held["spec"]
-    promise(not still, f"{deadline + 30}s after the job started (deadline {deadline}s) its Job orphan-a1 still has "
-                       f"{held and held['status'].get('active')} active pod(s) holding {held and _gpus(held)} GPU(s), "
-                       "owned by nothing")
-
-
 BLANK = "attack-blank"
 CAP = runtime("attack-default", {"distributed": {"gpusPerNode": 1}}, {"maxGpusPerJob": 1}, default=True,
               selector={"matchLabels": {"finetunejob.dev/attack-blank": "yes"}})
 
 
-@hole
-def test_a_job_created_suspended_before_a_default_runtime_is_never_judged_by_it(arena, kubectl, operator):
-    """runtimes.md: 'A job that has not started yet (no record) is judged against the runtimes as they are.' fiona
-    creates a job with suspend: true in a namespace no default runtime covers yet; nothing of it ever runs, but the
-    operator creates its attempt 1 (a suspended Job), and from then on it counts as started without a runtime. The
-    admin brings the namespace under a default runtime of 1 GPU; fiona resizes the job to 2 x 4 GPUs and resumes
-    it: admitted, and run."""
+def test_a_job_created_suspended_is_judged_by_the_runtimes_when_it_first_really_starts(arena, kubectl, operator):
+    """The hole: a job created suspended counted as started without a runtime (its attempt 1, a suspended Job, was
+    made), so a default added later never bound it. fiona creates a job with suspend: true in a namespace no default
+    runtime covers yet; the admin brings the namespace under a default of 1 GPU; her resize to 2 x 4 GPUs with the
+    resume is refused, and the resume as it is runs, recording that default as it starts."""
     kubectl.run("create", "namespace", BLANK)
     try:
         kubectl.run("create", "role", "ftj-only", "--verb=create,get,list,update,patch,delete", f"--resource={FTJ}",
@@ -496,10 +403,7 @@ def test_a_job_created_suspended_before_a_default_runtime_is_never_judged_by_it(
         kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
         st = wait_status(kubectl, BLANK, "cheque", lambda s: s.get("phase") == "Suspended" and s.get("attempt"),
                          operator, timeout=90)
-        assert "runtime" not in st
-        pods = kubectl.json("get", "pods", "-n", BLANK)["items"]
-        assert pods == [], [p["metadata"]["name"] for p in pods]  # nothing of it ever ran
-        # The admin brings the namespace under the default (as creating one would): a new job is held to 1 GPU.
+        assert "runtime" not in st and "startTime" not in st, st  # not started: nothing recorded
         kubectl.run("label", "namespace", BLANK, "finetunejob.dev/attack-blank=yes")
         fiona = arena["fiona"]
         probe = lean("probe", BLANK, distributed={"numNodes": 2})
@@ -507,11 +411,12 @@ def test_a_job_created_suspended_before_a_default_runtime_is_never_judged_by_it(
         resized = fiona.request("PATCH", fiona._path(BLANK, "cheque"), {"spec": {
             "distributed": {"numNodes": 2, "gpusPerNode": 4}, "suspend": False}},
             content_type="application/merge-patch+json")
-        if resized.admitted:
-            wait_status(kubectl, BLANK, "cheque", lambda s: s.get("attempt") == 2, operator, timeout=120)
-            assert _gpus(kubectl.json("get", "job", "cheque-a2", "-n", BLANK)) == 8
-        promise(not resized.admitted, f"admitted ({resized.status}): attempt 2 of cheque holds 2 x 4 = 8 GPUs in a "
-                                      "namespace whose default ClusterFineTuneRuntime allows 1")
+        assert _refused(resized, "limits.maxGpusPerJob = 1", "ClusterFineTuneRuntime attack-default"), resized
+        kubectl.run("patch", "ftj", "cheque", "-n", BLANK, "--as=fiona", "--type=merge", "-p",
+                    '{"spec": {"suspend": false}}')
+        st = wait_status(kubectl, BLANK, "cheque", lambda s: s.get("phase") == "Running", operator, timeout=120)
+        assert st["runtime"]["name"] == "attack-default" and st.get("startTime"), st
+        assert st["runtime"]["layers"][0]["limits"]["maxGpusPerJob"] == 1
     finally:
         kubectl.run("delete", "clusterfinetuneruntime", CAP["metadata"]["name"], "--ignore-not-found", check=False)
         kubectl.run("delete", "namespace", BLANK, "--wait=false")
