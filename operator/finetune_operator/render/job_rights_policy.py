@@ -133,7 +133,10 @@ def references_policy(name: str, kind: str, resource: str, references: dict[str,
             f"' may not get every {kind} in ' + request.namespace + '. Name fewer {kind}s (several keys of one "
             f"{kind} count once)'"),
         "reason": "Forbidden"})
-    return _policy(name, {"variables": variables, "validations": validations})
+    # Most jobs name none: the policy is then not evaluated at all.
+    names_any = " || ".join(f"size({expr.format(o='object')}) > 0" for _, expr in sources)
+    return _policy(name, {"matchConditions": [{"name": f"names-{resource}", "expression": names_any}],
+                          "variables": variables, "validations": validations})
 
 
 def secrets_policy() -> list[dict[str, Any]]:
