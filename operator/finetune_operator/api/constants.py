@@ -51,8 +51,7 @@ KUEUE_MAX_EXEC_TIME: Final = f"{KUEUE_PREFIX}max-exec-time-seconds"
 # way around what a runtime locks (the queue, the priority class) or around the gang.
 KUEUE_JOB_LABELS: Final = (LABEL_KUEUE_QUEUE, LABEL_KUEUE_PRIORITY, KUEUE_MAX_EXEC_TIME)
 KUEUE_JOB_ANNOTATIONS: Final = (KUEUE_MAX_EXEC_TIME,)
-# A gang restart hands the admitted Workload of the failed attempt to the next one (the queued Job names it;
-# controller/queueing.py).
+# A gang restart hands the admitted Workload of the failed attempt to the next one (the queued Job names it).
 LABEL_KUEUE_PREBUILT: Final = f"{KUEUE_PREFIX}prebuilt-workload-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
