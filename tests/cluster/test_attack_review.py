@@ -1,5 +1,5 @@
 """An adversarial review of issue 41 on the real API server with the chart's policies: what a tenant, a FineTuneJob-only
-user or a trainer token can still do through a FineTuneJob, and where a platform admin's runtime limits do not hold.
+user or a trainer token could do through a FineTuneJob, and where a platform admin's runtime limits did not hold.
 
 Each hole was first written here as a strict xfail (the evidence, then the promise the docs make). The fixed ones are
 regression tests now, asserting the refusal at `kubectl apply` as the tenant and the operator's own verdict (its
@@ -8,10 +8,9 @@ allows it; no location climbing out of a prefix; a credential a runtime lends se
 orphaning delete, and an attempt's Job ending by its own deadline; NFS and ConfigMaps only within the user's rights
 and the runtime's (restricted Pod Security and nfs: test_children_on_apiserver.py); a job created suspended judged by
 the runtimes when it first really starts; the Kueue priority label under a locked priority class.
-Still open (xfail, strict, raises=Hole; issue 41 section 4, worked on elsewhere):
-- an unbound token of a job's own ServiceAccount writes any status field: phase, and status.runtime, the record the
-  limits are judged against (medium/high: issue 41 section 4's repro, still open for user ServiceAccounts);
-- a trainer token reads every job's spec through /status, which security.md says it cannot (low).
+Holes 4 and 8 (issue 41 section 4, fixed on another branch) are regression tests here too: an unbound token of a job's
+own ServiceAccount writes no status field (phase, or status.runtime, the record the limits are judged against), and a
+trainer token reads no other job's spec through /status.
 """
 
 from __future__ import annotations
@@ -38,18 +37,6 @@ NS = "attack-review"
 LABEL = {"finetunejob.dev/attack-review": "yes"}
 OURS = {"matchLabels": LABEL}
 PLATFORM_TOKEN = "hf_platform_read_token_do_not_leak"
-
-
-class Hole(AssertionError):
-    """What the docs promise does not hold (the evidence before it did)."""
-
-
-def promise(holds: bool, what: str) -> None:
-    if not holds:
-        raise Hole(what)
-
-
-hole = pytest.mark.xfail(strict=True, raises=Hole, reason="a hole this review found; see the module docstring")
 
 
 def runtime(name: str, template: dict, limits: dict, default: bool = False, selector: dict | None = OURS) -> dict:
@@ -279,10 +266,9 @@ def test_a_locked_priority_class_locks_the_kueue_priority_label(arena):
 
 
 # --- 5. Trainer tokens ------------------------------------------------------------------------------------------------
-@hole
-def test_a_trainer_token_reads_another_jobs_spec_through_its_status(arena, kubectl):
+def test_a_trainer_token_reads_no_other_jobs_spec_through_its_status(arena, kubectl):
     """security.md: 'A trainer's token may read its own job's status ... and nothing else of the namespace'. The
-    trainer Role's get on finetunejobs/status has no resourceNames (one ServiceAccount for every job of the
+    hole: the trainer Role's get on finetunejobs/status had no resourceNames (one ServiceAccount for every job of the
     namespace), and admission policies never see reads."""
     victim = lean("victim", runtimeRef={"name": "attack-locked"},
                   data={"format": "alpaca", "train": [{"inline": [{"instruction": "private", "output": "rows"}]}]})
@@ -296,9 +282,8 @@ def test_a_trainer_token_reads_another_jobs_spec_through_its_status(arena, kubec
                         f"--bound-object-name={pod['metadata']['name']}", f"--bound-object-uid={uid}").stdout.strip()
     trainer = TenantApi(arena["fiona"].kubeconfig, token=token)
     answer = trainer.request("GET", trainer._path(NS, "victim", "status"))
-    assert answer.status in (200, 403), answer
-    promise(answer.status == 403, f"{answer.status}: the trainer of job attacker read job victim's spec: "
-                                  f"{json.dumps(answer.body.get('spec', {}).get('data'))[:200]}")
+    assert answer.status == 403, (f"{answer.status}: the trainer of job attacker read job victim's spec: "
+                                  f"{json.dumps((answer.body or {}).get('spec', {}).get('data'))[:200]}")
 
 
 # --- 6. With the operator running ----------------------------------------------------------------------------------
@@ -336,19 +321,12 @@ def test_an_orphaning_delete_is_refused_and_an_orphaned_attempt_ends_by_its_own_
     kubectl.run("delete", "job", "orphan-a1", "-n", NS, "--ignore-not-found")
 
 
-def _gpus(job: dict) -> int:
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    return job["spec"]["parallelism"] * int(container["resources"]["limits"].get("nvidia.com/gpu", "0"))
-
-
-@hole
-def test_an_unbound_token_of_a_jobs_own_service_account_rewrites_the_recorded_limits(arena, kubectl, operator):
-    """The trainer-status policy binds the trainer identity always, and other identities only when their token is
-    bound to a pod (admission-policy.yaml's matchConditions). A job that runs as a ServiceAccount its user named
-    (ci-bot) gets a Role to patch its own status; a token of ci-bot bound to nothing (`kubectl create token ci-bot`,
-    a legacy token Secret, a CI system's token) is not judged by the policy at all: it writes phase, and it rewrites
-    status.runtime, the record every later update and attempt is judged against. With the record's limits emptied,
-    the job goes from its runtime's 2 GPUs to 8, at apply and in the operator."""
+def test_an_unbound_token_of_a_jobs_own_service_account_rewrites_no_status(arena, kubectl, operator):
+    """The hole: the trainer-status policy bound the trainer identity always, and other identities only when their
+    token was bound to a pod. A job that runs as a ServiceAccount its user named (ci-bot) gets a Role to patch its own
+    status; a token of ci-bot bound to nothing (`kubectl create token ci-bot`, a legacy token Secret, a CI system's
+    token) wrote phase, and rewrote status.runtime, the record every later update and attempt is judged against
+    (with the record's limits emptied, the job went from its runtime's 2 GPUs to 8, at apply and in the operator)."""
     eddie = arena["eddie"]
     job = lean("bot", runtimeRef={"name": "attack-small"}, pod={"serviceAccountName": "ci-bot"},
                runPolicy={"activeDeadlineSeconds": 120})
@@ -365,21 +343,12 @@ def test_an_unbound_token_of_a_jobs_own_service_account_rewrites_the_recorded_li
                         content_type="application/merge-patch+json", query={"dryRun": "All"})
     emptied = [{**layer, "limits": {}} for layer in st["runtime"]["layers"]]
     forged = bot.request("PATCH", status_path, {"status": {"runtime": {"layers": emptied}}},
-                         content_type="application/merge-patch+json")
-    if forged.admitted:
-        # The impact, end to end: eddie's edit past the runtime's 2 GPUs is admitted and the operator runs it.
-        kubectl.run("patch", "ftj", "bot", "-n", NS, "--as=eddie", "--type=merge", "-p", json.dumps(
-            {"spec": {"distributed": {"numNodes": 4, "gpusPerNode": 2}, "suspend": True}}))
-        wait_status(kubectl, NS, "bot", lambda s: s.get("phase") == "Suspended", operator, timeout=90)
-        kubectl.run("patch", "ftj", "bot", "-n", NS, "--as=eddie", "--type=merge", "-p",
-                    '{"spec": {"suspend": false}}')
-        wait_status(kubectl, NS, "bot", lambda s: s.get("attempt") == 2 and s.get("phase") in ("Running", "Pending"),
-                    operator, timeout=120)
-        assert _gpus(kubectl.json("get", "job", "bot-a2", "-n", NS)) == 8
-    promise(not phase.admitted and not forged.admitted,
-            f"ci-bot's unbound token (minted by {minted_by}): phase Succeeded {phase.status}, status.runtime limits "
-            f"emptied {forged.status}; attempt 2 of bot then holds 4 x 2 = 8 GPUs under "
-            "ClusterFineTuneRuntime attack-small, which allows limits.maxGpusPerJob = 2")
+                         content_type="application/merge-patch+json", query={"dryRun": "All"})
+    assert not phase.admitted and not forged.admitted, (
+        f"ci-bot's unbound token (minted by {minted_by}): phase Succeeded {phase.status}, status.runtime limits "
+        f"emptied {forged.status}")
+    recorded = kubectl.json("get", "ftj", "bot", "-n", NS)["status"]["runtime"]["layers"][0]["limits"]
+    assert recorded["maxGpusPerJob"] == 2, recorded
 
 
 BLANK = "attack-blank"
