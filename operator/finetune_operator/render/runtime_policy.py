@@ -92,10 +92,14 @@ def value_variables(template: str) -> list[dict[str, str]]:
     resume = _value("checkpoints.resume", template, "'auto'")
     model = "object.spec.model"
     return [
+        # [field, location] of every place the job loads weights or code from, so a refusal names the field.
         {"name": "modelSources", "expression": (
-            f"[{model}.name] + (has({model}.tokenizer) ? [{model}.tokenizer] : []) + "
-            f"({_has('object.spec', 'method.lora.initFrom')} ? [object.spec.method.lora.initFrom] : []) + "
-            f"({resume}.startsWith('/') && !{resume}.startsWith('{c.OUTPUT_MOUNT_PATH}/') ? [{resume}] : [])")},
+            f"[['spec.model.name', string({model}.name)]] + "
+            f"(has({model}.tokenizer) ? [['spec.model.tokenizer', string({model}.tokenizer)]] : []) + "
+            f"({_has('object.spec', 'method.lora.initFrom')} ? "
+            "[['spec.method.lora.initFrom', string(object.spec.method.lora.initFrom)]] : []) + "
+            f"({resume}.startsWith('/') && !{resume}.startsWith('{c.OUTPUT_MOUNT_PATH}/') ? "
+            f"[['spec.checkpoints.resume', string({resume})]] : [])")},
         {"name": "volumeKinds", "expression": f"{_value('pod.volumes', template, '[]')}.map(v, {VOLUME_KIND})"},
         {"name": "lent", "expression": " + ".join(lent(path) for path in LENDING)},
         {"name": "nodes", "expression": _value("distributed.numNodes", template, "1")},
@@ -170,9 +174,9 @@ def checks(limits: str, limits_present: str, who: str, remote_code_unset: str = 
          f"'spec.distributed.strategy is ' + variables.strategy + ': ' + {who} + ' allows limits.allowedStrategies "
          f"' + {limits}.allowedStrategies.join(', ')"),
         ("allowedModelSources", f"variables.modelSources.all(s, {limits}.allowedModelSources.exists(p, "
-         "s.startsWith(p)))",
-         "'spec.model.name, tokenizer, method.lora.initFrom and checkpoints.resume load ' + "
-         f"variables.modelSources.filter(s, !{limits}.allowedModelSources.exists(p, s.startsWith(p))).join(', ') + "
+         "s[1].startsWith(p)))",
+         f"variables.modelSources.filter(s, !{limits}.allowedModelSources.exists(p, s[1].startsWith(p)))"
+         ".map(s, s[0] + ' is ' + s[1]).join(', ') + "
          f"': ' + {who} + ' allows limits.allowedModelSources ' + {limits}.allowedModelSources.join(', ') + "
          "'; load them from under one of those prefixes'"),
         ("allowedDataSources", f"variables.dataSources.all(s, {limits}.allowedDataSources.exists(p, "
