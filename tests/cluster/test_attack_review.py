@@ -18,9 +18,11 @@ from __future__ import annotations
 import copy
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from finetune_operator.api.errors import InvalidSpec
 from finetune_operator.api.runtime import ENDPOINT_FIELDS
@@ -252,6 +254,19 @@ def test_a_finetunejob_only_user_mounts_no_nfs_export_nor_a_configmap_she_may_no
     assert _refused(arena["fiona"].create(settings), "spec.pod.volumes: ConfigMap team-b-settings",
                     "fiona may not get it")
     assert arena["eddie"].create(settings).admitted
+
+
+def test_a_finetunejob_only_user_runs_no_reward_code_from_a_configmap_she_may_not_get(arena):
+    """The same rule for the GRPO reward functions (method.grpo.rewards[].configMap, Python files the trainer
+    imports): found after the rebase on GRPO, by the unit test that finds every ConfigMap reference in the schema."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu-grpo.yaml").read_text())
+    job = lean("reward", model=doc["spec"]["model"], data=doc["spec"]["data"], method=copy.deepcopy(
+        doc["spec"]["method"]), training=doc["spec"]["training"])
+    job["spec"]["method"]["grpo"]["rewards"].append(
+        {"type": "function", "function": "team_b:score", "configMap": "team-b-settings", "weight": 0.1})
+    assert _refused(arena["fiona"].create(job), "spec.method.grpo.rewards: ConfigMap team-b-settings",
+                    "fiona may not get it")
+    assert arena["eddie"].create(job).admitted
 
 
 # --- 4. Priority past a locked priority class -------------------------------------------------------------------------

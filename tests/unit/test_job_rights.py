@@ -60,7 +60,8 @@ def test_every_field_that_names_a_configmap_is_checked():
     assert naming == {f"{ref}.configMap" for ref in CONFIGMAP_REFERENCES}, naming
     job = make_job({"spec.pod": {"volumes": [{"name": "a", "mountPath": "/a", "configMap": "settings"},
                                              {"name": "b", "mountPath": "/b", "nfs": {"server": "s", "path": "/x"}}]}})
-    assert configmap_names(job) == {"spec.pod.volumes": ["settings"]} and mounts_nfs(job)
+    assert configmap_names(job) == {"spec.pod.volumes": ["settings"], "spec.method.grpo.rewards": []}
+    assert mounts_nfs(job)
     assert not mounts_nfs(make_job())
 
 

@@ -60,6 +60,10 @@ SECRET_REFERENCES: dict[str, str] = {
 CONFIGMAP_REFERENCES: dict[str, str] = {
     "spec.pod.volumes": "(has({o}.spec.pod) && has({o}.spec.pod.volumes) ? "
                         "{o}.spec.pod.volumes.filter(v, has(v.configMap)).map(v, v.configMap) : [])",
+    # A GRPO reward function's Python files: mounted into the trainer pods.
+    "spec.method.grpo.rewards": "(has({o}.spec.method) && has({o}.spec.method.grpo) && "
+                                "has({o}.spec.method.grpo.rewards) ? {o}.spec.method.grpo.rewards.filter(r, "
+                                "has(r.configMap)).map(r, r.configMap) : [])",
 }
 # Whether the job mounts an NFS export (CEL, the object at `{o}`).
 MOUNTS_NFS = "(has({o}.spec.pod) && has({o}.spec.pod.volumes) && {o}.spec.pod.volumes.exists(v, has(v.nfs)))"
@@ -68,7 +72,10 @@ MOUNTS_NFS = "(has({o}.spec.pod) && has({o}.spec.pod.volumes) && {o}.spec.pod.vo
 def configmap_names(obj: dict[str, Any]) -> dict[str, list[str]]:
     """CONFIGMAP_REFERENCES read from a FineTuneJob as written: field -> ConfigMap names."""
     pod = (obj.get("spec") or {}).get("pod") or {}
-    return {"spec.pod.volumes": [v["configMap"] for v in pod.get("volumes") or [] if v.get("configMap") is not None]}
+    grpo = ((obj.get("spec") or {}).get("method") or {}).get("grpo") or {}
+    return {"spec.pod.volumes": [v["configMap"] for v in pod.get("volumes") or [] if v.get("configMap") is not None],
+            "spec.method.grpo.rewards": [r["configMap"] for r in grpo.get("rewards") or []
+                                         if r.get("configMap") is not None]}
 
 
 def mounts_nfs(obj: dict[str, Any]) -> bool:
