@@ -37,12 +37,16 @@ from finetune_operator.api.runtime_layers import resolve_offline  # noqa: E402
 from tests.builders import make_job  # noqa: E402
 from tests.support.controlplane import ControlPlane, build_binaries  # noqa: E402
 
+# Every limit set, and a Secret lent (so the locks on where credentials go are evaluated too).
 RUNTIME = {"apiVersion": c.API_VERSION, "kind": c.CLUSTER_RUNTIME_KIND, "metadata": {"name": "capped"},
-           "spec": {"template": {"distributed": {"gpusPerNode": 8, "strategy": "deepspeed"}},
+           "spec": {"template": {"distributed": {"gpusPerNode": 8, "strategy": "deepspeed"},
+                                 "pod": {"secretEnv": [{"name": "HF_TOKEN", "secretName": "hub-token", "key": "k"}]}},
                     "limits": {"locked": ["pod.image", "pod.nodeSelector"], "maxNodes": 4, "maxGpusPerJob": 16,
                                "allowedMethods": ["lora", "qlora"], "allowedStrategies": ["deepspeed"],
-                               "allowedModelSources": ["meta-llama/", "/models/"],
-                               "allowedDataSources": ["/data/"], "maxActiveDeadlineSeconds": 86400}}}
+                               "allowedModelSources": ["meta-llama/", "/models/"], "allowTrustRemoteCode": False,
+                               "allowedDataSources": ["/data/"], "allowedClaims": ["team-data"],
+                               "allowedVolumeKinds": ["persistentVolumeClaim", "configMap", "secret"],
+                               "maxActiveDeadlineSeconds": 86400}}}
 
 
 SECRETS = ("hub-token", "wandb-key", "s3-creds")

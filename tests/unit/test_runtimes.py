@@ -9,14 +9,9 @@ import pytest
 import yaml
 
 from finetune_operator.api.crd import CRD_FILES, crd_yaml
-from finetune_operator.api.runtime import (
-    LOCKABLE,
-    LockableField,
-    RuntimeLimits,
-    effective_job,
-    merge,
-)
+from finetune_operator.api.runtime import LOCKABLE, LockableField, RuntimeLimits, merge
 from finetune_operator.api.runtime_layers import resolve_offline
+from finetune_operator.api.runtime_limits import effective_job
 from finetune_operator.api.validation import validate_job
 from finetune_operator.cli.main import main, validate_with_runtimes
 from finetune_operator.render.runtime_admission import chart_template
@@ -121,7 +116,8 @@ def test_each_locked_field_set_by_the_job_is_refused_naming_the_runtime(path: Lo
               "pod.tolerations": [{"key": "x", "operator": "Exists"}], "pod.affinity": {},
               "pod.priorityClassName": "high", "pod.volumes": [], "pod.env": [], "pod.secretEnv": [],
               "resources": {"cpu": "1"}, "distributed.strategy": "ddp", "distributed.gpusPerNode": 1,
-              "s3": {"region": "x"}}
+              "s3": {"region": "x"}, "s3.endpointURL": "http://mine:9000", "output.push.endpoint": "https://mine",
+              "tracking.wandb.baseUrl": "https://mine", "tracking.mlflow.trackingUri": "https://mine"}
     doc = job()
     if path == "queueName":
         doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "mine"}
@@ -227,7 +223,8 @@ def test_a_started_job_is_judged_by_the_limits_it_recorded_never_by_the_runtime_
                     limits={"locked": ["pod.image"], "maxGpusPerJob": 4})
     doc = job(**{"spec.runtimeRef": {"name": "small"}})
     judge = started(doc, [small])
-    assert resolve_offline(doc, [small]).snapshot["layers"][0]["limits"] == small["spec"]["limits"]
+    assert resolve_offline(doc, [small]).snapshot["layers"][0]["limits"] == {"allowTrustRemoteCode": False,
+                                                                             **small["spec"]["limits"]}
     within = judge(job(**{"spec.runtimeRef": {"name": "small"}, "spec.distributed": {"numNodes": 2}}))
     assert within.errors == [] and validate_job(within.obj).spec.total_gpus == 4
     past = judge(job(**{"spec.runtimeRef": {"name": "small"}, "spec.distributed": {"numNodes": 3, "gpusPerNode": 8},
@@ -252,7 +249,7 @@ def test_a_record_without_limits_from_an_older_operator_limits_nothing():
 @pytest.mark.parametrize("case", ["maxNodes", "maxGpusPerJob", "allowedStrategies", "maxActiveDeadlineSeconds",
                                   "allowedClaims"])
 def test_a_runtime_whose_template_breaks_its_own_limits_is_invalid(case):
-    from finetune_operator.api.runtime import parse_runtime
+    from finetune_operator.api.runtime_limits import parse_runtime
 
     claim = {"name": "x", "mountPath": "/x", "claimName": "theirs"}
     limits, breaking, within = {

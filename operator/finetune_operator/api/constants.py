@@ -40,9 +40,17 @@ LABEL_JOB: Final = f"{GROUP}/job-name"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 
 KUEUE_PREFIX: Final = "kueue.x-k8s.io/"
-# Kueue admits a workload by flipping spec.suspend; it finds workloads by this label. Every label and annotation
-# under its prefix on a FineTuneJob (queue name, priority class, ...) is copied to the attempt's Job.
+# Kueue admits a workload by flipping spec.suspend; it finds workloads by this label.
 LABEL_KUEUE_QUEUE: Final = f"{KUEUE_PREFIX}queue-name"
+# Kueue's WorkloadPriorityClass of the workload: what a runtime's lock on pod.priorityClassName also locks.
+LABEL_KUEUE_PRIORITY: Final = f"{KUEUE_PREFIX}priority-class"
+# Kueue deactivates a workload that ran this long: it can only shorten a job.
+KUEUE_MAX_EXEC_TIME: Final = f"{KUEUE_PREFIX}max-exec-time-seconds"
+# The Kueue labels and annotations of a FineTuneJob copied to its attempts' Jobs, and no others: Kueue reads more
+# (priority-boost, admission gates, partial admission, a prebuilt Workload to run under, ...) and each would be a
+# way around what a runtime locks (the queue, the priority class) or around the gang.
+KUEUE_JOB_LABELS: Final = (LABEL_KUEUE_QUEUE, LABEL_KUEUE_PRIORITY, KUEUE_MAX_EXEC_TIME)
+KUEUE_JOB_ANNOTATIONS: Final = (KUEUE_MAX_EXEC_TIME,)
 # A gang restart hands the admitted Workload of the failed attempt to the next one (the queued Job names it).
 LABEL_KUEUE_PREBUILT: Final = f"{KUEUE_PREFIX}prebuilt-workload-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
@@ -201,6 +209,10 @@ RESERVED_ENV_NAMES: Final = frozenset(
         ENV_JOB_NAMESPACE,
         ENV_ATTEMPT,
         ENV_POD_NAME,
+        # The trainer reports progress to the API server with its pod's token: pointed elsewhere, it would hand
+        # the token (the job's identity, maybe a ServiceAccount a runtime lends) to that server.
+        ENV_KUBERNETES_SERVICE_HOST,
+        ENV_KUBERNETES_SERVICE_PORT,
     }
 )
 RESERVED_ENV_PREFIXES: Final = ("PET_", "TORCHELASTIC_", "FINETUNE_")

@@ -6,6 +6,7 @@ from pydantic import Field, model_validator
 
 from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
+from .sources import LOCATION_SCHEMA, Location
 from .volumes import AbsolutePath
 
 DataFormat = Literal["alpaca", "sharegpt", "messages", "prompt_completion", "text", "preference", "unpaired",
@@ -16,7 +17,8 @@ MAX_INLINE_ROWS = 1000
 
 
 class HubDataset(ApiModel):
-    name: str = Field(min_length=1, max_length=512, description="Hub dataset id, e.g. tatsu-lab/alpaca.")
+    name: Location = Field(min_length=1, max_length=512, json_schema_extra=LOCATION_SCHEMA,
+                           description="Hub dataset id, e.g. tatsu-lab/alpaca.")
     config: str | None = Field(default=None, max_length=256, description="Dataset configuration (subset) name.")
     split: str = Field(default="train", min_length=1, max_length=256, description="Split, e.g. train or train[:10%].")
     revision: str | None = Field(default=None, max_length=256, description="Dataset revision to pin.")
@@ -25,10 +27,11 @@ class HubDataset(ApiModel):
 class DataSource(ApiModel):
     """Exactly one of path, hub or inline."""
 
-    path: str | None = Field(
+    path: Location | None = Field(
         default=None,
         min_length=1,
         max_length=4096,
+        json_schema_extra=LOCATION_SCHEMA,
         description="A file, a directory or a glob on a mounted volume (json, jsonl, parquet, csv or text).",
     )
     hub: HubDataset | None = Field(default=None, description="A dataset on the Hugging Face Hub.")

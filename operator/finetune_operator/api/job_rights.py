@@ -3,8 +3,12 @@
 A FineTuneJob is no way around RBAC (render/job_rights_policy.py makes the API server hold these):
 - its pods run as spec.pod.serviceAccountName when set: naming one, and any later change to what runs as it, needs
   the right to create pods in the namespace (whoever has it could run a pod as that ServiceAccount directly);
-- its pods read every Secret it names: naming one, and any later change to what runs with it, needs the right to get
-  that Secret.
+- its pods read every Secret and ConfigMap it names: naming one, and any later change to what runs with it, needs the
+  right to get it;
+- its pods mount the NFS exports it names, which a pod may mount only if its user may create pods: naming one, and
+  any later change to what runs with it, needs that right;
+- deleting it leaves nothing running: a delete that would orphan its attempts (propagationPolicy Orphan) is refused
+  (an attempt left running would run on as the trainer identity, with what its runtime lent, past its deadline).
 "What runs" is the whole spec but the fields listed in HARMLESS: anything else reaches the pods (their image,
 environment, volumes, scheduling, annotations a mutating webhook may act on, the trainer's configuration, where
 output and credentials go), so a field added to the spec later is protected without anyone remembering to.
@@ -50,6 +54,33 @@ SECRET_REFERENCES: dict[str, str] = {
     "spec.s3.credentialsSecret": "(has({o}.spec.s3) && has({o}.spec.s3.credentialsSecret) ? "
                                  "[{o}.spec.s3.credentialsSecret] : [])",
 }
+
+
+# Every field that names a ConfigMap, the same way (the operator's own ConfigMap is no field of the spec).
+CONFIGMAP_REFERENCES: dict[str, str] = {
+    "spec.pod.volumes": "(has({o}.spec.pod) && has({o}.spec.pod.volumes) ? "
+                        "{o}.spec.pod.volumes.filter(v, has(v.configMap)).map(v, v.configMap) : [])",
+    # A GRPO reward function's Python files: mounted into the trainer pods.
+    "spec.method.grpo.rewards": "(has({o}.spec.method) && has({o}.spec.method.grpo) && "
+                                "has({o}.spec.method.grpo.rewards) ? {o}.spec.method.grpo.rewards.filter(r, "
+                                "has(r.configMap)).map(r, r.configMap) : [])",
+}
+# Whether the job mounts an NFS export (CEL, the object at `{o}`).
+MOUNTS_NFS = "(has({o}.spec.pod) && has({o}.spec.pod.volumes) && {o}.spec.pod.volumes.exists(v, has(v.nfs)))"
+
+
+def configmap_names(obj: dict[str, Any]) -> dict[str, list[str]]:
+    """CONFIGMAP_REFERENCES read from a FineTuneJob as written: field -> ConfigMap names."""
+    pod = (obj.get("spec") or {}).get("pod") or {}
+    grpo = ((obj.get("spec") or {}).get("method") or {}).get("grpo") or {}
+    return {"spec.pod.volumes": [v["configMap"] for v in pod.get("volumes") or [] if v.get("configMap") is not None],
+            "spec.method.grpo.rewards": [r["configMap"] for r in grpo.get("rewards") or []
+                                         if r.get("configMap") is not None]}
+
+
+def mounts_nfs(obj: dict[str, Any]) -> bool:
+    pod = (obj.get("spec") or {}).get("pod") or {}
+    return any(v.get("nfs") is not None for v in pod.get("volumes") or [])
 
 
 def secret_names(obj: dict[str, Any]) -> dict[str, list[str]]:

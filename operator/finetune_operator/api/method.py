@@ -6,6 +6,7 @@ from pydantic import Field
 
 from .base import ApiModel
 from .grpo import GrpoSpec
+from .sources import LOCATION_SCHEMA, Location
 
 MethodType = Literal["full", "lora", "qlora", "freeze"]
 
@@ -28,8 +29,8 @@ class LoraSpec(ApiModel):
     )
     use_rslora: bool = Field(default=False, description="Rank-stabilised scaling alpha / sqrt(r).")
     use_dora: bool = Field(default=False, description="Weight-decomposed LoRA (DoRA).")
-    init_from: str | None = Field(
-        default=None, min_length=1, max_length=1024,
+    init_from: Location | None = Field(
+        default=None, min_length=1, max_length=1024, json_schema_extra=LOCATION_SCHEMA,
         description="Continue training an existing adapter (the seeds' peft_path): a directory in a volume or a Hub "
         "id holding adapter_config.json and its weights. The adapter's own r, alpha and target modules are used; "
         "those above are ignored.")

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import ApiModel
+from .sources import LOCATION_SCHEMA, Location
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 AttentionImplementation = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
@@ -12,19 +13,21 @@ Quantization = Literal["none", "8bit", "4bit"]
 
 
 class ModelSpec(ApiModel):
-    name: str = Field(
+    name: Location = Field(
         min_length=1,
         max_length=1024,
+        json_schema_extra=LOCATION_SCHEMA,
         description="Base model: a Hugging Face Hub id (e.g. meta-llama/Llama-3.2-1B) or a directory on a mounted "
         "volume (an absolute path such as /models/llama).",
     )
     revision: str | None = Field(
         default=None, min_length=1, max_length=256, description="Hub revision (branch, tag or commit) to pin."
     )
-    tokenizer: str | None = Field(
+    tokenizer: Location | None = Field(
         default=None,
         min_length=1,
         max_length=1024,
+        json_schema_extra=LOCATION_SCHEMA,
         description="Tokenizer hub id or path when it differs from the model; defaults to the model's own. Tokens "
         "the model lacks (an extended vocabulary, added special tokens) grow its embedding and head, the new rows "
         "starting at the mean of the old ones; LoRA then trains and saves both (modules_to_save).",

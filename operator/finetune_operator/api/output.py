@@ -1,12 +1,13 @@
 """spec.output and spec.checkpoints: where results go, when checkpoints are written and how runs resume."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from .base import ApiModel, FalseIsNo
 from .constants import OUTPUT_MOUNT_PATH
 from .k8s_names import DNS_SUBDOMAIN_PATTERN
+from .sources import RESUME_PATTERN, clean_resume
 from .storage import S3_URI_PATTERN
 
 
@@ -95,11 +96,12 @@ class CheckpointSpec(ApiModel):
         "one is ever resumed from). Applies to strategy ddp without output.uri (whose uploads are in the "
         "background already), checkpoint pushes or early stopping; false: training waits for every save.",
     )
-    resume: str = Field(
+    resume: Annotated[str, AfterValidator(clean_resume)] = Field(
         default="auto",
         min_length=1,
         max_length=4096,
-        pattern=r"^(auto|never|/.*)$",
+        json_schema_extra={"pattern": RESUME_PATTERN},
         description="auto: continue from the newest complete checkpoint in the output directory; never: start "
-        "fresh; or an absolute path to a checkpoint directory.",
+        f"fresh; or an absolute path to a checkpoint directory (outside {OUTPUT_MOUNT_PATH}/, a runtime's "
+        "allowedModelSources apply to it: a checkpoint holds weights).",
     )

@@ -16,19 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FieldError, InvalidSpec
-from .runtime import (
-    ClusterFineTuneRuntimeSpec,
-    RuntimeLimits,
-    check_limits,
-    effective_job,
-    merge,
-    parse_runtime,
-    template_errors,
-    template_of,
-)
+from .runtime import ClusterFineTuneRuntimeSpec, RuntimeLimits, at_path, merge, runtime_label, template_of
+from .runtime_limits import check_limits, effective_job, lent_errors, parse_runtime, template_errors
 from .selectors import describe, matches
 
 RUNTIME_NOT_FOUND = "RuntimeNotFound"
+ALLOW_REMOTE_CODE = "allowTrustRemoteCode"  # the one limit that limits when unset (forbidden unless allowed)
 RUNTIME_NOT_ALLOWED = "RuntimeNotAllowed"
 Layer = tuple[str, str, RuntimeLimits]  # kind, name, limits
 
@@ -58,6 +51,8 @@ def judge(obj: dict[str, Any], template: dict[str, Any], layers: list[Layer]) ->
         errors += effective_job(obj, kind, name, template, limits)[1]
     if not layers:
         return merged, errors  # nothing to limit: the plan validates the job once, as for any job
+    locked = {path for _, _, limits in layers for path in limits.locked}
+    errors += lent_errors(obj, template, " over ".join(runtime_label(k, n) for k, n, _ in layers), locked)
     try:
         job = validate_job(merged)
     except InvalidSpec:
@@ -87,17 +82,21 @@ def apply_layers(obj: dict[str, Any], layers: list[dict[str, Any]]) -> Resolved:
                 "generation": top["metadata"].get("generation", 0), "digest": digest(template),
                 "layers": [{"kind": r["kind"], "name": r["metadata"]["name"],
                             "generation": r["metadata"].get("generation", 0),
-                            # As written: admission judges later edits of the job against these (render/).
-                            "limits": dict((r.get("spec") or {}).get("limits") or {})} for r in layers],
+                            # As written: admission judges later edits of the job against these (render/); with
+                            # the one limit that holds when unset said, so a record without it is an old one's.
+                            "limits": {ALLOW_REMOTE_CODE: False, **dict((r.get("spec") or {}).get("limits") or {})}}
+                           for r in layers],
                 "template": template}
     return Resolved(merged, snapshot, errors)
 
 
 def recorded(obj: dict[str, Any], snapshot: dict[str, Any]) -> Resolved:
     """A started job judged against the runtime it recorded (status.runtime), whatever the runtime is now. A layer
-    recorded without limits (by an operator from before they were recorded) limits nothing here."""
+    recorded without limits (by an operator from before they were recorded) limits nothing here, and one recorded
+    without allowTrustRemoteCode (before that limit existed) does not limit remote code."""
     layers = [(layer.get("kind", ""), layer.get("name", ""), RuntimeLimits.model_validate(
-        layer["limits"], by_alias=True, by_name=False)) for layer in snapshot.get("layers") or [] if "limits" in layer]
+        {ALLOW_REMOTE_CODE: True, **layer["limits"]}, by_alias=True, by_name=False))
+        for layer in snapshot.get("layers") or [] if "limits" in layer]
     merged, errors = judge(obj, snapshot.get("template") or {}, layers)
     return Resolved(merged, snapshot, errors)
 
@@ -193,8 +192,8 @@ def layering_errors(cluster: dict[str, Any], namespaced: dict[str, Any]) -> list
     errors = template_errors(layered, c_spec.limits, who=f"the default {c_name}'s")
     errors += template_errors(layered, n_spec.limits, who="its own")
     for path in c_spec.limits.locked:
-        if path != "queueName" and _get(n_template, path) is not None:
-            errors.append(FieldError(f"spec.template.{path}", _get(n_template, path), f"is locked by the default "
+        if path != "queueName" and at_path(n_template, path) is not None:
+            errors.append(FieldError(f"spec.template.{path}", at_path(n_template, path), f"is locked by the default "
                                      f"{c_name} (limits.locked)", "remove it: the cluster default sets it"))
         if path == "queueName" and n_template.get("queueName") is not None:
             errors.append(FieldError("spec.template.queueName", n_template["queueName"], f"is locked by the default "
@@ -211,12 +210,3 @@ def layering_errors(cluster: dict[str, Any], namespaced: dict[str, Any]) -> list
                                  f"limits.maxGpusPerJob is checked with the GPU shape of its own template, and the "
                                  f"default {c_name}'s template sets these", "set them in this template too"))
     return errors
-
-
-def _get(tree: dict[str, Any], path: str) -> Any:
-    node: Any = tree
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node

@@ -1,6 +1,5 @@
 """FineTuneJobSpec: the whole spec, and the rules that span several sections."""
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -337,7 +336,8 @@ def _credential_rules(spec: Any) -> list[FieldError]:
 
 
 def _s3_rules(spec: Any) -> list[FieldError]:
-    """s3:// URIs name a bucket S3 accepts; AWS credentials come from one Secret (pod.env refuses them already)."""
+    """s3:// URIs name a bucket S3 accepts (another scheme is refused by api/sources.py); AWS credentials come from
+    one Secret (pod.env refuses them already)."""
     errors = []
     uris = [("model.name", spec.model.name), ("model.tokenizer", spec.model.tokenizer),
             ("method.lora.initFrom", spec.method.lora.init_from)]
@@ -347,12 +347,6 @@ def _s3_rules(spec: Any) -> list[FieldError]:
         if is_s3(value) and not valid_s3_uri(value):
             errors.append(FieldError(path, value, "not an s3:// URI of a bucket S3 accepts (3-63 lowercase "
                                      "letters, digits, dots and hyphens)", "write s3://bucket/prefix/..."))
-        elif value is not None and not is_s3(value) and (scheme := OTHER_SCHEME.match(value)):
-            # Else read as a Hub id and refused seconds into the run with the Hub's "Repo id must be in the form".
-            errors.append(FieldError(path, value, f"{scheme.group(1)}:// is not a location the trainer reads: a Hub "
-                                     "id (org/name), a path on a mounted volume, or s3://bucket/key",
-                                     f"write s3://{value.split('://', 1)[1]} for object storage, or a Hub id or "
-                                     "a path"))
     for i, env in enumerate(spec.pod.secret_env):
         if env.name in AWS_SECRET_NAMES and spec.s3.credentials_secret is not None:
             errors.append(FieldError(f"pod.secretEnv[{i}].name", env.name, "s3.credentialsSecret also sets it; "
@@ -362,7 +356,6 @@ def _s3_rules(spec: Any) -> list[FieldError]:
 
 
 AWS_SECRET_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-OTHER_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 SECTIONS = ("model", "data", "method", "training", "distributed", "resources", "pod", "output", "checkpoints",
             "evaluation", "tracking", "run_policy", "s3")
 RULES = (

@@ -143,7 +143,9 @@ def _from_pydantic(err: dict[str, Any], path: str, root: type[BaseModel], loc: t
         if isinstance(value, str | int | float):  # targetModules: all-linear
             fix = f"write it as a YAML list: [{value}]"
     elif kind == "value_error":
-        fix = "change it to the form described"
+        # A validator may say its own fix after "; fix: ".
+        message, _, fix = message.partition("; fix: ")
+        fix = fix or "change it to the form described"
     elif kind == "finite_number":
         fix = FINITE_FIX
     elif kind in ("string_type", "string_unicode"):

@@ -1,7 +1,11 @@
 """spec.pod.volumes: the user's own volumes in the trainer pods, e.g. a claim holding models and datasets.
 
-A typed subset of core/v1 volumes, not a pass-through: each kind here is admitted under the `restricted` Pod
-Security Standard (no hostPath), and a mount can never hide the paths the trainer itself needs."""
+A typed subset of core/v1 volumes, not a pass-through (no hostPath), and a mount can never hide the paths the trainer
+itself needs. Claims, ConfigMaps and Secrets are admitted under the `restricted` Pod Security Standard; an nfs volume
+is not (restricted allows only claims, ConfigMaps, Secrets, emptyDir, projected, downwardAPI, CSI and ephemeral
+volumes): in such a namespace, mount the export through a PersistentVolumeClaim bound to an NFS PersistentVolume.
+Who may mount what: a runtime's allowedVolumeKinds and allowedClaims, and the user's own rights (an NFS export needs
+the right to create pods, a ConfigMap or Secret the right to get it: api/job_rights.py)."""
 
 import posixpath
 from typing import Annotated
@@ -18,6 +22,8 @@ from .k8s_names import DnsSubdomain
 RESERVED_MOUNT_PATHS = (c.CONFIG_MOUNT_PATH, c.OUTPUT_MOUNT_PATH, c.CACHE_MOUNT_PATH, c.TMP_MOUNT_PATH,
                         c.SHM_MOUNT_PATH, c.TERMINATION_MESSAGE_PATH, c.REWARD_CODE_MOUNT_PATH)
 SOURCE_FIELDS = ("claim_name", "config_map", "secret", "nfs")
+# The kinds (SOURCE_FIELDS) the restricted Pod Security Standard refuses: tested against the API server.
+NOT_RESTRICTED = ("nfs",)
 
 
 def absolute_clean_path(path: str) -> str:
@@ -57,7 +63,9 @@ class Volume(ApiModel):
     config_map: DnsSubdomain | None = Field(default=None, max_length=253, description="A ConfigMap's files.")
     secret: DnsSubdomain | None = Field(default=None, max_length=253,
                                         description="A Secret's files (e.g. credentials read as files).")
-    nfs: NfsVolume | None = Field(default=None, description="An NFS export.")
+    nfs: NfsVolume | None = Field(default=None, description="An NFS export. Refused in namespaces that enforce the "
+                                  "restricted Pod Security Standard: mount it there through a PersistentVolumeClaim "
+                                  "bound to an NFS PersistentVolume. Needs the right to create pods.")
 
     @model_validator(mode="after")
     def _rules(self) -> "Volume":

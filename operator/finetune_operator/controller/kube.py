@@ -248,6 +248,11 @@ class Kube:
                                                               "spec": {"suspend": suspend}},
                         content_type="application/merge-patch+json")
 
+    def set_deadline(self, namespace: str, name: str, seconds: int | None) -> None:
+        """An attempt Job's own activeDeadlineSeconds (controller/deadlines.py); None removes it."""
+        self.jobs.patch(name=name, namespace=namespace, body={"spec": {"activeDeadlineSeconds": seconds}},
+                        content_type="application/merge-patch+json")
+
     def set_labels(self, namespace: str, name: str, labels: dict[str, str]) -> None:
         """Labels of a queued (suspended, not admitted) attempt's Job, e.g. its Kueue queue name or priority class:
         Kueue updates the Job's Workload (both may change while the Job waits)."""

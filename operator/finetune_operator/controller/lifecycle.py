@@ -19,6 +19,7 @@ from ..fit import WARN_FRACTION
 from ..render.preflight import PREFLIGHT_ATTEMPT
 from . import goodput, queueing
 from .conditions import set_conditions
+from .deadlines import active_clock, active_seconds, attempt_deadline, follow_deadline
 from .in_place import announce_workers, lost_pods, nodes_text
 from .observed import (
     DISRUPTED,
@@ -42,7 +43,7 @@ from .observed import (
 from .planning import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, condition_time, finish, finished
 from .settings import Settings
 from .suspension import edited, follow_kueue_labels, resume_edited, resuming, suspension
-from .upkeep import active_clock, active_seconds, post_notice, stale_progress
+from .upkeep import post_notice, stale_progress
 from .waiting import CREATE_REFUSALS, never_fits, refused, waiting
 
 
@@ -53,8 +54,6 @@ def backoff(settings: Settings, restarts: int) -> float:
 def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Settings()) -> Plan:
     st = {k: obs.status.get(k) for k in OPERATOR_STATUS_FIELDS if obs.status.get(k) is not None}
     st["observedGeneration"] = obs.generation
-    if obs.runtime is not None:
-        st["runtime"] = obs.runtime  # recorded with the first status write: what every attempt runs with
     p = Plan(status=st)
     previous_phase = obs.status.get("phase")
     live = [w for w in obs.workloads if not finished(w)]
@@ -71,6 +70,10 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         _ttl(p, job, obs)
     else:
         _advance(p, job, obs, settings)
+    if obs.runtime is not None and st.get("startTime"):
+        # Recorded when the job first really starts (never for an attempt created suspended): what every attempt,
+        # and every later edit, is judged against (controller/runtimes.py).
+        st["runtime"] = obs.runtime
     _keep_admission(p, obs, settings)
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))
@@ -138,10 +141,13 @@ def _advance(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) -> N
     st.setdefault("globalBatchSize", spec.global_batch_size)
     if not st.get("attempt"):
         # The message the first look at the attempt would write anyway: one status write fewer per job.
-        st.update(attempt=1, restarts=0, startTime=format_time(now), phase="Pending", reason="Created",
+        st.update(attempt=1, restarts=0, phase="Pending", reason="Created",
                   message=f"attempt 1: {_nodes_text(spec, 0)} node(s) running")
         if never_fits(p, job, obs):
             return
+    if not spec.suspend:
+        # The job really starts (its first attempt is not created suspended, or it is resumed): not before.
+        st.setdefault("startTime", format_time(now))
     attempt = st["attempt"]
     deadline = spec.run_policy.active_deadline_seconds
     active = active_seconds(st, now)
@@ -194,6 +200,7 @@ def _preflight(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings) ->
         finish(p, obs, "Failed", reason, f"preflight failed, no GPU was requested: {message}")
     else:
         p.create_preflight = check is None
+        st.setdefault("startTime", format_time(obs.now))  # the preflight runs even for a job created suspended
         st.update(preflight="Running", phase="Pending", reason="Preflight", nodes=f"0/{job.spec.distributed.num_nodes}",
                   message="checking the model, the data and the output volume before requesting GPUs")
         if p.create_preflight:
@@ -214,6 +221,7 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
         p.requeue(2)
         return
     p.create_attempt = st["attempt"]
+    p.attempt_deadline = attempt_deadline(job.spec.run_policy.active_deadline_seconds, st, obs.now)
     st["gpus"], st["globalBatchSize"] = job.spec.total_gpus, job.spec.global_batch_size
     refused(p, obs, st["attempt"])
     checkpoint = obs.status.get("checkpoint") or {}
@@ -250,6 +258,8 @@ def _observe_attempt(p: Plan, job: ValidatedJob, obs: Observed, workload: dict) 
             f"the spec was edited (generation {obs.generation}); attempt {st['attempt']} keeps the spec it was "
             f"created with (only runPolicy and suspend apply at once): {how}")))
     queued = suspension(p, obs, workload, want_suspend, is_suspended)
+    if not finished(workload):
+        follow_deadline(p, obs, spec.run_policy.active_deadline_seconds, workload)
     # Kueue may admit an elastic attempt with fewer pods (partial admission): that is no edit of the topology.
     resized = min_nodes_of(workload, 0) > 0 and fewest <= nodes <= spec.distributed.num_nodes
     if nodes != spec.distributed.num_nodes and not finished(workload) and not resized:

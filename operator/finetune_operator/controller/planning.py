@@ -62,6 +62,8 @@ class Event:
 class Plan:
     status: dict[str, Any]
     create_attempt: int | None = None
+    attempt_deadline: int | None = None  # the created attempt Job's own activeDeadlineSeconds (deadlines.py)
+    job_deadline: tuple[str, int | None] | None = None  # (the attempt's Job, its new activeDeadlineSeconds)
     resume_from: str | None = None
     delete_workloads: list[str] = field(default_factory=list)
     suspend_workload: tuple[str, bool] | None = None

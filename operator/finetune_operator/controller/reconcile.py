@@ -215,6 +215,9 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
             changes = ", ".join(f"{k}={v} (was {was[k] or 'unset'})" for k, v in sorted(labels.items()))
             result.events.append(Event("Normal", "KueueLabelsChanged", (
                 f"queued Job {queued_job} takes the FineTuneJob's Kueue labels: {changes}")))
+    if result.job_deadline is not None:
+        target, seconds = result.job_deadline
+        once(("deadline", ns, target, seconds), lambda: kube.set_deadline(ns, target, seconds))
     if result.kueue_active is not None:
         queued, active = result.kueue_active
         once(("kueue-active", ns, queued, active), lambda: kube.set_kueue_active(ns, queued, active), ttl=10.0)
@@ -222,11 +225,11 @@ def _act(kube: Kube, obj: dict[str, Any], job: Any, result: Plan, view: Snapshot
         PREFLIGHT_ATTEMPT if result.create_preflight else None)
     if creates is not None and not isinstance(job, InvalidSpec):
         account = job.spec.pod.service_account_name
+        # The job's labels as it runs (a runtime's queue among them), not only those written on it.
         ctx = RenderContext(name=name, namespace=ns, attempt=creates, trainer_image=settings.trainer_image,
-                            network_policy=settings.network_policy,
-                            job_labels=obj["metadata"].get("labels") or {},
+                            network_policy=settings.network_policy, job_labels=job.labels,
                             job_annotations=obj["metadata"].get("annotations") or {}, resume_from=result.resume_from,
-                            uid=obj["metadata"].get("uid"))
+                            uid=obj["metadata"].get("uid"), deadline_seconds=result.attempt_deadline)
         if creates == PREFLIGHT_ATTEMPT:
             create = lambda: kube.apply_all(render_preflight(job.spec, ctx), owner=obj)  # noqa: E731
         elif result.offer_kueue is None and expectations.pending(holding):

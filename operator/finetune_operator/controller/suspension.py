@@ -72,7 +72,6 @@ def follow_kueue_labels(p: Plan, obs: Observed, workload: dict[str, Any]) -> Non
     class change and updates its Workload. An admitted (running) attempt keeps its own; a label removed is not
     followed (Kueue still holds the Job)."""
     have = (workload.get("metadata") or {}).get("labels") or {}
-    changed = {k: v for k, v in obs.labels.items()
-               if k.startswith(c.KUEUE_PREFIX) and k != c.LABEL_KUEUE_PREBUILT and v and have.get(k) != v}
+    changed = {k: v for k, v in obs.labels.items() if k in c.KUEUE_JOB_LABELS and v and have.get(k) != v}
     if changed:
         p.kueue_labels = (workload["metadata"]["name"], changed, {k: have.get(k) for k in changed})

@@ -30,3 +30,6 @@ class RenderContext:
     # The Kueue Workload a gang restart hands over: the attempt's Job names it and Kueue starts the Job at once
     # under that Workload's admission instead of queueing a new Workload behind the jobs submitted since.
     kueue_workload: str | None = None
+    # The attempt Job's own activeDeadlineSeconds: what was left of the job's runPolicy.activeDeadlineSeconds when
+    # it was created, so that a Job left without its FineTuneJob (or its operator) still ends (controller/deadlines.py).
+    deadline_seconds: int | None = None

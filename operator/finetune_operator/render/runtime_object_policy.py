@@ -1,5 +1,5 @@
 """Admission of the runtimes themselves, generated into the chart with the job policies (runtime_policy.py), the same
-rules as the operator's (api/runtime.py template_errors, api/runtime_layers.py layering_errors):
+rules as the operator's (api/runtime_limits.py template_errors, api/runtime_layers.py layering_errors):
 
 - a runtime whose template breaks its own limits is refused (every lean job using it would be);
 - a namespace's default FineTuneRuntime is layered over the default ClusterFineTuneRuntime (one whose
@@ -16,7 +16,17 @@ from typing import Any
 
 from ..api import constants as c
 from ..api.runtime import LOCKABLE
-from .runtime_policy import NAMESPACE_LABELS, RELEASE, Rule, _has, _policy, combined, present, selector_matches
+from .runtime_policy import (
+    NAMESPACE_LABELS,
+    RELEASE,
+    VOLUME_KIND,
+    Rule,
+    _has,
+    _policy,
+    combined,
+    present,
+    selector_matches,
+)
 
 TEMPLATE_POLICY = f"{RELEASE}-runtime-templates"
 LAYERING_POLICY = f"{RELEASE}-namespace-default-layering"
@@ -64,6 +74,15 @@ def template_rules(get: Getter, limits: str, whose: str) -> list[Rule]:
         ("allowedClaims", f"{claims}.all(n, n in {limits}.allowedClaims)",
          f"'spec.template mounts the claim(s) ' + {claims}.filter(n, !(n in {limits}.allowedClaims)).join(', ') + "
          f"': it breaks ' + {whose} + ' limits.allowedClaims ' + {limits}.allowedClaims.join(', ')"),
+    ]
+    kinds = f"(({volumes_set}) ? {volumes} : []).map(v, {VOLUME_KIND})"
+    rules += [
+        ("allowedVolumeKinds", f"{kinds}.all(k, k in {limits}.allowedVolumeKinds)",
+         f"'spec.template.pod.volumes mounts ' + {kinds}.filter(k, !(k in {limits}.allowedVolumeKinds)).join(', ') "
+         f"+ ': it breaks ' + {whose} + ' limits.allowedVolumeKinds ' + {limits}.allowedVolumeKinds.join(', ')"),
+        ("allowedClaims", f"({present(f'{limits}.allowedVolumeKinds')}) || !('nfs' in {kinds})",
+         f"'spec.template.pod.volumes mounts an nfs export: it breaks ' + {whose} + ' limits.allowedClaims, and so "
+         "no nfs volume (storage is those claims unless limits.allowedVolumeKinds lists nfs)'"),
     ]
     return [(f"!({present(f'{limits}.{name}')}) || ({holds})", f"{message} + '; change the template or the limit'")
             for name, holds, message in rules]

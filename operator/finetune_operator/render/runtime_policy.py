@@ -11,16 +11,19 @@ What a job is judged against (as the operator judges it, api/runtime_layers.py):
   Values a job leaves out are taken from that runtime's template, then from the built-in default, as the operator
   does. A namespace default is layered over the cluster default; each policy sees its own runtime's template only,
   which is exact because a namespace default that would make it inexact is refused (runtime_object_policy.py);
-- a job that has started: the snapshot the operator recorded in status.runtime (the merged template and each
-  layer's limits), with no params at all: tightening, editing or deleting a runtime neither lets a running job out
-  nor locks its tenant out of suspending or editing it within the limits it started with. spec.runtimeRef can be
-  neither changed nor added nor removed (the CRD's own rule).
+- a job that has started (status.startTime: an attempt created suspended is no start): the snapshot the operator
+  recorded in status.runtime (the merged template and each layer's limits), with no params at all: tightening,
+  editing or deleting a runtime neither lets a running job out nor locks its tenant out of suspending or editing it
+  within the limits it started with. spec.runtimeRef can be neither changed nor added nor removed (the CRD's own
+  rule).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from ..api import constants as c
-from ..api.runtime import LOCKABLE
+from ..api.runtime import ENDPOINT_FIELDS, LOCKABLE, LOCKED_LABELS
+from ..api.runtime_limits import LENDING
 
 # Names under the release's (the chart substitutes RELEASE): two releases (watchNamespaces) must not collide.
 RELEASE = "RELEASE-NAME"
@@ -36,8 +39,7 @@ MAX_LAYERS = 2  # the cluster default and the namespace's (status.RuntimeSnapsho
 RECORDED = (f"request.operation == 'UPDATE' && has(oldObject.status) && has({SNAPSHOT}) && "
             f"has({SNAPSHOT}.layers) && size({SNAPSHOT}.layers) > 0 && {SNAPSHOT}.layers.all(l, has(l.limits))")
 STARTED_WITHOUT = ("request.operation == 'UPDATE' && has(oldObject.status) && !has(oldObject.status.runtime) && "
-                   "((has(oldObject.status.attempt) && oldObject.status.attempt > 0) || "
-                   "has(oldObject.status.preflight))")
+                   "has(oldObject.status.startTime)")
 
 
 def present(expr: str) -> str:
@@ -79,7 +81,27 @@ def value_variables(template: str) -> list[dict[str, str]]:
         hubs = f"object.spec.data.{section}.filter(s, has(s.hub)).map(s, s.hub.name)"
         return f"{paths} + {hubs}"
 
+    def lent(path: str) -> str:
+        given = _has(template, path)
+        if path == "pod.secretEnv":
+            given += f" && size({template}.{path}) > 0"
+        elif path == "pod.volumes":
+            given += f" && {template}.{path}.exists(v, has(v.secret))"
+        return f"(({given}) && !({_has('object.spec', path)}) ? ['spec.template.{path}'] : [])"
+
+    resume = _value("checkpoints.resume", template, "'auto'")
+    model = "object.spec.model"
     return [
+        # [field, location] of every place the job loads weights or code from, so a refusal names the field.
+        {"name": "modelSources", "expression": (
+            f"[['spec.model.name', string({model}.name)]] + "
+            f"(has({model}.tokenizer) ? [['spec.model.tokenizer', string({model}.tokenizer)]] : []) + "
+            f"({_has('object.spec', 'method.lora.initFrom')} ? "
+            "[['spec.method.lora.initFrom', string(object.spec.method.lora.initFrom)]] : []) + "
+            f"({resume}.startsWith('/') && !{resume}.startsWith('{c.OUTPUT_MOUNT_PATH}/') ? "
+            f"[['spec.checkpoints.resume', string({resume})]] : [])")},
+        {"name": "volumeKinds", "expression": f"{_value('pod.volumes', template, '[]')}.map(v, {VOLUME_KIND})"},
+        {"name": "lent", "expression": " + ".join(lent(path) for path in LENDING)},
         {"name": "nodes", "expression": _value("distributed.numNodes", template, "1")},
         {"name": "gpusPerNode", "expression": _value("distributed.gpusPerNode", template, "1")},
         {"name": "strategy", "expression": _value("distributed.strategy", template, "'ddp'")},
@@ -97,6 +119,10 @@ def value_variables(template: str) -> list[dict[str, str]]:
 
 
 Rule = tuple[str, str]  # (CEL: holds, CEL: the message when it does not)
+# The kind of a volume v of spec.pod.volumes, as allowedVolumeKinds names it (api/runtime_limits.py VOLUME_KINDS).
+VOLUME_KIND = ("(has(v.claimName) ? 'persistentVolumeClaim' : has(v.configMap) ? 'configMap' : has(v.secret) ? "
+               "'secret' : 'nfs')")
+REMOTE_CODE = "has(object.spec.model.trustRemoteCode) && object.spec.model.trustRemoteCode"
 
 
 def combined(guard: str, rules: list[Rule]) -> dict[str, str]:
@@ -107,22 +133,31 @@ def combined(guard: str, rules: list[Rule]) -> dict[str, str]:
             "messageExpression": f"[{broken}].filter(m, m != '').join('; ')", "reason": "Forbidden"}
 
 
-def checks(limits: str, limits_present: str, who: str) -> list[Rule]:
+def _label(key: str) -> str:
+    return f"has(object.metadata.labels) && '{key}' in object.metadata.labels"
+
+
+def checks(limits: str, limits_present: str, who: str, remote_code_unset: str = "false") -> list[Rule]:
     """Every lock and every limit of the runtime whose limits are at `limits` (present when `limits_present`),
-    named by the CEL string `who`; the values are value_variables'."""
+    named by the CEL string `who`; the values are value_variables'. allowTrustRemoteCode limits when unset too:
+    `remote_code_unset` says what unset means (a record from before the limit existed: true)."""
     def limit(name: str) -> str:
         return f"({limits_present} && has({limits}.{name}))"
 
     out = []
     for path, what in LOCKABLE.items():
-        if path == "queueName":
-            given, where = f"has(object.metadata.labels) && '{QUEUE_LABEL}' in object.metadata.labels", \
-                f"metadata.labels.{QUEUE_LABEL}"
-        else:
-            given, where = _has("object.spec", path), f"spec.{path}"
-        out.append((f"!({limit('locked')} && '{path}' in {limits}.locked) || !({given})",
-                    f"'{where}: {what} is locked by ' + {who} + ' (limits.locked): remove {where}, the runtime sets "
-                    "it'"))
+        given = [] if path == "queueName" else [(_has("object.spec", path), f"spec.{path}")]
+        if path in LOCKED_LABELS:
+            given.append((_label(LOCKED_LABELS[path]), f"metadata.labels.{LOCKED_LABELS[path]}"))
+        for present_, where in given:
+            out.append((f"!({limit('locked')} && '{path}' in {limits}.locked) || !({present_})",
+                        f"'{where}: {what} is locked by ' + {who} + ' (limits.locked): remove {where}, the runtime "
+                        "sets it'"))
+    allowed = f"({limits_present} && has({limits}.allowTrustRemoteCode) ? {limits}.allowTrustRemoteCode : " \
+              f"{remote_code_unset})"
+    out.append((f"!({REMOTE_CODE}) || {allowed}",
+                f"'spec.model.trustRemoteCode is true: ' + {who} + ' allows limits.allowTrustRemoteCode = false; "
+                "remove it (a model in transformers itself needs none), or ask the admin to allow it'"))
     rules = [
         ("maxNodes", f"variables.nodes <= {limits}.maxNodes",
          f"'spec.distributed.numNodes is ' + string(variables.nodes) + ': ' + {who} + ' allows limits.maxNodes = ' "
@@ -138,9 +173,12 @@ def checks(limits: str, limits_present: str, who: str) -> list[Rule]:
         ("allowedStrategies", f"variables.strategy in {limits}.allowedStrategies",
          f"'spec.distributed.strategy is ' + variables.strategy + ': ' + {who} + ' allows limits.allowedStrategies "
          f"' + {limits}.allowedStrategies.join(', ')"),
-        ("allowedModelSources", f"{limits}.allowedModelSources.exists(p, object.spec.model.name.startsWith(p))",
-         f"'spec.model.name is ' + object.spec.model.name + ': ' + {who} + ' allows limits.allowedModelSources ' "
-         f"+ {limits}.allowedModelSources.join(', ') + '; use a model under one of those prefixes'"),
+        ("allowedModelSources", f"variables.modelSources.all(s, {limits}.allowedModelSources.exists(p, "
+         "s[1].startsWith(p)))",
+         f"variables.modelSources.filter(s, !{limits}.allowedModelSources.exists(p, s[1].startsWith(p)))"
+         ".map(s, s[0] + ' is ' + s[1]).join(', ') + "
+         f"': ' + {who} + ' allows limits.allowedModelSources ' + {limits}.allowedModelSources.join(', ') + "
+         "'; load them from under one of those prefixes'"),
         ("allowedDataSources", f"variables.dataSources.all(s, {limits}.allowedDataSources.exists(p, "
          "s.startsWith(p)))",
          f"'spec.data uses ' + variables.dataSources.filter(s, !{limits}.allowedDataSources.exists(p, "
@@ -150,6 +188,14 @@ def checks(limits: str, limits_present: str, who: str) -> list[Rule]:
          f"'spec mounts the claim(s) ' + variables.claims.filter(n, !(n in {limits}.allowedClaims))"
          f".join(', ') + ': ' + {who} + ' allows limits.allowedClaims ' + "
          f"{limits}.allowedClaims.join(', ') + '; mount one of those claims'"),
+        ("allowedVolumeKinds", f"variables.volumeKinds.all(k, k in {limits}.allowedVolumeKinds)",
+         "'spec.pod.volumes mounts ' + variables.volumeKinds.filter(k, !(k in "
+         f"{limits}.allowedVolumeKinds)).join(', ') + ': ' + {who} + ' allows limits.allowedVolumeKinds ' + "
+         f"{limits}.allowedVolumeKinds.join(', ')"),
+        ("allowedClaims", f"({limit('allowedVolumeKinds')}) || !('nfs' in variables.volumeKinds)",
+         f"'spec.pod.volumes mounts an nfs export: ' + {who} + ' allows limits.allowedClaims ' + "
+         f"{limits}.allowedClaims.join(', ') + ', and so no nfs volume (storage is those claims unless "
+         "limits.allowedVolumeKinds lists nfs); mount the export through a PersistentVolumeClaim'"),
         ("maxActiveDeadlineSeconds", f"variables.deadline > 0 && variables.deadline <= "
          f"{limits}.maxActiveDeadlineSeconds",
          "'spec.runPolicy.activeDeadlineSeconds is ' + (variables.deadline > 0 ? string(variables.deadline) : "
@@ -157,6 +203,16 @@ def checks(limits: str, limits_present: str, who: str) -> list[Rule]:
          f"string({limits}.maxActiveDeadlineSeconds) + '; set it to at most that'"),
     ]
     return out + [(f"!{limit(name)} || ({holds})", message) for name, holds, message in rules]
+
+
+def lent_rules(who: str, locked: Callable[[str], str]) -> list[Rule]:
+    """While the runtime lends the job a credential (variables.lent), every field that says where credentials go
+    is locked (api/runtime_limits.py); `locked(path)` (CEL) says when the lock itself says so already."""
+    return [(f"{locked(path)} || size(variables.lent) == 0 || !({_has('object.spec', path)})",
+             f"'spec.{path}: {LOCKABLE[path]} is locked: ' + {who} + ' lends the job credentials (' + "
+             "variables.lent.join(', ') + '), and a job may not say where they are sent; remove it, or give the job "
+             "its own credentials instead of the runtime\\'s'")
+            for path in ENDPOINT_FIELDS]
 
 
 def _live_variables(kind: str) -> list[dict[str, str]]:
@@ -209,8 +265,11 @@ def live_policy(kind: str) -> list[dict[str, Any]]:
                                  "the namespace; name a runtime this namespace may use, or ask a cluster admin to "
                                  "label the namespace'",
             "reason": "Forbidden"})
-    validations.append(combined("variables.applies", checks("params.spec.limits", present("params.spec.limits"),
-                                                            who)))
+    limits = "params.spec.limits"
+    rules = checks(limits, present(limits), who)
+    rules += lent_rules(who, lambda path: f"({present(limits)} && has({limits}.locked) && '{path}' in "
+                                          f"{limits}.locked)")
+    validations.append(combined("variables.applies", rules))
     return _policy(POLICY_NAME[kind], _live_variables(kind) + value_variables("params.spec.template"), validations,
                    kind)
 
@@ -222,6 +281,9 @@ def snapshot_policy() -> list[dict[str, Any]]:
         layer = f"{SNAPSHOT}.layers[{i}]"
         who = f"{layer}.kind + ' ' + {layer}.name + ' as recorded when the job started'"
         validations.append(combined(f"variables.recorded && size({SNAPSHOT}.layers) > {i}",
-                                    checks(f"{layer}.limits", "true", who)))
+                                    checks(f"{layer}.limits", "true", who, remote_code_unset="true")))
+    who = f"{SNAPSHOT}.kind + ' ' + {SNAPSHOT}.name + ' as recorded when the job started'"
+    validations.append(combined("variables.recorded", lent_rules(who, lambda path: (
+        f"{SNAPSHOT}.layers.exists(l, has(l.limits.locked) && '{path}' in l.limits.locked)"))))
     variables = [{"name": "recorded", "expression": RECORDED}] + value_variables(f"{SNAPSHOT}.template")
     return _policy(SNAPSHOT_POLICY, variables, validations, None)

@@ -63,11 +63,10 @@ def pod_set_hash(job: dict[str, Any]) -> str:
 def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
     d = spec.distributed
     labels = attempt_labels(ctx, "trainer")
-    # Every Kueue label and annotation users put on the FineTuneJob (queue name, priority class, ...) reaches the
-    # Job, which Kueue manages.
-    kueue_labels = {k: v for k, v in ctx.job_labels.items()
-                    if k.startswith(c.KUEUE_PREFIX) and k != c.LABEL_KUEUE_PREBUILT}
-    kueue_annotations = {k: v for k, v in ctx.job_annotations.items() if k.startswith(c.KUEUE_PREFIX)}
+    # The Kueue labels and annotations users put on the FineTuneJob that say which queue, priority class and time
+    # limit reach the Job, which Kueue manages; no other (constants.KUEUE_JOB_LABELS says why).
+    kueue_labels = {k: v for k, v in ctx.job_labels.items() if k in c.KUEUE_JOB_LABELS}
+    kueue_annotations = {k: v for k, v in ctx.job_annotations.items() if k in c.KUEUE_JOB_ANNOTATIONS}
     queue = kueue_labels.get(c.LABEL_KUEUE_QUEUE)
     annotations = {c.ANNOTATION_SPEC_HASH: spec_hash(spec), c.ANNOTATION_ATTEMPT_SPEC_HASH: attempt_spec_hash(spec),
                    **kueue_annotations}
@@ -102,6 +101,8 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
             "suspend": spec.suspend or bool(queue),
             "podReplacementPolicy": "Failed",
             "template": _pod_template(spec, ctx, labels),
+            # Its own end, should it outlive the FineTuneJob's watch (controller/deadlines.py).
+            **({"activeDeadlineSeconds": ctx.deadline_seconds} if ctx.deadline_seconds is not None else {}),
         },
     }
     if in_place:

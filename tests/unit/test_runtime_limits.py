@@ -1,0 +1,144 @@
+"""The limits an attack review found bypassed (api/runtime_limits.py, api/sources.py): every model source under
+allowedModelSources, remote code only where a runtime allows it, no location climbing out of a prefix, a lent
+credential sent nowhere the tenant chooses, volume kinds, and a locked priority class's Kueue label. The same rules
+at `kubectl apply`: tests/cluster/test_admission_matrix.py and test_attack_review.py."""
+
+import copy
+
+import pytest
+
+from finetune_operator.api.runtime import ENDPOINT_FIELDS, LOCKABLE
+from finetune_operator.api.runtime_layers import recorded, resolve_offline
+from finetune_operator.api.runtime_limits import LENDING, parse_runtime
+from finetune_operator.api.sources import normalised, under
+from finetune_operator.api.validation import validate_job
+from tests.unit.test_runtimes import job, runtime
+
+pytestmark = pytest.mark.unit
+LIMITED = {"allowedModelSources": ["/models/", "meta-llama/"], "allowedDataSources": ["/data/"]}
+
+
+def judged(limits=None, template=None, **overrides):
+    doc = job(**{"spec.runtimeRef": {"name": "r"}, **overrides})
+    resolved = resolve_offline(doc, [runtime("r", template=template, limits=limits or {})])
+    assert resolved.missing is None, resolved.missing
+    return resolved
+
+
+@pytest.mark.parametrize("path, value", [
+    ("spec.model.name", "someone/model"), ("spec.model.tokenizer", "someone/tokenizer"),
+    ("spec.model.tokenizer", "/output/tokenizer"), ("spec.method.lora.initFrom", "/output/adapter"),
+    ("spec.checkpoints.resume", "/data/checkpoint-10")])
+def test_every_model_source_is_held_to_allowed_model_sources(path, value):
+    errors = judged(LIMITED, **{path: value}).errors
+    assert [(e.path, e.value) for e in errors] == [(path, value)], errors
+    assert "limits.allowedModelSources /models/, meta-llama/" in errors[0].message
+    assert judged(LIMITED, **{path: "meta-llama/x" if "resume" not in path else "/models/ckpt"}).errors == []
+
+
+def test_a_job_may_always_resume_from_its_own_output():
+    assert judged(LIMITED, **{"spec.checkpoints.resume": "/output/checkpoint-10"}).errors == []
+    assert judged({**LIMITED, "allowedModelSources": ["s3://models/"]},
+                  **{"spec.model.name": "s3://models/x", "spec.checkpoints.resume": "never"}).errors == []
+
+
+def test_prefixes_are_compared_on_the_normalised_location():
+    """The schema refuses dot segments; a stored location that slipped past it still cannot climb out."""
+    assert normalised("/models/../output/x") == "/output/x" and not under("/models/../output/x", ["/models/"])
+    assert normalised("s3://models/../other/x") == "s3://other/x" and not under("s3://models/../x", ["s3://models/"])
+    assert normalised("//models//x/") == "/models/x/" and under("/models/x", ["/models/"])
+    assert not under("/models-other/x", ["/models/"])
+
+
+def test_remote_code_needs_the_runtimes_yes_and_a_record_from_before_the_limit_keeps_it():
+    refused = judged({}, **{"spec.model.trustRemoteCode": True})
+    assert [e.path for e in refused.errors] == ["spec.model.trustRemoteCode"]
+    assert "limits.allowTrustRemoteCode = false" in refused.errors[0].message
+    assert judged({"allowTrustRemoteCode": True}, **{"spec.model.trustRemoteCode": True}).errors == []
+    free = resolve_offline(job(**{"spec.model.trustRemoteCode": True}), [])  # no runtime: the job decides
+    assert free.snapshot is None and free.errors == []
+    # New records say the limit; a record without it is an older operator's, which did not limit remote code.
+    snapshot = judged({"maxNodes": 4}).snapshot
+    assert snapshot["layers"][0]["limits"] == {"allowTrustRemoteCode": False, "maxNodes": 4}
+    edited = job(**{"spec.runtimeRef": {"name": "r"}, "spec.model.trustRemoteCode": True})
+    assert [e.path for e in recorded(edited, snapshot).errors] == ["spec.model.trustRemoteCode"]
+    old = copy.deepcopy(snapshot)
+    del old["layers"][0]["limits"]["allowTrustRemoteCode"]
+    assert recorded(edited, old).errors == []
+
+
+SETS = {"pod.env": [{"name": "HF_ENDPOINT", "value": "http://mine"}], "s3.endpointURL": "http://mine:9000",
+        "output.push.endpoint": "http://mine", "tracking.wandb.baseUrl": "http://mine",
+        "tracking.mlflow.trackingUri": "http://mine"}
+LENDS = {"pod.secretEnv": [{"name": "PLATFORM_TOKEN", "secretName": "platform", "key": "t"}],
+         "pod.volumes": [{"name": "creds", "mountPath": "/creds", "secret": "platform"}],
+         "pod.serviceAccountName": "platform-identity", "s3.credentialsSecret": "platform-s3",
+         "output.push.tokenSecret": {"name": "platform-hub"}}
+ANSWER = {"pod.secretEnv": [{"name": "MINE", "secretName": "mine", "key": "t"}],
+          "pod.volumes": [{"name": "mine", "mountPath": "/mine", "secret": "mine"}],
+          "pod.serviceAccountName": "mine", "s3.credentialsSecret": "mine", "output.push.tokenSecret": {"name": "mine"}}
+
+
+def _tree(path, value):
+    tree = node = {}
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return tree
+
+
+@pytest.mark.parametrize("lent", sorted(LENDS))
+@pytest.mark.parametrize("endpoint", ENDPOINT_FIELDS)
+def test_a_credential_the_runtime_lends_goes_to_no_endpoint_the_job_sets(lent, endpoint):
+    assert set(SETS) == set(ENDPOINT_FIELDS) and set(LENDS) == set(LENDING) and set(ENDPOINT_FIELDS) <= set(LOCKABLE)
+    template = _tree(lent, LENDS[lent])
+    if lent == "output.push.tokenSecret":
+        template["output"]["push"]["repo"] = "platform/model"  # a push the runtime sets up needs its repository
+    extra = {"spec.output.push.repo": "org/m"} if lent == "output.push.tokenSecret" or "push" in endpoint else {}
+    if "push" in endpoint and lent != "output.push.tokenSecret":
+        extra["spec.output.push.tokenSecret"] = {"name": "mine"}
+    if "wandb" in endpoint:
+        extra.update({"spec.tracking.reportTo": ["wandb"], "spec.tracking.wandb.offline": True})
+    if "mlflow" in endpoint:
+        extra["spec.tracking.reportTo"] = ["mlflow"]
+    setting = {f"spec.{endpoint}": SETS[endpoint], **extra}
+    refused = judged({}, template, **setting)
+    validate_job(refused.obj)  # a valid job: only the lock refuses it
+    assert [e.path for e in refused.errors] == [f"spec.{endpoint}"], refused.errors
+    assert f"lends the job credentials (spec.template.{lent}" in refused.errors[0].message
+    # The job that brings its own (replacing what the runtime lends) borrows nothing.
+    own = judged({}, template, **setting, **{f"spec.{lent}": ANSWER[lent]})
+    assert [e for e in own.errors if e.path == f"spec.{endpoint}"] == []
+    # A lock the runtime lists says so itself, once.
+    locked = judged({"locked": [endpoint]}, template, **setting)
+    assert [e.path for e in locked.errors] == [f"spec.{endpoint}"] and "limits.locked" in locked.errors[0].message
+
+
+NFS = {"name": "export", "mountPath": "/export", "nfs": {"server": "nfs.local", "path": "/x"}}
+CONFIG = {"name": "settings", "mountPath": "/settings", "configMap": "settings"}
+
+
+def test_volume_kinds_and_nfs_under_allowed_claims():
+    nfs = {"spec.pod.volumes": [NFS]}
+    assert judged({}, **nfs).errors == []  # no limit on storage: every kind
+    under_claims = judged({"allowedClaims": ["team-data"]}, **nfs).errors
+    assert [e.path for e in under_claims] == ["spec.pod.volumes[0]"] and "no nfs volume" in under_claims[0].message
+    assert judged({"allowedClaims": ["team-data"], "allowedVolumeKinds": ["nfs"]}, **nfs).errors == []
+    kinds = judged({"allowedVolumeKinds": ["persistentVolumeClaim"]}, **{"spec.pod.volumes": [CONFIG, NFS]}).errors
+    assert [(e.path, e.value) for e in kinds] == [("spec.pod.volumes[0]", "configMap"), ("spec.pod.volumes[1]", "nfs")]
+    assert "limits.allowedVolumeKinds persistentVolumeClaim" in kinds[0].message
+    # A runtime that lends an NFS export under its own allowedClaims breaks its own limits.
+    spec, errors = parse_runtime(runtime("r", template={"pod": {"volumes": [NFS]}},
+                                         limits={"allowedClaims": ["team-data"]}))
+    assert spec is None and [e.path for e in errors] == ["spec.template.pod.volumes[0]"], errors
+
+
+def test_a_locked_priority_class_locks_the_kueue_priority_label():
+    doc = job(**{"spec.runtimeRef": {"name": "r"}})
+    doc["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": "high", "kueue.x-k8s.io/queue-name": "q"}
+    errors = resolve_offline(doc, [runtime("r", limits={"locked": ["pod.priorityClassName"]})]).errors
+    assert [e.path for e in errors] == ["metadata.labels.kueue.x-k8s.io/priority-class"]
+    both = resolve_offline(doc, [runtime("r", limits={"locked": ["pod.priorityClassName", "queueName"]})]).errors
+    assert [e.path for e in both] == ["metadata.labels.kueue.x-k8s.io/priority-class",
+                                      "metadata.labels.kueue.x-k8s.io/queue-name"]
