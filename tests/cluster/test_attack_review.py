@@ -2,12 +2,12 @@
 user or a trainer token could do through a FineTuneJob, and where a platform admin's runtime limits did not hold.
 
 Each hole was first written here as a strict xfail (the evidence, then the promise the docs make). The fixed ones are
-regression tests now, asserting the refusal at `kubectl apply` as the tenant and the operator's own verdict (its
-check with no policy installed): every model source under allowedModelSources and remote code only where a runtime
-allows it; no location climbing out of a prefix; a credential a runtime lends sent nowhere the tenant chooses; no
-orphaning delete, and an attempt's Job ending by its own deadline; NFS and ConfigMaps only within the user's rights
-and the runtime's (restricted Pod Security and nfs: test_children_on_apiserver.py); a job created suspended judged by
-the runtimes when it first really starts; the Kueue priority label under a locked priority class.
+regression tests now, asserting the refusal at `kubectl apply` as the tenant and the operator's own verdict (its check
+with no policy installed): every model source (GRPO reward models too) under allowedModelSources and remote code only
+where a runtime allows it; no location climbing out of a prefix; a credential a runtime lends sent nowhere the tenant
+chooses; no orphaning delete, and an attempt's Job ending by its own deadline; NFS and ConfigMaps only within the
+user's rights and the runtime's (restricted Pod Security and nfs: test_children_on_apiserver.py); a job created
+suspended judged by the runtimes when it first really starts; the Kueue priority label under a locked priority class.
 Holes 4 and 8 (issue 41 section 4, fixed on another branch) are regression tests here too: an unbound token of a job's
 own ServiceAccount writes no status field (phase, or status.runtime, the record the limits are judged against), and a
 trainer token reads no other job's spec through /status.
@@ -143,12 +143,24 @@ def _refused(answer, *said: str) -> bool:
 
 
 # --- 1. What runs, with the image locked ---------------------------------------------------------------------------
+GRPO_EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu-grpo.yaml").read_text())
+
+
+def grpo_sections(reward_model: str) -> dict:
+    """The GRPO example's sections, its rewards and a reward model at `reward_model` (rewards[3])."""
+    sections = {k: copy.deepcopy(GRPO_EXAMPLE["spec"][k]) for k in ("model", "data", "method", "training")}
+    sections["method"]["grpo"]["rewards"].append({"type": "model", "model": reward_model, "weight": 0.5})
+    return sections
+
+
 MODEL_SOURCES = {
     "tokenizer": ({"model": {"name": "/models/base", "tokenizer": "/output/evil-tokenizer"}}, "spec.model.tokenizer"),
     "hub tokenizer": ({"model": {"name": "/models/base", "tokenizer": "someone/evil"}}, "spec.model.tokenizer"),
     "adapter": ({"method": {"type": "lora", "lora": {"initFrom": "/output/evil-adapter"}}},
                 "spec.method.lora.initFrom"),
     "checkpoint": ({"checkpoints": {"resume": "/data/checkpoint-9"}}, "spec.checkpoints.resume"),
+    # Found after GRPO merged: a reward model's weights were loaded from anywhere.
+    "reward model": (grpo_sections("someone/evil-reward-model"), "spec.method.grpo.rewards[3].model"),
 }
 
 
@@ -167,6 +179,8 @@ def test_every_model_source_is_held_to_allowed_model_sources(arena, case):
     own = lean("own", runtimeRef={"name": "attack-locked"}, model={"name": "/models/base"},
                checkpoints={"resume": "/output/checkpoint-9"})
     assert arena["fiona"].create(own).admitted and _operator_says(own, LOCKED) == []
+    allowed = lean("allowed", runtimeRef={"name": "attack-locked"}, **grpo_sections("/models/reward-model"))
+    assert arena["fiona"].create(allowed).admitted and _operator_says(allowed, LOCKED) == []
 
 
 def test_remote_code_needs_the_runtimes_yes(arena):
@@ -189,6 +203,8 @@ CLIMBS = {
     "s3 ..": ("data", {"format": "text", "train": [{"path": "s3://team-data/../other-team/x.txt"}]},
               "spec.data.train[0].path"),
     "trailing /..": ("model", {"name": "/models/x/.."}, "spec.model.name"),
+    "reward model ..": (None, grpo_sections("/models/../output/evil-rm"), "spec.method.grpo.rewards[3].model"),
+    "reward model %2e%2e": (None, grpo_sections("/models/%2e%2e/x"), "spec.method.grpo.rewards[3].model"),
 }
 
 
@@ -197,7 +213,7 @@ def test_no_location_climbs_out_of_an_allowed_prefix(arena, case):
     """The hole: /models/../output/evil started with /models/. The schema refuses such a location for every user at
     `kubectl apply` (naming the field), and the operator's check does too."""
     section, value, field = CLIMBS[case]
-    job = lean("climb", runtimeRef={"name": "attack-locked"}, **{section: value})
+    job = lean("climb", runtimeRef={"name": "attack-locked"}, **({section: value} if section else value))
     answer = arena["fiona"].create(job)
     assert answer.status == 422 and field in answer.message, (answer.status, answer.message)
     assert any(e.startswith(f"{field}:") for e in _operator_says(job, LOCKED)), _operator_says(job, LOCKED)
@@ -259,7 +275,7 @@ def test_a_finetunejob_only_user_mounts_no_nfs_export_nor_a_configmap_she_may_no
 def test_a_finetunejob_only_user_runs_no_reward_code_from_a_configmap_she_may_not_get(arena):
     """The same rule for the GRPO reward functions (method.grpo.rewards[].configMap, Python files the trainer
     imports): found after the rebase on GRPO, by the unit test that finds every ConfigMap reference in the schema."""
-    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu-grpo.yaml").read_text())
+    doc = GRPO_EXAMPLE
     job = lean("reward", model=doc["spec"]["model"], data=doc["spec"]["data"], method=copy.deepcopy(
         doc["spec"]["method"]), training=doc["spec"]["training"])
     job["spec"]["method"]["grpo"]["rewards"].append(

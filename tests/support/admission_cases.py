@@ -15,6 +15,7 @@ from finetune_operator.api.errors import InvalidSpec
 from finetune_operator.api.job_rights import changed_fields, configmap_names, mounts_nfs, secret_names
 from finetune_operator.api.runtime import merge
 from finetune_operator.api.runtime_layers import RUNTIME_NOT_ALLOWED, recorded, resolve_offline
+from finetune_operator.api.sources import MODEL_SOURCE_FIELDS
 from finetune_operator.api.validation import validate_job
 from finetune_operator.controller.merge_patch import merge_patch
 from tests.builders import make_job
@@ -124,6 +125,21 @@ NFS_VOLUME = {"name": "export", "mountPath": "/export", "nfs": {"server": "nfs.t
 CONFIGMAP_VOLUME = {"name": "settings", "mountPath": "/settings", "configMap": "team-settings"}
 ELSEWHERE = "https://elsewhere.example"
 PRIORITY = "kueue.x-k8s.io/priority-class"
+def _grpo(reward_model: str) -> Change:
+    """The job turned into GRPO (method, its prompts and batch) with a reward model at `reward_model`: its weights are
+    a model source (rewards[1].model)."""
+    method = {"type": "lora", "objective": "grpo", "grpo": {"numGenerations": 4, "maxCompletionLength": 16, "rewards": [
+        {"type": "exactMatch", "column": "answer"}, {"type": "model", "model": reward_model, "weight": 0.5}]}}
+    data = {"format": "prompt", "maxLength": 64, "train": [{"inline": [{"prompt": f"{i} + {i}?", "answer": str(2 * i)}
+                                                                       for i in range(8)]}]}
+
+    def change(obj: dict) -> dict:
+        obj["spec"].update(method=copy.deepcopy(method), data=copy.deepcopy(data))
+        obj["spec"].setdefault("training", {})["perDeviceTrainBatchSize"] = 8
+        return obj
+    return change
+
+
 FIELD_CHANGES: dict[str, dict[str, Change]] = {
     "runtimeRef": {"removed": _without("spec.runtimeRef"), "to a looser one": _at("spec.runtimeRef",
                                                                                   {"name": "matrix-gpu-large"}),
@@ -143,10 +159,13 @@ FIELD_CHANGES: dict[str, dict[str, Change]] = {
     "model sources": {"a tokenizer elsewhere": _at("spec.model.tokenizer", "someone/evil"),
                       "an adapter elsewhere": _at("spec.method.lora.initFrom", "/output/evil-adapter"),
                       "a checkpoint elsewhere": _at("spec.checkpoints.resume", "/data/checkpoint-9"),
-                      "remote code": _at("spec.model.trustRemoteCode", True)},
+                      "remote code": _at("spec.model.trustRemoteCode", True),
+                      "a reward model elsewhere": _grpo("someone/evil-reward-model"),
+                      "a reward model within": _grpo("/models/reward-model")},
     "locations climbing out": {"model": _at("spec.model.name", "/models/../output/evil"),
                                "data": _at("spec.data.train", [{"path": "/data/../output/x.jsonl"}]),
-                               "data, encoded": _at("spec.data.train", [{"path": "/data/%2e%2e/x.jsonl"}])},
+                               "data, encoded": _at("spec.data.train", [{"path": "/data/%2e%2e/x.jsonl"}]),
+                               "reward model": _grpo("/models/../output/evil-reward-model")},
     "endpoints": {"Hub": _at("spec.output", {"push": {"repo": "org/model", "endpoint": ELSEWHERE,
                                                       "tokenSecret": {"name": "alice-token"}}}),
                   "S3": _at("spec.s3", {"endpointURL": ELSEWHERE}),
@@ -191,8 +210,14 @@ ROLES = (Role("edit", True, True, None, True), Role("finetunejob-only", True, Fa
          Role("view", False, False, frozenset()), Role("trainer-token", False, False, frozenset()),
          Role("unbound-sa-token", False, False, frozenset()))
 IMMUTABLE = ("runtimeRef", "model", "method")  # the CRD's own rule: the API server refuses any change
-LOCATIONS = re.compile(r"^spec\.(model\.(name|tokenizer)|method\.lora\.initFrom|checkpoints\.resume|"
-                       r"data\.(train|validation)\[\d+\]\.(path|hub\.name))$")
+# The locations whose spelling the schema checks (api/sources.py): every model source, and the data's.
+LOCATIONS = re.compile("^(" + "|".join(re.escape(f).replace(r"\[\]", r"\[\d+\]") for f in MODEL_SOURCE_FIELDS) +
+                       r"|spec\.data\.(train|validation)\[\d+\]\.(path|hub\.name))$")
+# Changes a writer's create under the strict runtime must see refused, by a limit or the schema, whatever the
+# operator's own check says (so a field both checks forgot fails here too).
+MUST_REFUSE = {"model sources": {"a tokenizer elsewhere", "an adapter elsewhere", "a checkpoint elsewhere",
+                                 "remote code", "a reward model elsewhere"},
+               "locations climbing out": {"model", "data", "data, encoded", "reward model"}}
 REASONS = {"rbac", "strategic", "unknown", "immutable", "schema", "selector", "limits", "identity", "nfs",
            "secrets", "configmaps"}
 

@@ -4,14 +4,20 @@ credential sent nowhere the tenant chooses, volume kinds, and a locked priority 
 at `kubectl apply`: tests/cluster/test_admission_matrix.py and test_attack_review.py."""
 
 import copy
+import re
 
 import pytest
 
+from finetune_operator.api.errors import InvalidSpec
 from finetune_operator.api.runtime import ENDPOINT_FIELDS, LOCKABLE
 from finetune_operator.api.runtime_layers import recorded, resolve_offline
 from finetune_operator.api.runtime_limits import LENDING, parse_runtime
-from finetune_operator.api.sources import normalised, under
+from finetune_operator.api.sources import LOCATION_PATTERN, MODEL_SOURCE_FIELDS, data_sources, normalised, under
+from finetune_operator.api.spec import FineTuneJobSpec
 from finetune_operator.api.validation import validate_job
+from finetune_operator.render.runtime_policy import value_variables
+from tests.unit.test_grpo_spec import PROMPTS
+from tests.unit.test_job_rights import _schema_paths
 from tests.unit.test_runtimes import job, runtime
 
 pytestmark = pytest.mark.unit
@@ -34,6 +40,67 @@ def test_every_model_source_is_held_to_allowed_model_sources(path, value):
     assert [(e.path, e.value) for e in errors] == [(path, value)], errors
     assert "limits.allowedModelSources /models/, meta-llama/" in errors[0].message
     assert judged(LIMITED, **{path: "meta-llama/x" if "resume" not in path else "/models/ckpt"}).errors == []
+
+
+def grpo(*models, climb=None):
+    """A GRPO job under runtime r: an exact-match reward, then a model reward for each of `models`."""
+    rewards = [{"type": "exactMatch", "column": "answer"}] + [{"type": "model", "model": m, "name": f"rm{i}"}
+                                                              for i, m in enumerate(models)]
+    return job(**{"spec.runtimeRef": {"name": "r"}, "spec.model.name": "/models/base",
+                  "spec.method": {"type": "lora", "objective": "grpo", "grpo": {"rewards": rewards}},
+                  "spec.data": {"format": "prompt", "maxLength": 512, "train": [{"inline": PROMPTS}]},
+                  "spec.training": {"perDeviceTrainBatchSize": 8}})
+
+
+def test_each_grpo_reward_model_is_held_to_allowed_model_sources():
+    """The hole: a reward model (weights the trainer loads) was read by no limit; each one is, by its index."""
+    doc = grpo("/models/rm", "someone/evil-rm", "/output/rm")
+    validate_job(doc)
+    resolved = resolve_offline(doc, [runtime("r", limits=LIMITED)])
+    assert [(e.path, e.value) for e in resolved.errors] == [("spec.method.grpo.rewards[2].model", "someone/evil-rm"),
+                                                             ("spec.method.grpo.rewards[3].model", "/output/rm")]
+    assert "limits.allowedModelSources /models/, meta-llama/" in resolved.errors[0].message
+    assert resolve_offline(grpo("/models/rm", "meta-llama/rm"), [runtime("r", limits=LIMITED)]).errors == []
+    # Judged against the recorded snapshot too (the operator's check of every attempt, after an edit).
+    started = resolve_offline(grpo("/models/rm"), [runtime("r", limits=LIMITED)])
+    assert started.errors == [] and started.snapshot is not None
+    assert [e.path for e in recorded(grpo("/models/rm", "someone/evil-rm"), started.snapshot).errors] == [
+        "spec.method.grpo.rewards[2].model"]
+
+
+@pytest.mark.parametrize("model", ["/models/../output/evil", "/models/x/..", "/models/%2e%2e/x", "/models//x",
+                                   "s3://models/../other/x"])
+def test_a_reward_model_climbs_out_of_no_prefix(model):
+    with pytest.raises(InvalidSpec) as info:
+        validate_job(grpo(model))
+    assert [e.path for e in info.value.errors] == ["spec.method.grpo.rewards[1].model"], info.value.errors
+
+
+# Location fields nothing is loaded from: where the job writes (the output's own rules, api/output.py).
+NOT_SOURCES = {"spec.output.uri"}
+
+
+def test_every_location_field_of_the_schema_is_a_model_or_data_source_both_checks_read():
+    """A field that names a model, its weights or data (the location pattern, or a description saying Hub id, path
+    or s3://) is in MODEL_SOURCE_FIELDS or data_sources, carries the location pattern (no '..'), and the admission
+    policy's modelSources reads every MODEL_SOURCE_FIELDS entry: a new field cannot be forgotten by either check."""
+    schema = FineTuneJobSpec.model_json_schema(by_alias=True, mode="validation")
+    naming = {path for path, node in _schema_paths(schema, schema["$defs"])
+              if node.get("type") == "string" and (node.get("pattern") == LOCATION_PATTERN or re.search(
+                  r"\bHub id\b|s3://", node.get("description", "")))}
+    assert naming >= NOT_SOURCES
+    naming -= NOT_SOURCES
+    data = {f"spec.data.{section}.{field}" for section in ("train", "validation") for field in ("path", "hub.name")}
+    models = {f.replace("[]", "") for f in MODEL_SOURCE_FIELDS}
+    assert naming - models - data == set(), f"locations neither check reads: {naming - models - data}"
+    located = dict(_schema_paths(schema, schema["$defs"]))
+    assert {p for p in naming - {"spec.checkpoints.resume"} if located[p].get("pattern") != LOCATION_PATTERN} == set()
+    cel = next(v["expression"] for v in value_variables("params.spec.template") if v["name"] == "modelSources")
+    assert [f for f in MODEL_SOURCE_FIELDS if f"'{f.split('[]')[0]}" not in cel] == []
+    # data_sources reads each data field it is credited with.
+    doc = validate_job(job(**{"spec.data": {"format": "text", "train": [{"path": "/a"}, {"hub": {"name": "o/b"}}],
+                                            "validation": [{"path": "/c"}, {"hub": {"name": "o/d"}}]}})).spec
+    assert {p.replace("[0]", "").replace("[1]", "") for p, _ in data_sources(doc)} == data
 
 
 def test_a_job_may_always_resume_from_its_own_output():

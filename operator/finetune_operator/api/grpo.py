@@ -12,12 +12,14 @@ from pydantic import Field, model_validator
 from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
 from .k8s_names import DnsSubdomain
+from .sources import LOCATION_SCHEMA, Location
 
 RewardType = Literal["accuracy", "exactMatch", "regex", "format", "length", "model", "function"]
 GrpoLoss = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
 ScaleRewards = Literal["group", "batch", "none"]
 FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+MAX_REWARDS = 16
 
 # The columns a built-in reward reads by default (TRL's accuracy reward reads `solution`).
 DEFAULT_COLUMNS = {"accuracy": "solution", "exactMatch": "answer"}
@@ -65,9 +67,11 @@ class RewardSpec(ApiModel):
     soft_tokens: int | None = Field(default=None, ge=0, le=1_048_576, description="length: the penalty grows "
                                     "linearly from 0 to -1 over the last this many tokens before maxTokens "
                                     "(default a quarter of maxTokens; 0: only past it).")
-    model: str | None = Field(default=None, min_length=1, max_length=1024, description="model: a Hub id, a path on "
-                              "a mounted volume or s3:// URI of a sequence-classification model with one output "
-                              "(its tokenizer beside it); it scores the prompt and completion, as TRL does.")
+    model: Location | None = Field(default=None, min_length=1, max_length=1024, json_schema_extra=LOCATION_SCHEMA,
+                                   description="model: a Hub id, a path on a mounted volume or s3:// URI of a "
+                                   "sequence-classification model with one output (its tokenizer beside it); it "
+                                   "scores the prompt and completion, as TRL does. A model source: it must lie under "
+                                   "a runtime's limits.allowedModelSources, and it is loaded without remote code.")
     function: str | None = Field(default=None, max_length=512, pattern=FUNCTION_PATTERN, description="function: "
                                  "`module:function`, called in the trainer pods as TRL calls reward functions: "
                                  "f(prompts, completions, completion_ids, **columns) -> one float (or None: not "
@@ -137,7 +141,7 @@ class GrpoSpec(ApiModel):
     """GRPO: for each prompt, numGenerations completions are sampled from the model being trained, scored by the
     rewards, and the model learns from each completion's advantage over its group's mean (no value model)."""
 
-    rewards: list[RewardSpec] = Field(min_length=1, max_length=16, description="How completions are scored: "
+    rewards: list[RewardSpec] = Field(min_length=1, max_length=MAX_REWARDS, description="How completions are scored: "
                                       "several rewards add up with their weights.")
     num_generations: int = Field(default=8, ge=2, le=1024, description="Completions sampled per prompt (G, the "
                                  "group). The global batch (perDeviceTrainBatchSize x gradientAccumulationSteps x "

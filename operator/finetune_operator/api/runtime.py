@@ -96,7 +96,8 @@ class RuntimeLimits(ApiModel):
     allowed_model_sources: list[str] | None = Field(
         default=None, min_length=1, max_length=64, description="Prefixes every model source must start with: hub "
         "organisations (`meta-llama/`), buckets (`s3://models/`), volume paths (`/models/`). The sources are "
-        "spec.model.name, spec.model.tokenizer, spec.method.lora.initFrom and spec.checkpoints.resume when it is a "
+        "spec.model.name, spec.model.tokenizer, spec.method.lora.initFrom, each spec.method.grpo.rewards[].model "
+        "and spec.checkpoints.resume when it is a "
         f"path outside the job's own {c.OUTPUT_MOUNT_PATH}/ (each can bring weights or code); compared after '..' "
         "and '//' are resolved (the schema refuses them anyway). End a directory with '/'. Add "
         f"`{c.OUTPUT_MOUNT_PATH}/` to let jobs load what earlier jobs wrote to their output.")

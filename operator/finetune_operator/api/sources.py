@@ -15,6 +15,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
+from pydantic.alias_generators import to_snake
 
 from .constants import OUTPUT_MOUNT_PATH
 
@@ -88,18 +89,40 @@ def own_output(path: str) -> bool:
     return normalised(path).startswith(OUTPUT_MOUNT_PATH + "/")
 
 
+# Every field that names where the trainer loads a model, its code or weights from (`[]`: each item of a list): the
+# model, its tokenizer (a tokenizer can ship code too), the adapter it continues, a checkpoint it resumes from outside
+# its own output directory (a checkpoint holds weights) and each GRPO reward model. The one list both checks read:
+# model_sources here (the operator's, every attempt) and the admission policy's modelSources
+# (render/runtime_policy.py); tests/unit/test_runtime_limits.py finds every location field of the schema in it or
+# in data_sources, so a new field cannot be left out of allowedModelSources.
+MODEL_SOURCE_FIELDS = ("spec.model.name", "spec.model.tokenizer", "spec.method.lora.initFrom",
+                       "spec.checkpoints.resume", "spec.method.grpo.rewards[].model")
+RESUME_FIELD = "spec.checkpoints.resume"  # auto and never load nothing; the job's own output is its own
+
+
+def _found(node: Any, parts: list[str], at: str) -> list[tuple[str, str]]:
+    if node is None:
+        return []
+    if not parts:
+        return [(at, node)] if isinstance(node, str) else []
+    part = parts[0]
+    items = part.endswith("[]")
+    value = getattr(node, to_snake(part.removesuffix("[]")), None)
+    if not items:
+        return _found(value, parts[1:], f"{at}.{part}")
+    return [found for i, item in enumerate(value or [])
+            for found in _found(item, parts[1:], f"{at}.{part.removesuffix('[]')}[{i}]")]
+
+
 def model_sources(spec: Any) -> list[tuple[str, str]]:
-    """(path in the manifest, location) of everything the trainer loads a model, its code or weights from: the
-    model, its tokenizer (a tokenizer can ship code too), the adapter it continues, and a checkpoint it resumes from
-    outside its own output directory (a checkpoint holds weights)."""
-    found = [("spec.model.name", spec.model.name)]
-    if spec.model.tokenizer is not None:
-        found.append(("spec.model.tokenizer", spec.model.tokenizer))
-    if spec.method.lora.init_from is not None:
-        found.append(("spec.method.lora.initFrom", spec.method.lora.init_from))
-    resume = spec.checkpoints.resume
-    if resume.startswith("/") and not own_output(resume):
-        found.append(("spec.checkpoints.resume", resume))
+    """(path in the manifest, location) of every MODEL_SOURCE_FIELDS location the spec (a validated FineTuneJobSpec,
+    the effective one) sets."""
+    found = []
+    for field in MODEL_SOURCE_FIELDS:
+        for path, location in _found(spec, field.split(".")[1:], "spec"):
+            if field == RESUME_FIELD and (not location.startswith("/") or own_output(location)):
+                continue
+            found.append((path, location))
     return found
 
 

@@ -22,8 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..api import constants as c
+from ..api.grpo import MAX_REWARDS
 from ..api.runtime import ENDPOINT_FIELDS, LOCKABLE, LOCKED_LABELS
 from ..api.runtime_limits import LENDING
+from ..api.sources import MODEL_SOURCE_FIELDS, RESUME_FIELD
 
 # Names under the release's (the chart substitutes RELEASE): two releases (watchNamespaces) must not collide.
 RELEASE = "RELEASE-NAME"
@@ -74,6 +76,26 @@ NAMESPACE_LABELS = ("(has(namespaceObject.metadata.labels) ? namespaceObject.met
                     "{'kubernetes.io/metadata.name': request.namespace})")
 
 
+# The most items of each list a model source lies in (a CEL map carries no index: a refusal names rewards[i] by it).
+LIST_BOUNDS = {"spec.method.grpo.rewards": MAX_REWARDS}
+
+
+def _model_source(field: str, template: str) -> str:
+    """CEL: the list of [path, location] the job sets at `field` (api/sources.py MODEL_SOURCE_FIELDS)."""
+    if field == RESUME_FIELD:  # the job's value, else its runtime's: auto, never and its own output load nothing
+        resume = _value(field.removeprefix("spec."), template, "'auto'")
+        return (f"({resume}.startsWith('/') && !{resume}.startsWith('{c.OUTPUT_MOUNT_PATH}/') ? "
+                f"[['{field}', string({resume})]] : [])")
+    if "[]" not in field:
+        at = "object." + field
+        return f"(({present(at)}) ? [['{field}', string({at})]] : [])"
+    listed, rest = field.split("[]", 1)
+    items = "object." + listed
+    index = ", ".join(str(i) for i in range(LIST_BOUNDS[listed]))
+    return (f"(({present(items)}) ? [{index}].filter(i, i < size({items}) && has({items}[i]{rest}))"
+            f".map(i, ['{listed}[' + string(i) + ']{rest}', string({items}[i]{rest})]) : [])")
+
+
 def value_variables(template: str) -> list[dict[str, str]]:
     """What a limit reads of the job, each the job's value, else `template`'s, else the built-in default."""
     def sources(section: str) -> str:
@@ -89,17 +111,9 @@ def value_variables(template: str) -> list[dict[str, str]]:
             given += f" && {template}.{path}.exists(v, has(v.secret))"
         return f"(({given}) && !({_has('object.spec', path)}) ? ['spec.template.{path}'] : [])"
 
-    resume = _value("checkpoints.resume", template, "'auto'")
-    model = "object.spec.model"
     return [
         # [field, location] of every place the job loads weights or code from, so a refusal names the field.
-        {"name": "modelSources", "expression": (
-            f"[['spec.model.name', string({model}.name)]] + "
-            f"(has({model}.tokenizer) ? [['spec.model.tokenizer', string({model}.tokenizer)]] : []) + "
-            f"({_has('object.spec', 'method.lora.initFrom')} ? "
-            "[['spec.method.lora.initFrom', string(object.spec.method.lora.initFrom)]] : []) + "
-            f"({resume}.startsWith('/') && !{resume}.startsWith('{c.OUTPUT_MOUNT_PATH}/') ? "
-            f"[['spec.checkpoints.resume', string({resume})]] : [])")},
+        {"name": "modelSources", "expression": " + ".join(_model_source(f, template) for f in MODEL_SOURCE_FIELDS)},
         {"name": "volumeKinds", "expression": f"{_value('pod.volumes', template, '[]')}.map(v, {VOLUME_KIND})"},
         {"name": "lent", "expression": " + ".join(lent(path) for path in LENDING)},
         {"name": "nodes", "expression": _value("distributed.numNodes", template, "1")},
