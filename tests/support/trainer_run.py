@@ -26,7 +26,7 @@ class NodeResult:
     log: str
 
 
-def run_nodes(doc: dict, workdir: Path, stall: float = 240, limit: float = 1800) -> list[NodeResult]:
+def run_nodes(doc: dict, workdir: Path, stall: float = 480, limit: float = 1800) -> list[NodeResult]:
     """Starts every node's launcher at once (as an Indexed Job's pods would) and waits for all of them, for as long
     as they make progress: a loaded machine makes a run slow, not silent. No node log growing for `stall` seconds
     (or `limit` in all) fails with every node's log tail, so a hang says where it hung."""

@@ -66,7 +66,12 @@ def model_snapshot(model: Any, into: Any = None) -> dict[str, Any]:
 
         adapter = model.active_adapter
         saved = set(get_peft_model_state_dict(model, adapter_name=adapter))  # references, no copy
-        state = {k: v for k, v in state.items() if k in saved or k.replace(f".{adapter}", "") in saved}
+        # peft names a saved tensor without its adapter, and a modules_to_save copy (a reward model's score head)
+        # without its wrapper too ("score.weight" for "score.modules_to_save.default.weight"), while its save reads
+        # the wrapped name back out of the state it is given: keep those by their wrapper's name.
+        wrapped = f".modules_to_save.{adapter}."
+        state = {k: v for k, v in state.items()
+                 if k in saved or k.replace(f".{adapter}", "") in saved or wrapped in k}
     return snapshot(state, into)
 
 
