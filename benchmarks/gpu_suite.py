@@ -366,7 +366,9 @@ def case_in_place_restart(work: Path, size: Size, gpu: bool) -> dict:
     from finetune_trainer.outputs.checkpoints import COMPLETE_MARKER
 
     here = work / "in_place_restart"
-    steps = max(size.steps, 6)
+    # Enough steps after checkpoint 2 that the kill lands while training (a tiny CPU run of 6 steps had ended by
+    # the time the poll saw the checkpoint, and its restart found nothing left to train).
+    steps = max(size.steps, 60)
     doc = job_spec(build_model(here, size), write_data(here, size), size, gpu, runPolicy={"inPlaceRestarts": 1},
                    checkpoints={"saveStrategy": "steps", "saveSteps": 2, "overlap": True},
                    training={"maxSteps": steps})
@@ -383,7 +385,7 @@ def case_in_place_restart(work: Path, size: Size, gpu: bool) -> dict:
         while not (output / "checkpoint-2" / COMPLETE_MARKER).exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"no checkpoint 2 before the kill (exit {proc.poll()}): see {here / 'run.log'}")
-            time.sleep(0.2)
+            time.sleep(0.05)
         victim = training_process(descendants(proc.pid), argv_of, parent_of)
         os.kill(victim, 9)
         code = proc.wait(timeout=CASE_SECONDS["in_place_restart"])
