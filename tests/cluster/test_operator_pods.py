@@ -173,7 +173,9 @@ def test_a_drain_evicts_one_replica_at_a_time(pods, kubectl):
     with pytest.raises(client.ApiException) as refused:
         evict(standby)
     assert refused.value.status == 429 and "disruption budget" in refused.value.body, refused.value.body
-    wait_for(lambda: holder(kubectl) == standby, 15, "the standby leading", _Tail(pods, kubectl))
+    # The evicted leader releases the Lease: the standby, or the ReplicaSet's replacement if it is up first, takes
+    # it (both are legitimate; what matters is that nobody waits the Lease out).
+    wait_for(lambda: holder(kubectl) not in (None, "", leader), 15, "another replica leading", _Tail(pods, kubectl))
     handed = time.monotonic() - evicted
     assert handed < 10, f"handed over after {handed:.1f} s: waited out, not released"
     wait_for(lambda: len([p for p in operator_pods(kubectl) if ready(p)]) == 2, 90, "a Ready replacement",
