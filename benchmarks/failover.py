@@ -76,13 +76,7 @@ class Cluster:
 
 
 def wait(what: str, predicate, timeout: float = 120.0, every: float = 0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(every)
-    raise RuntimeError(f"{what}: not within {timeout}s")
+    return writers.wait(what, predicate, timeout, every)
 
 
 def kills(cluster: Cluster, replicas: dict, count: int) -> dict:

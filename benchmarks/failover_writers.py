@@ -54,7 +54,7 @@ def _takeover(cp, user: str, since: float, timeout: float = 20.0) -> float:
     raise RuntimeError(f"no Lease write by {user} in the audit log since {since}")
 
 
-def _wait(what: str, predicate, timeout: float = 120.0, every: float = 0.1):
+def wait(what: str, predicate, timeout: float = 120.0, every: float = 0.1):
     deadline = time.time() + timeout
     while time.time() < deadline:
         found = predicate()
@@ -101,9 +101,9 @@ def _standby_ready(replicas: dict, user: str) -> bool:
 def freezes(cp, cluster, replicas: dict, count: int, jobs: int) -> dict:
     late_total, fenced_total, takeovers, rows = 0, 0, [], []
     for i in range(count):
-        leader = _wait("a leader", cluster.holder)
+        leader = wait("a leader", cluster.holder)
         standby = next(u for u in replicas if u != leader)
-        _wait("the standby standing by", lambda s=standby: _standby_ready(replicas, s))
+        wait("the standby standing by", lambda s=standby: _standby_ready(replicas, s))
         op, mark = replicas[leader], _lines(replicas[leader])
         first = _batch(cluster, f"freeze{i:02d}-a", jobs)
         time.sleep(0.3)  # the leader is busy with them
@@ -114,7 +114,7 @@ def freezes(cp, cluster, replicas: dict, count: int, jobs: int) -> dict:
         time.sleep(1.0)
         os.kill(op.proc.pid, signal.SIGCONT)
         code = op.proc.wait(timeout=60)
-        _wait("every job of the trial reconciled", lambda n=first + second: _reconciled(cluster, n), 180, 0.5)
+        wait("every job of the trial reconciled", lambda n=first + second: _reconciled(cluster, n), 180, 0.5)
         time.sleep(1.5)  # the audit log is written asynchronously
         late = len(_writes(cp, leader, took))
         fenced = _fenced(op, mark)
@@ -132,9 +132,9 @@ def freezes(cp, cluster, replicas: dict, count: int, jobs: int) -> dict:
 def partitions(cp, cluster, replicas: dict, proxies: dict, count: int, jobs: int) -> dict:
     late_total, dropped_total, rows = 0, 0, []
     for i in range(count):
-        leader = _wait("a leader", cluster.holder)
+        leader = wait("a leader", cluster.holder)
         standby = next(u for u in replicas if u != leader)
-        _wait("the standby standing by", lambda s=standby: _standby_ready(replicas, s))
+        wait("the standby standing by", lambda s=standby: _standby_ready(replicas, s))
         op, proxy = replicas[leader], proxies[leader]
         dropped_before = proxy.dropped
         names = _batch(cluster, f"cut{i:02d}", jobs)
@@ -148,7 +148,7 @@ def partitions(cp, cluster, replicas: dict, proxies: dict, count: int, jobs: int
             time.sleep(2.0)
         finally:
             proxy.frozen.clear()  # heals while the standby leads
-        _wait("every job of the trial reconciled", lambda n=names: _reconciled(cluster, n), 180, 0.5)
+        wait("every job of the trial reconciled", lambda n=names: _reconciled(cluster, n), 180, 0.5)
         time.sleep(2.0)
         late = len(_writes(cp, leader, took))
         dropped = proxy.dropped - dropped_before
@@ -222,7 +222,7 @@ def hog(cp, cluster, replicas: dict, minutes: float, hogs: int) -> dict:
         for p in busy:
             p.kill()
     ended = time.time()
-    _wait("every job created under load reconciled", lambda: (look(), len(answered) == len(created))[1], 180, 1.0)
+    wait("every job created under load reconciled", lambda: (look(), len(answered) == len(created))[1], 180, 1.0)
     failed_passes += sum(_failed_passes(op, marks[u]) for u, op in replicas.items())
     transitions = leases.read_namespaced_lease("finetunejob-operator", "operator-system").spec.lease_transitions
     time.sleep(1.5)
