@@ -3,18 +3,11 @@ the ranks, rewards gathered before the advantages), and a ZeRO-3 gang killed mid
 its newest complete checkpoint and redoes no step: the redone steps sample the same completions (the RNG states are
 restored with the weights, optimizer partitions, data order and scheduler), so their rewards and KL are equal."""
 
-import json
-import signal
-import time
-
 import pytest
 
-from finetune_operator.api.validation import validate_job
-from finetune_operator.cli.local_run import start_nodes
-from finetune_operator.cli.processes import kill_tree
 from tests.e2e.test_grpo import assert_same_steps
 from tests.support.grpo_reference import grpo_job, run_ours, run_trl_directly
-from tests.support.trainer_run import TEST_ENV, run_nodes
+from tests.support.trainer_run import kill_gang_after_a_checkpoint, progress_records, run_nodes
 
 # Steps take ~0.8 s here under ZeRO-3: the steps after the checkpoint leave the kill room to land before the end.
 # An epoch is 4 steps (8 prompts, 2 a step): the checkpoint at 5 is in the second, whose prompt order a resumed run
@@ -41,39 +34,23 @@ def zero3(model_dir) -> dict:
     return doc
 
 
-def records(workdir):
-    lines = (workdir / "output" / "progress.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("step") and r.get("loss") is not None]
-
-
 def test_grpo_under_zero3_resumes_after_a_kill_without_redoing_or_changing_a_step(tiny_model_dir, tmp_path):
     doc = zero3(tiny_model_dir)
-    nodes = start_nodes(validate_job(doc), tmp_path, extra_env=TEST_ENV)
-    marker = tmp_path / "output" / f"checkpoint-{SAVE_STEPS}" / "FINETUNE_COMPLETE"
-    try:  # killed (SIGKILL, the whole tree) once a checkpoint is complete and the next step is logged
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not (marker.exists() and any(
-                r["step"] > SAVE_STEPS for r in records(tmp_path))):
-            assert all(n.process.poll() is None for n in nodes), [n.log_file.read_text()[-2000:] for n in nodes]
-            time.sleep(0.02)
-    finally:
-        for sig in (signal.SIGSTOP, signal.SIGKILL):  # the whole gang frozen at once, then killed
-            for n in nodes:
-                kill_tree(n.process.pid, sig)
-    assert marker.exists(), [n.log_file.read_text()[-2000:] for n in nodes]
-    killed = {r["step"]: r for r in records(tmp_path)}
-    assert max(killed) < MAX_STEPS  # the kill came before the end
+    checkpoint, last_logged = kill_gang_after_a_checkpoint(doc, tmp_path)
+    killed = {r["step"]: r for r in progress_records(tmp_path)}
+    assert last_logged < MAX_STEPS  # the kill came before the end
 
     results = run_nodes(doc, tmp_path)
     assert [r.returncode for r in results] == [0, 0], results[0].log[-3000:]
     summary = results[0].summary
     resumed_at = int(summary["resumedFrom"].rsplit("-", 1)[1])
+    assert resumed_at == checkpoint  # the newest complete checkpoint
     assert summary["steps"] == MAX_STEPS and summary["worldSize"] == 2 and summary["zeroStage"] == 3
     assert summary["attemptSteps"] == MAX_STEPS - resumed_at
-    second = [r for r in records(tmp_path) if r["startStep"] == resumed_at]
+    second = [r for r in progress_records(tmp_path) if r["startStep"] == resumed_at]
     assert [r["step"] for r in second] == list(range(resumed_at + 1, MAX_STEPS + 1))  # no step redone or skipped
     again = [r for r in second if r["step"] in killed]
-    assert again or resumed_at > SAVE_STEPS
+    assert again or resumed_at >= last_logged
     for r in again:  # the same completions sampled again: the same rewards, KL and loss
         before = killed[r["step"]]
         for key in ("loss", "reward", "kl", "completionLength"):
