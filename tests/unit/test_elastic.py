@@ -201,3 +201,44 @@ def test_finetune_run_gives_each_node_an_address_of_this_host(tmp_path):
     env = node_environment(spec, ctx, tmp_path, rank=1, port=29400)
     assert env[c.ENV_PET_LOCAL_ADDR] == "127.0.0.1" and env[c.ENV_PET_RDZV_BACKEND] == "c10d"
     assert not [k for k, v in env.items() if k.startswith("PET_") and "$(" in v]
+
+
+# Every topology torchrun is given (a fixed gang N, an elastic MIN:MAX) x every group size the rendezvous may report.
+QUORUM = [(nnodes, group) for nnodes in ("1", "2", "3", "1:3", "2:3", "3:4") for group in range(1, 5)]
+
+
+@pytest.mark.parametrize(("nnodes", "group"), QUORUM)
+def test_a_group_below_the_jobs_minimum_is_found_whatever_the_topology(nnodes, group):
+    from finetune_trainer.agent import below_minimum
+
+    fewest = int(nnodes.split(":")[0])
+    env = {c.ENV_PET_NNODES: nnodes, c.ENV_GROUP_WORLD_SIZE: str(group)}
+    assert below_minimum(env) == ((group, fewest) if group < fewest else None)
+
+
+@pytest.mark.parametrize(("group", "trains"), [(1, False), (2, True), (3, True)])
+def test_workers_of_a_group_below_min_nodes_never_train(group, trains, monkeypatch, capsys):
+    """torch's rendezvous counts the world after a round completes: a participant swept out for missed keep-alives
+    in between leaves a group below min_nodes (seen on a busy machine: 1 node of a 3-node job with min 2 trained
+    to the end). Its workers wait for the agent to re-form the group, and fail after the join timeout."""
+    import sys
+    import types
+
+    from finetune_trainer import agent
+
+    called = []
+    fake_main = types.ModuleType("finetune_trainer.main")
+    fake_main.main = lambda argv: called.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "finetune_trainer.main", fake_main)
+    monkeypatch.setattr(launch, "RDZV_JOIN_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setenv(c.ENV_PET_NNODES, "2:3")
+    monkeypatch.setenv(c.ENV_GROUP_WORLD_SIZE, str(group))
+    if trains:
+        agent.train("cfg.yaml")
+        assert called == [["--config", "cfg.yaml"]]
+        return
+    with pytest.raises(SystemExit) as exited:
+        agent.train("cfg.yaml")
+    assert exited.value.code == 1 and called == []
+    err = capsys.readouterr().err
+    assert "group of 1 node(s), fewer than the job's minimum of 2" in err and "no node joined within 0 s" in err

@@ -11,13 +11,24 @@ entrypoint differs: finetune_trainer.main in the forked process, its exit code t
 Forking is safe here because the agent has touched no GPU (torch's CUDA check goes through NVML, which creates no
 CUDA context) and no process group; the libraries a job cannot use are left out first (unused_libraries.py), as
 in a worker.
+
+A group never trains with fewer nodes than the job's minimum (PET_NNODES MIN:MAX, or N for a fixed gang). torch's
+rendezvous can form one: it counts the world once a round is complete, and a participant swept out for missed
+keep-alives between the round's completion and that count (an agent starved of CPU on a loaded node, alive and
+about to join again) leaves the others a world below min_nodes; on a busy machine a 3-node job (min 2) went on,
+and ended Succeeded, on 1. Such a group's workers wait instead of training: the agent that was swept out asks to
+join the next round, and torch's agent restarts the group for it (a membership change, not counted as a failure).
+One that nobody joins within the rendezvous's join timeout exits as a failed worker.
 """
 
 import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+
+from finetune_operator.api import constants as c
 
 # Imported by every worker before its first step (finetune_trainer.main and what it imports lazily).
 PRELOAD = ("torch", "torch.distributed", "accelerate", "datasets", "peft", "transformers", "transformers.trainer",
@@ -37,10 +48,40 @@ def preload(config: str) -> None:
         importlib.import_module(name)
 
 
+def below_minimum(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(nodes in this worker's group, the job's minimum) when the group is smaller than the minimum, else None."""
+    nnodes = env.get(c.ENV_PET_NNODES, "1")
+    try:
+        fewest = int(nnodes.split(":", 1)[0])
+        group = int(env.get(c.ENV_GROUP_WORLD_SIZE, str(fewest)))
+    except ValueError:
+        return None
+    return (group, fewest) if group < fewest else None
+
+
+def wait_for_quorum(group: int, fewest: int, timeout: float) -> None:
+    """Holds a group below its minimum until the agent restarts it (SIGTERM) or `timeout` passes; exits 1 then."""
+    print(f"finetune agent: the rendezvous formed a group of {group} node(s), fewer than the job's minimum of "
+          f"{fewest} (an agent it took for lost after the group formed, e.g. one starved of CPU past its keep-alives): "
+          f"these workers do not train and wait for it to join again (their agent then re-forms the group)",
+          file=sys.stderr, flush=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1)
+    print(f"finetune agent: no node joined within {timeout:.0f} s; the group of {group} node(s) ends as a failed "
+          f"worker", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def train(config: str) -> None:
-    """One worker: the trainer's main(); a failure's exit code is the process's."""
+    """One worker: the trainer's main(); a failure's exit code is the process's. Not in a group below the job's
+    minimum of nodes."""
+    from finetune_trainer.launch import RDZV_JOIN_TIMEOUT_SECONDS
     from finetune_trainer.main import main
 
+    short = below_minimum(os.environ)
+    if short is not None:
+        wait_for_quorum(*short, timeout=RDZV_JOIN_TIMEOUT_SECONDS)
     code = main(["--config", config])
     if code:
         sys.exit(code)
