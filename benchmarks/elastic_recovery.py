@@ -37,6 +37,7 @@ from tests.e2e.cluster_training import shared_volume  # noqa: E402
 from tests.e2e.elastic_training import NODE_LABEL, nodes_of_our_own, pods_by_index  # noqa: E402
 from tests.support.controlplane import ControlPlane, build_binaries, free_port  # noqa: E402
 from tests.support.operator_process import OperatorProcess  # noqa: E402
+from tests.support.polling import wait_until  # noqa: E402
 
 SCENARIOS = ("gang", "in-place", "elastic")
 
@@ -77,13 +78,7 @@ def last_step(output: Path) -> int:
 
 
 def wait(what: str, predicate, timeout: float = 600.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise RuntimeError(f"{what}: not within {timeout:.0f}s")
+    return wait_until(what, predicate, timeout)
 
 
 def scenario_run(scenario: str, kubectl: Kubectl, cp: ControlPlane, work: Path, model: Path, runtime: str,

@@ -27,6 +27,7 @@ from benchmarks.scale import percentile
 from finetune_operator.api import constants as c
 from finetune_operator.controller.leadership import Timing
 from tests.support import audit
+from tests.support.polling import wait_until
 from tests.support.replicas import health
 
 LOST = re.compile(r"lost the lead \((.*)\); exiting")
@@ -55,13 +56,7 @@ def _takeover(cp, user: str, since: float, timeout: float = 20.0) -> float:
 
 
 def wait(what: str, predicate, timeout: float = 120.0, every: float = 0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(every)
-    raise RuntimeError(f"{what}: not within {timeout}s")
+    return wait_until(what, predicate, timeout, every)
 
 
 def _batch(cluster, prefix: str, count: int) -> list[str]:

@@ -20,7 +20,6 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -41,6 +40,7 @@ from tests.support.admission_cases import (
     STARTED,
     TIGHTENED,
     Role,
+    apply_list,
     bases,
     expected,
     lean,
@@ -48,22 +48,12 @@ from tests.support.admission_cases import (
     runtime,
     said,
     send,
+    until,
 )
 from tests.support.tenant_api import TenantApi
 
 pytestmark = pytest.mark.cluster
 # --- the world ------------------------------------------------------------------------------------------------------
-def _apply(kubectl, *docs: dict) -> None:
-    kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
-
-
-def _until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def world(control_plane, kubectl):
     """One namespace: the chart's user roles and admission policies, three running jobs, five roles."""
@@ -74,7 +64,7 @@ def world(control_plane, kubectl):
     for template in ("user-roles.yaml", "admission-policy-runtimes.yaml", "admission-policy-identity.yaml"):
         docs += chart_objects(control_plane, kubectl, template)
     try:
-        _apply(kubectl, *render_trainer_identity(ns, None))
+        apply_list(kubectl, *render_trainer_identity(ns, None))
         kubectl.run("create", "serviceaccount", "deployer", "-n", ns)
         kubectl.run("create", "rolebinding", "deployer-edit", "--clusterrole=edit", f"--serviceaccount={ns}:deployer",
                     "-n", ns)
@@ -93,7 +83,7 @@ def world(control_plane, kubectl):
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "under-a-runtime-a1-0-abcde", "namespace": ns},
                "spec": {"serviceAccountName": "finetunejob-trainer", "restartPolicy": "Never",
                         "containers": [{"name": "c", "image": "busybox"}]}}
-        _apply(kubectl, pod)
+        apply_list(kubectl, pod)
         uid = kubectl.json("get", "pod", pod["metadata"]["name"], "-n", ns)["metadata"]["uid"]
         bound = kubectl.run("create", "token", "finetunejob-trainer", "-n", ns, "--bound-object-kind=Pod",
                             f"--bound-object-name={pod['metadata']['name']}", f"--bound-object-uid={uid}"
@@ -108,19 +98,19 @@ def world(control_plane, kubectl):
                 "unbound-sa-token": TenantApi(control_plane.kubeconfig, token=unbound)}
 
         # The jobs start under the runtimes as they are; the operator's record of them is its own function's.
-        _apply(kubectl, *STARTED)
+        apply_list(kubectl, *STARTED)
         stored = {}
         for name, job in bases(ns).items():
-            _apply(kubectl, job)
+            apply_list(kubectl, job)
             resolved = resolve_offline(job, STARTED)
             assert not resolved.errors and resolved.snapshot is not None, (name, resolved)
             kubectl.run("patch", "ftj", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
                 {"status": {"phase": "Running", "attempt": 1, "runtime": resolved.snapshot}}))
             stored[name] = kubectl.json("get", "ftj", name, "-n", ns)
-        _apply(kubectl, *TIGHTENED)
+        apply_list(kubectl, *TIGHTENED)
         # In force: the tightened limit refuses a create (the policies have seen the params).
         probe = lean("probe", ns, runtimeRef={"name": "matrix-gpu-small"}, distributed={"numNodes": 2})
-        _until(lambda: "limits.maxGpusPerJob = 2" in apis["edit"].create(probe).message,
+        until(lambda: "limits.maxGpusPerJob = 2" in apis["edit"].create(probe).message,
                "the tightened runtime never reached the admission policies")
         yield ns, apis, stored
     finally:
@@ -245,7 +235,7 @@ def layering_namespace(kubectl, world):
     ns = "admission-layering"
     kubectl.run("create", "namespace", ns)
     kubectl.run("label", "namespace", ns, "finetunejob.dev/layering=yes")
-    _apply(kubectl, LAYERED_CLUSTER)
+    apply_list(kubectl, LAYERED_CLUSTER)
     yield ns
     kubectl.run("delete", "clusterfinetuneruntime", LAYERED_CLUSTER["metadata"]["name"], "--ignore-not-found")
     kubectl.run("delete", "namespace", ns, "--wait=false")
@@ -268,7 +258,7 @@ def test_a_namespace_default_layered_over_the_cluster_default_is_refused_at_appl
                 "spec": {"default": True, "template": template, "limits": limits}}
 
     probe = team({"pod": {"image": "x:1"}}, {})
-    _until(lambda: not admin.request("POST", where, probe, query=TenantApi.DRY).admitted,
+    until(lambda: not admin.request("POST", where, probe, query=TenantApi.DRY).admitted,
            "the cluster default never reached the layering policy")
     refused = 0
     for (t_name, template), (l_name, limits) in ((t, lim) for t in TEMPLATES.items() for lim in LIMITS.items()):
@@ -320,9 +310,9 @@ def test_under_an_admitted_namespace_default_the_api_server_judges_a_job_as_the_
                 "spec": {"default": True, "template": template,
                          "limits": {**limits, "locked": [f"pod.{markers[i][0]}"]}}}
         assert not layering_errors(LAYERED_CLUSTER, team), team  # admitted: the ones this test is about
-        _apply(kubectl, team)
+        apply_list(kubectl, team)
         try:
-            _until(lambda i=i: not edit.create(marked(i)).admitted and (i == 0 or edit.create(marked(i - 1)).admitted),
+            until(lambda i=i: not edit.create(marked(i)).admitted and (i == 0 or edit.create(marked(i - 1)).admitted),
                    "the namespace default never reached the policies")
             for shape, deadline in ((s, d) for s in shapes for d in deadlines):
                 job = lean(f"j-{compared}", ns, distributed=shape) if shape else lean(f"j-{compared}", ns)
@@ -371,11 +361,11 @@ def test_a_cluster_runtimes_namespace_selector_means_at_apply_what_it_means_to_t
             if labels:
                 kubectl.run("label", "namespace", ns, *(f"{k}={v}" for k, v in labels.items()))
             bind(kubectl, ns, "eddie", "edit")
-        _apply(kubectl, *runtimes)
+        apply_list(kubectl, *runtimes)
         for ns in namespaces:
             wait_can(kubectl, "eddie", ns, "create", FTJ)
         last = lean("probe", namespaces[0], runtimeRef={"name": runtimes[-1]["metadata"]["name"]})
-        _until(lambda: not edit.create(last).admitted, "the runtimes never reached the admission policies")
+        until(lambda: not edit.create(last).admitted, "the runtimes never reached the admission policies")
         for (ns, labels), rt in ((n, r) for n in zip(namespaces, NAMESPACE_LABELS, strict=True) for r in runtimes):
             full = {**labels, "kubernetes.io/metadata.name": ns}
             allowed = allowed_in(rt, ns, lambda: full) is None  # noqa: B023 (called at once)

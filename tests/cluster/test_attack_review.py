@@ -31,6 +31,7 @@ from finetune_operator.api.validation import validate_job
 from finetune_operator.render.rbac import render_trainer_identity
 from tests.builders import make_job
 from tests.cluster.test_tenancy import FTJ, bind, can, chart_objects, delete_all, wait_can
+from tests.support.admission_cases import apply_list, until
 from tests.support.job_status import wait_status
 from tests.support.tenant_api import TenantApi
 
@@ -74,17 +75,6 @@ def lean(name: str, ns: str = NS, **spec: Any) -> dict:
     return doc
 
 
-def _apply(kubectl, *docs: dict) -> None:
-    kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
-
-
-def _until(check, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def arena(control_plane, kubectl):
     """One labelled namespace with every policy of the chart, the chart's user roles, three users (eddie: edit,
@@ -97,7 +87,7 @@ def arena(control_plane, kubectl):
                      "admission-policy.yaml", "admission-policy-trainer-pods.yaml"):
         docs += chart_objects(control_plane, kubectl, template)
     try:
-        _apply(kubectl, *render_trainer_identity(NS, None))
+        apply_list(kubectl, *render_trainer_identity(NS, None))
         for secret, value in (("alice-token", "a"), ("fiona-token", "f"), ("platform-hf", PLATFORM_TOKEN)):
             kubectl.run("create", "secret", "generic", secret, f"--from-literal=token={value}", "-n", NS)
         kubectl.run("create", "configmap", "team-b-settings", "--from-literal=db=postgres://team-b:pw@db", "-n", NS)
@@ -110,13 +100,13 @@ def arena(control_plane, kubectl):
         kubectl.run("create", "role", "fiona-token", "--verb=get", "--resource=secrets", "--resource-name=fiona-token",
                     "-n", NS)
         kubectl.run("create", "rolebinding", "fiona-token", "--role=fiona-token", "--user=fiona", "-n", NS)
-        _apply(kubectl, LOCKED, CLAIMS, SMALL)
+        apply_list(kubectl, LOCKED, CLAIMS, SMALL)
         wait_can(kubectl, "eddie", NS, "create", FTJ)
         wait_can(kubectl, "fiona", NS, "create", FTJ)
         apis = {user: TenantApi(control_plane.kubeconfig, user=user) for user in ("eddie", "fiona", "vera")}
         # The runtimes are in force: a job past LOCKED's GPUs is refused.
         probe = lean("probe", runtimeRef={"name": "attack-locked"}, distributed={"numNodes": 2, "gpusPerNode": 2})
-        _until(lambda: "limits.maxGpusPerJob = 2" in apis["fiona"].create(probe).message,
+        until(lambda: "limits.maxGpusPerJob = 2" in apis["fiona"].create(probe).message,
                "the runtimes never reached the admission policies")
         yield apis
     finally:
@@ -303,11 +293,11 @@ def test_a_trainer_token_reads_no_other_jobs_spec_through_its_status(arena, kube
     namespace), and admission policies never see reads."""
     victim = lean("victim", runtimeRef={"name": "attack-locked"},
                   data={"format": "alpaca", "train": [{"inline": [{"instruction": "private", "output": "rows"}]}]})
-    _apply(kubectl, victim)
+    apply_list(kubectl, victim)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "attacker-a1-0-abcde", "namespace": NS},
            "spec": {"serviceAccountName": "finetunejob-trainer", "restartPolicy": "Never",
                     "containers": [{"name": "c", "image": "busybox"}]}}
-    _apply(kubectl, pod)
+    apply_list(kubectl, pod)
     uid = kubectl.json("get", "pod", pod["metadata"]["name"], "-n", NS)["metadata"]["uid"]
     token = kubectl.run("create", "token", "finetunejob-trainer", "-n", NS, "--bound-object-kind=Pod",
                         f"--bound-object-name={pod['metadata']['name']}", f"--bound-object-uid={uid}").stdout.strip()
@@ -338,7 +328,7 @@ def test_an_orphaning_delete_is_refused_and_an_orphaned_attempt_ends_by_its_own_
     held = kubectl.json("get", "job", "orphan-a1", "-n", NS)
     assert 0 < held["spec"]["activeDeadlineSeconds"] <= deadline + 5, held["spec"]
     kubectl.run("delete", "ftj", "orphan", "-n", NS, "--cascade=orphan")  # a cluster admin may
-    _until(lambda: kubectl.json_or_none("get", "ftj", "orphan", "-n", NS) is None, "the FineTuneJob was never deleted",
+    until(lambda: kubectl.json_or_none("get", "ftj", "orphan", "-n", NS) is None, "the FineTuneJob was never deleted",
            timeout=60)
     end = started + deadline + 40
     while time.monotonic() < end:
@@ -398,7 +388,7 @@ def test_a_job_created_suspended_is_judged_by_the_runtimes_when_it_first_really_
                     "-n", BLANK)
         kubectl.run("create", "rolebinding", "ftj-only", "--role=ftj-only", "--user=fiona", "-n", BLANK)
         wait_can(kubectl, "fiona", BLANK, "create", FTJ)
-        _apply(kubectl, CAP)
+        apply_list(kubectl, CAP)
         job = lean("cheque", BLANK, suspend=True, distributed={"gpusPerNode": 1})
         kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
         st = wait_status(kubectl, BLANK, "cheque", lambda s: s.get("phase") == "Suspended" and s.get("attempt"),
@@ -407,7 +397,7 @@ def test_a_job_created_suspended_is_judged_by_the_runtimes_when_it_first_really_
         kubectl.run("label", "namespace", BLANK, "finetunejob.dev/attack-blank=yes")
         fiona = arena["fiona"]
         probe = lean("probe", BLANK, distributed={"numNodes": 2})
-        _until(lambda: "limits.maxGpusPerJob = 1" in fiona.create(probe).message, "the default never reached admission")
+        until(lambda: "limits.maxGpusPerJob = 1" in fiona.create(probe).message, "the default never reached admission")
         resized = fiona.request("PATCH", fiona._path(BLANK, "cheque"), {"spec": {
             "distributed": {"numNodes": 2, "gpusPerNode": 4}, "suspend": False}},
             content_type="application/merge-patch+json")

@@ -2,7 +2,6 @@
 runs through the Job controller, the scheduler (GPU capacity of kwok nodes) and Pod Security admission."""
 
 import json
-import time
 
 import pytest
 import yaml
@@ -13,6 +12,7 @@ from finetune_operator.api.volumes import NOT_RESTRICTED, SOURCE_FIELDS
 from finetune_operator.render import RenderContext, render_all, render_trainer_identity
 from tests.builders import make_job
 from tests.conftest import EXAMPLES
+from tests.support.polling import wait_until
 
 
 def children(doc, namespace, attempt=1):
@@ -36,13 +36,7 @@ def test_every_rendered_child_passes_server_side_dry_run(kubectl, namespace, pat
 
 
 def wait_for(predicate, timeout=60.0, interval=0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+    return wait_until("the condition", predicate, timeout, interval)
 
 
 def pods_of(kubectl, namespace, name):

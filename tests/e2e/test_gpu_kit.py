@@ -4,12 +4,12 @@ fresh target for Python 3.12 (the GPU machine's); the suite's smoke mode runs ev
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.polling import wait_while_progressing
 
 
 def test_the_carry_fits_and_installs_offline_for_python_312(tmp_path):
@@ -35,18 +35,13 @@ def run_suite(args: list[str], log: Path, stall: float = 600, limit: float = 170
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), *args], stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
-        started = quiet_since = time.monotonic()
-        written = -1
-        while proc.poll() is None:
-            now = time.monotonic()
-            if log.stat().st_size != written:
-                written, quiet_since = log.stat().st_size, now
-            if now - quiet_since > stall or now - started > limit:
+        try:
+            wait_while_progressing(lambda: proc.poll() is not None, lambda: log.stat().st_size, stall, limit,
+                                   lambda: log.read_text()[-3000:], every=1)
+        finally:
+            if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-                raise AssertionError(f"the suite was silent {now - quiet_since:.0f} s ({now - started:.0f} s in all):"
-                                     f"\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+            proc.wait()
     return proc.returncode, log.read_text()
 
 

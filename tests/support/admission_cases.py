@@ -6,6 +6,7 @@ the schema's, and the rules of api/job_rights.py from the role's rights, never w
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,9 +20,20 @@ from finetune_operator.api.sources import MODEL_SOURCE_FIELDS
 from finetune_operator.api.validation import validate_job
 from finetune_operator.controller.merge_patch import merge_patch
 from tests.builders import make_job
+from tests.support.polling import wait_until
 from tests.support.tenant_api import Answer, TenantApi
 
 NAMESPACE_LABEL = {"finetunejob.dev/admission-matrix": "yes"}
+
+
+def apply_list(kubectl: Any, *docs: dict) -> None:
+    """Applies `docs` in one request (a v1 List), as an admin."""
+    kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
+
+
+def until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    """Polls `check` until it holds; fails saying `what` after `timeout` seconds."""
+    wait_until(what, check, timeout, 0.3)
 QUEUE = "kueue.x-k8s.io/queue-name"
 EVIL = "docker.io/evil/miner:latest"
 

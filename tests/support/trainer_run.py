@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from finetune_operator.api.validation import validate_job
 from finetune_operator.cli.local_run import start_nodes
 from finetune_operator.cli.processes import kill_tree
 from tests.support.controlplane import ROOT
+from tests.support.polling import wait_while_progressing
 
 # One thread per process on a 2-core machine, no hub access, and this checkout's packages on the path.
 TEST_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -33,17 +33,8 @@ def run_nodes(doc: dict, workdir: Path, stall: float = 480, limit: float = 1800)
     (or `limit` in all) fails with every node's log tail, so a hang says where it hung."""
     nodes = start_nodes(validate_job(doc), workdir, extra_env=TEST_ENV)
     try:
-        started = quiet_since = time.monotonic()
-        written = -1
-        while any(node.process.poll() is None for node in nodes):
-            now = time.monotonic()
-            size = sum(node.log_file.stat().st_size for node in nodes if node.log_file.exists())
-            if size != written:
-                written, quiet_since = size, now
-            if now - quiet_since > stall or now - started > limit:
-                raise AssertionError(f"no node wrote anything for {now - quiet_since:.0f} s "
-                                     f"({now - started:.0f} s in all):\n{node_tails(nodes)}")
-            time.sleep(0.5)
+        wait_while_progressing(lambda: all(node.process.poll() is not None for node in nodes),
+                               lambda: logged(nodes), stall, limit, lambda: node_tails(nodes))
     finally:
         for node in nodes:
             if node.process.poll() is None:
@@ -57,6 +48,11 @@ def progress_records(workdir: Path) -> list[dict]:
     path = workdir / "output" / "progress.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     return [r for r in map(json.loads, lines) if r.get("step") and r.get("loss") is not None]
+
+
+def logged(nodes: list) -> int:
+    """The bytes the nodes have logged so far."""
+    return sum(node.log_file.stat().st_size for node in nodes if node.log_file.exists())
 
 
 def node_tails(nodes: list, chars: int = 3000) -> str:
@@ -75,23 +71,19 @@ def kill_gang_after_a_checkpoint(doc: dict, workdir: Path, stall: float = 480) -
 
     output = workdir / "output"
     nodes = start_nodes(validate_job(doc), workdir, extra_env=TEST_ENV)
+
+    def past_a_checkpoint() -> bool:
+        complete = checkpoints.newest_complete(output)
+        step = checkpoints.step_of(complete) if complete is not None else None
+        if step is not None and any(r["step"] > step for r in progress_records(workdir)):
+            return True
+        assert all(n.process.poll() is None for n in nodes), \
+            f"a node ended before a checkpoint and a step after it:\n{node_tails(nodes)}"
+        return False
+
     try:
-        started = quiet_since = time.monotonic()
-        written = -1
-        while True:
-            complete = checkpoints.newest_complete(output)
-            step = checkpoints.step_of(complete) if complete is not None else None
-            if step is not None and any(r["step"] > step for r in progress_records(workdir)):
-                break
-            assert all(n.process.poll() is None for n in nodes), \
-                f"a node ended before a checkpoint and a step after it:\n{node_tails(nodes)}"
-            size = sum(n.log_file.stat().st_size for n in nodes if n.log_file.exists())
-            now = time.monotonic()
-            if size != written:
-                written, quiet_since = size, now
-            assert now - quiet_since < stall, (f"no node wrote anything for {now - quiet_since:.0f} s "
-                                               f"({now - started:.0f} s in all):\n{node_tails(nodes)}")
-            time.sleep(0.02)
+        wait_while_progressing(past_a_checkpoint, lambda: logged(nodes), stall, tail=lambda: node_tails(nodes),
+                               every=0.02)
     finally:
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for n in nodes:
@@ -102,3 +94,30 @@ def kill_gang_after_a_checkpoint(doc: dict, workdir: Path, stall: float = 480) -
     listing = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     assert complete is not None, f"no complete checkpoint after the kill: {listing}\n{node_tails(nodes)}"
     return checkpoints.step_of(complete) or 0, max(r["step"] for r in progress_records(workdir))
+
+
+def assert_a_killed_gang_resumes_without_redoing_a_step(doc: dict, workdir: Path, same: tuple[str, ...]) -> dict:
+    """Kills the job's gang past a checkpoint (kill_gang_after_a_checkpoint), runs it again, and checks that the
+    second run resumed the newest complete checkpoint, ran every step after it once, and that each step the killed
+    run had logged past it came out the same (the `same` values of its progress record, to 1e-4: weights, optimizer
+    states, data order, scheduler and RNG all restored). Returns the second run's summary."""
+    max_steps = doc["spec"]["training"]["maxSteps"]
+    checkpoint, last_logged = kill_gang_after_a_checkpoint(doc, workdir)
+    killed = {r["step"]: r for r in progress_records(workdir)}
+    assert last_logged < max_steps  # the kill came before the end
+
+    results = run_nodes(doc, workdir)
+    assert all(r.returncode == 0 for r in results), results[0].log[-3000:]
+    summary = results[0].summary
+    resumed_at = int(summary["resumedFrom"].rsplit("-", 1)[1])
+    assert resumed_at == checkpoint  # the newest complete checkpoint
+    assert summary["steps"] == max_steps and summary["attemptSteps"] == max_steps - resumed_at
+    second = [r for r in progress_records(workdir) if r["startStep"] == resumed_at]
+    assert [r["step"] for r in second] == list(range(resumed_at + 1, max_steps + 1))  # no step redone or skipped
+    again = [r for r in second if r["step"] in killed]
+    assert again or resumed_at >= last_logged
+    for r in again:
+        before = killed[r["step"]]
+        for key in same:
+            assert abs(r[key] - before[key]) < 1e-4, (r["step"], key, r[key], before[key])
+    return summary
