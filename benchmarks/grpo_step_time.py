@@ -15,7 +15,6 @@ Usage:
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # both sides alike, one thread a 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "trainer_image")]
 
-from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
+from benchmarks.versus_trl import interleaved, print_table, ratio_row, small_llama  # noqa: E402
 from tests.support.grpo_reference import grpo_job, run_ours, run_trl_directly  # noqa: E402
 
 COMPLETION_TOKENS = 32
@@ -58,27 +57,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args()
     methods = args.methods.split(",")
-    runs: dict[str, list[dict]] = {m: [] for m in methods}
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         work = Path(tmp)
-        model = build_tiny_model(work / "model", layers=4, hidden=256, heads=8, kv_heads=4, intermediate=688,
-                                 vocab_size=8192)
-        for repeat in range(args.repeats):  # interleaved: a slow minute of the machine hits both sides
-            for m in methods:
-                runs[m].append(measure(model, work / f"{m}-{repeat}", args.steps, m))
-    rows = []
-    for m in methods:
-        ours, trl = (statistics.median(r[side] for r in runs[m]) for side in ("ours", "trl"))
-        rows.append({"method": m, "steps": args.steps, "repeats": args.repeats, "oursSecondsPerStep": ours,
-                     "trlSecondsPerStep": trl, "ratio": trl / ours,
-                     "ratioRange": [min(r["trl"] / r["ours"] for r in runs[m]),
-                                    max(r["trl"] / r["ours"] for r in runs[m])],
-                     "sameRun": all(r["same"] for r in runs[m])})
-    print(f"{'method':<8}{'ours s/step':>13}{'TRL s/step':>12}{'TRL/ours':>10}{'  per-run range':<18}{'same run':>10}")
-    for r in rows:
-        low, high = r["ratioRange"]
-        print(f"{r['method']:<8}{r['oursSecondsPerStep']:>13.4f}{r['trlSecondsPerStep']:>12.4f}"
-              f"{r['ratio']:>9.2f}x  {low:.2f}x-{high:.2f}x{'':<6}{str(r['sameRun']):>10}")
+        model = small_llama(work / "model")
+        runs = interleaved(methods, args.repeats, lambda m, repeat: measure(model, work / f"{m}-{repeat}",
+                                                                             args.steps, m))
+    rows = [{**ratio_row("method", m, runs[m], args.steps), "sameRun": all(r["same"] for r in runs[m])}
+            for m in methods]
+    print_table(rows, "method", "sameRun", "same run")
     if args.out:
         args.out.write_text(json.dumps({"model": "Llama 4x256, vocab 8192, CPU; 8 completions of up to "
                                         f"{COMPLETION_TOKENS} tokens a step", "rows": rows}, indent=1))

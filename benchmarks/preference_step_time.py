@@ -12,7 +12,6 @@ with LoRA, as in the tiny examples; one run's step time varies by up to 25% on a
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "trainer_image")]
 
-from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
+from benchmarks.versus_trl import interleaved, print_table, ratio_row, small_llama  # noqa: E402
 from tests.support.trl_reference import run_ours  # noqa: E402
 
 EXAMPLES = {"dpo": "tiny-cpu-dpo.yaml", "kto": "tiny-cpu-kto.yaml", "orpo": "tiny-cpu-dpo.yaml",
@@ -63,28 +62,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures as JSON")
     args = parser.parse_args()
     objectives = args.objectives.split(",")
-    runs: dict[str, list[dict]] = {o: [] for o in objectives}
     with tempfile.TemporaryDirectory(prefix="pref-bench-") as tmp:
         work = Path(tmp)
-        model = build_tiny_model(work / "model", layers=4, hidden=256, heads=8, kv_heads=4, intermediate=688,
-                                 vocab_size=8192)
-        for repeat in range(args.repeats):  # interleaved: a slow minute of the machine hits both sides
-            for o in objectives:
-                runs[o].append(measure(o, model, work / f"{o}-{repeat}", args.steps))
-    rows = []
-    for o in objectives:
-        ours, trl = (statistics.median(r[side] for r in runs[o]) for side in ("ours", "trl"))
-        rows.append({"objective": o, "steps": args.steps, "repeats": args.repeats, "oursSecondsPerStep": ours,
-                     "trlSecondsPerStep": trl, "ratio": trl / ours,
-                     "ratioRange": [min(r["trl"] / r["ours"] for r in runs[o]),
-                                    max(r["trl"] / r["ours"] for r in runs[o])],
-                     "sameFinalLoss": all(abs(r["lossOurs"] - r["lossTrl"]) < 1e-5 for r in runs[o])})
-    print(f"{'objective':<10}{'ours s/step':>13}{'TRL s/step':>12}{'TRL/ours':>10}{'  per-run range':<18}"
-          f"{'same loss':>10}")
-    for r in rows:
-        low, high = r["ratioRange"]
-        print(f"{r['objective']:<10}{r['oursSecondsPerStep']:>13.4f}{r['trlSecondsPerStep']:>12.4f}"
-              f"{r['ratio']:>9.2f}x  {low:.2f}x-{high:.2f}x{'':<6}{str(r['sameFinalLoss']):>10}")
+        model = small_llama(work / "model")
+        runs = interleaved(objectives, args.repeats, lambda o, repeat: measure(o, model, work / f"{o}-{repeat}",
+                                                                                args.steps))
+    rows = [{**ratio_row("objective", o, runs[o], args.steps),
+             "sameFinalLoss": all(abs(r["lossOurs"] - r["lossTrl"]) < 1e-5 for r in runs[o])} for o in objectives]
+    print_table(rows, "objective", "sameFinalLoss", "same loss")
     if args.out:
         args.out.write_text(json.dumps({"model": "Llama 4x256, vocab 8192, LoRA r8, CPU", "rows": rows}, indent=1))
 
