@@ -5,8 +5,13 @@ one run; prints figures.
 Each checkpoint's marker records its stall (the training loop's wait) and its save time (until it was complete on
 the output volume). A small Llama on CPU, one process, as `finetune run` runs it: a full fine-tune (weights and
 Adam's states: ~3x the weights per checkpoint) and LoRA (the adapter and its states).
+--threads: the training process's CPU threads (OMP_NUM_THREADS). With every core training (the default on this
+2-core machine), the background write can only take cycles from the steps: a CPU-only node. With a core left
+(--threads 1), the write runs beside the steps as it does on a GPU node, whose host cores idle while the GPUs
+compute. --every: optimizer steps between checkpoints (a write that takes longer than the interval makes the next
+save wait for it: that wait is stall too).
 Usage: .venv/bin/python benchmarks/checkpoint_stall.py [--layers 6] [--hidden 512] [--vocab 16000] [--saves 3]
-       [--out FILE]
+       [--threads 2] [--every 4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,24 +35,22 @@ from finetune_operator.cli.local_run import start_nodes  # noqa: E402
 from finetune_trainer.outputs.checkpoints import COMPLETE_MARKER  # noqa: E402
 from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
 
-EVERY = 4  # optimizer steps between checkpoints
 
-
-def job(model: Path, method: str, overlap: bool, saves: int) -> dict:
+def job(model: Path, method: str, overlap: bool, saves: int, every: int) -> dict:
     doc = yaml.safe_load((ROOT / "examples" / "tiny-cpu-sft.yaml").read_text())
     spec = doc["spec"]
     spec["model"]["name"] = str(model)
     spec["method"] = {"type": method}
-    spec["training"].update(maxSteps=EVERY * saves, learningRate=1e-4, loggingSteps=1)
-    spec["checkpoints"] = {"saveSteps": EVERY, "keep": saves + 1, "overlap": overlap}
+    spec["training"].update(maxSteps=every * saves, learningRate=1e-4, loggingSteps=1)
+    spec["checkpoints"] = {"saveSteps": every, "keep": saves + 1, "overlap": overlap}
     return doc
 
 
-def run(model: Path, work: Path, method: str, overlap: bool, saves: int) -> dict:
+def run(model: Path, work: Path, method: str, overlap: bool, saves: int, every: int, threads: int) -> dict:
     started = time.monotonic()
-    env = {"OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
+    env = {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
-    nodes = start_nodes(validate_job(job(model, method, overlap, saves)), work, extra_env=env)
+    nodes = start_nodes(validate_job(job(model, method, overlap, saves, every)), work, extra_env=env)
     codes = [n.process.wait() for n in nodes]
     if codes != [0]:
         raise RuntimeError(f"the run exited {codes}: see {work / 'logs'}")
@@ -63,19 +66,22 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--saves", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=["full", "lora"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--every", type=int, default=4)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ckpt-stall-") as tmp:
         work = Path(tmp)
         model = build_tiny_model(work / "model", layers=args.layers, hidden=args.hidden, heads=8, kv_heads=4,
                                  intermediate=args.hidden * 8 // 3, vocab_size=args.vocab)
-        results = {method: {mode: run(model, work / f"{method}-{mode}", method, mode == "overlapped", args.saves)
+        results = {method: {mode: run(model, work / f"{method}-{mode}", method, mode == "overlapped", args.saves,
+                                      args.every, args.threads)
                             for mode in ("synchronous", "overlapped")} for method in args.methods}
     for method, modes in results.items():
         sync, over = (statistics.median(modes[m]["stalls"]) for m in ("synchronous", "overlapped"))
         modes["ratio"] = over / sync
         print(f"{method}: checkpoint of {modes['synchronous']['bytes'] / 2**20:.1f} MiB of weights (+ optimizer "
-              f"states), {args.saves} saves each")
+              f"states), {args.saves} saves each, one every {args.every} steps, {args.threads} training thread(s)")
         for mode in ("synchronous", "overlapped"):
             r = modes[mode]
             print(f"  {mode:12s} stall per save: median {statistics.median(r['stalls']):.3f} s "

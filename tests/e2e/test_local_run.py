@@ -93,6 +93,8 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir,
     records = [json.loads(line) for line in progress.read_text().splitlines()[before:]]
     steps = [r["step"] for r in records if r.get("phase") != "Preparing"]
     assert min(steps) == stopped_at + 1  # nothing before the checkpoint was trained again
+    trained = [r for r in records if r.get("phase") != "Preparing"]  # an ETA while steps remain, none after the last
+    assert all(r["eta"] for r in trained if r["step"] < stopped_at + 5) and trained[-1]["eta"] is None, trained
     summary = json.loads((tmp_path / "logs" / "node-0.result.json").read_text())
     first_run = [json.loads(line) for line in progress.read_text().splitlines()[:before]]
     tokens_at_checkpoint = next(r["tokensSeen"] for r in first_run if r.get("step") == stopped_at)

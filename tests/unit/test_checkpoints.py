@@ -1,6 +1,7 @@
 """Checkpoint integrity: markers only on verified checkpoints; resume skips partial ones."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,20 @@ def test_other_data_is_not_resumed_automatically_but_can_be_named(tmp_path):
     ck.mark_complete(directory, legacy)
     cfg.spec = spec("new corpus")
     assert resume_checkpoint(cfg) == str(directory)
+
+
+def test_the_background_writer_yields_the_cpu_to_training_and_only_its_own_thread_does():
+    """An overlapped checkpoint's write shares the cores with the training loop: its thread alone is niced."""
+    import os
+    import threading
+
+    from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter
+
+    def niceness(tid: int) -> int:  # field 19 of /proc/<pid>/task/<tid>/stat (after the parenthesised name)
+        return int(Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+    seen = {}
+    writer = CheckpointWriter()
+    writer.submit("1", lambda: seen.update(writer=niceness(threading.get_native_id())))
+    writer.wait()
+    assert seen["writer"] == min(19, niceness(threading.get_native_id()) + 10)  # relative: this run may be niced

@@ -80,7 +80,9 @@ class ProgressCallback(TrainerCallback):
             tokens_per_second = self.last_record.get("tokensPerSecond")
         done = state.global_step - self.start_step
         per_step = (now - self.started) / done if done > 0 else None
-        eta = per_step * (state.max_steps - state.global_step) if per_step is not None else None
+        # No ETA once the last step is done: a finished job shows none (not "0m00s" beside Succeeded).
+        left = state.max_steps - state.global_step
+        eta = per_step * left if per_step is not None and left > 0 else None
         per_device = tokens_per_second / args.world_size if tokens_per_second is not None else None
         utilization = (throughput.mfu(per_device, self.counts, self.peak)
                        if per_device is not None and self.counts is not None else None)
