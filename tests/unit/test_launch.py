@@ -115,3 +115,18 @@ def test_without_a_stop_every_traceback_passes(monkeypatch):
     quiet = launch.QuietStop()
     log = ["Traceback (most recent call last):\n", "  File 'x', line 1\n", "SignalException: x\n"]
     assert [kept for line in log for kept in quiet.filter(line)] == log
+
+
+@pytest.mark.parametrize(("results", "child_code", "required", "expected"), [
+    ([], 0, True, 1),  # the agent left a closed rendezvous without a worker: not a success
+    ([], 0, False, 0),  # torchrun without restarts in place: its exit is its workers'
+    ([{"exitCode": 0, "worldSize": 2}], 0, True, 0),
+    ([{"exitCode": 65}], 1, True, 65),
+    ([], 1, True, 1),
+], ids=["agent-without-worker", "plain-torchrun", "agent-worker-finished", "agent-worker-failed", "agent-crashed"])
+def test_a_pod_succeeds_only_when_one_of_its_workers_trained_to_the_end(results, child_code, required, expected):
+    """Any node's success ends an in-place job (its Job's success policy): it must be a worker's."""
+    code, summary = launch.aggregate(results, child_code, [], "torchrun", worker_required=required)
+    assert code == expected
+    if required and not results and child_code == 0:
+        assert "left out of the group" in summary["message"]

@@ -22,8 +22,10 @@ One that nobody joins within the rendezvous's join timeout exits as a failed wor
 """
 
 import argparse
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -37,6 +39,7 @@ PRELOAD = ("torch", "torch.distributed", "accelerate", "datasets", "peft", "tran
            "finetune_trainer.training.worker_report", "finetune_trainer.training.model", "finetune_trainer.data",
            "finetune_trainer.outputs.status_report")
 ENV_NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+ENV_ELASTIC_LOG_LEVEL = "LOGLEVEL"  # torch.distributed.elastic.utils.logging reads it
 
 
 def preload(config: str) -> None:
@@ -92,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     os.environ.setdefault(ENV_NVML_CUDA_CHECK, "1")  # before torch: its GPU check must not initialize CUDA
+    # torch elastic's own log at INFO: each rendezvous round joined, its rank and world, each restart and why (a few
+    # lines per re-formed group, in the pod's log where a lost node's recovery is read).
+    os.environ.setdefault(ENV_ELASTIC_LOG_LEVEL, "INFO")
+    # `kill -USR1` on a pod's agent prints where each of its threads is (a rendezvous that does not end says where).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     preload(args.config)
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, get_args_parser

@@ -146,9 +146,12 @@ def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = s
 
 
 def aggregate(results: list[dict], child_code: int, tail: list[str] | None = None,
-              child: str = "torchrun") -> tuple[int, dict]:
+              child: str = "torchrun", worker_required: bool = False) -> tuple[int, dict]:
     """A permanent code from any worker wins (config > data > diverged), then any failure, then the child's own
-    (torchrun's, or the trainer's where it ran without torchrun)."""
+    (torchrun's, or the trainer's where it ran without torchrun). `worker_required` (an agent that restarts in
+    place): success is a worker's that finished, never the agent's exit alone; an agent that left a closed
+    rendezvous without a worker (its node left out of the group that finished) fails, as its pod's success would
+    end the job (the Job's success policy takes any node's)."""
     for code in (exit_codes.CONFIG_ERROR, exit_codes.DATA_ERROR, exit_codes.DIVERGED):
         for result in results:
             if result.get("exitCode") == code:
@@ -161,6 +164,9 @@ def aggregate(results: list[dict], child_code: int, tail: list[str] | None = Non
         return child_code, {"reason": exit_codes.reason(child_code),
                             "message": f"{child} exited with {child_code}: " + (why or "a worker crashed or was "
                                                                               "killed before reporting")}
+    if worker_required and not results:
+        return 1, {"reason": exit_codes.reason(1), "message": f"{child} ended without a worker that trained to the "
+                   "end: this node was left out of the group (the rendezvous closed before it could join)"}
     ranked = sorted(results, key=lambda r: r.get("worldSize") is None)
     return exit_codes.SUCCESS, ranked[0] if ranked else {"reason": "Succeeded"}
 
@@ -283,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         child = worker_command(args.config, os.environ)
         child_code = run_child(child.argv, Path(tmp), tail, child.env)
         results = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("result-*.json"))]
-    code, summary = aggregate(results, child_code, list(tail), child.name)
+    code, summary = aggregate(results, child_code, list(tail), child.name,
+                              worker_required=restarts_in_place(os.environ))
     unreported_stop = code == exit_codes.INTERRUPTED and not results  # the trainer died of the forwarded SIGTERM
     if STOPS and (code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED) or unreported_stop) \
             and not exit_codes.is_permanent(code):
