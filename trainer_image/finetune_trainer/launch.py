@@ -76,9 +76,12 @@ def restarts_in_place(env: Mapping[str, str]) -> bool:
 # node's survivors re-form after it, so it is part of every shrink; a node that comes later joins by a regrowth.
 RDZV_LAST_CALL_SECONDS = 3
 # A lost node's agent is taken out of the rendezvous once it missed this many keep-alives of this many seconds
-# (torch's defaults, 5 s x 3, would add 15 s to every shrink); each agent writes the rendezvous state that often.
+# (torch's defaults, 5 s x 3, add 15 s to every shrink); each agent writes the rendezvous state that often. Not
+# fewer than 10 s: torch also sweeps a live agent whose keep-alive is late, and a sweep that lands after a round
+# completed leaves the others waiting on it (its rank's key) until read_timeout, or a group below minNodes. With
+# 1 s x 3, agents starved of CPU (2 busy cores) were swept mid-rendezvous and a 3-node group stood still 300 s.
 RDZV_KEEP_ALIVE_SECONDS = 1
-RDZV_KEEP_ALIVE_MISSED = 3
+RDZV_KEEP_ALIVE_MISSED = 10
 # How long the agents wait for the fewest nodes (a fixed gang's replaced pod, an elastic one's minNodes) to join.
 RDZV_JOIN_TIMEOUT_SECONDS = 900
 # How long an agent waits for a key another agent writes once a group is formed (its ranks, MASTER_ADDR). torch's
