@@ -60,7 +60,7 @@ def node_tails(nodes: list, chars: int = 3000) -> str:
                      f"{node.log_file.read_text(errors='replace')[-chars:]}" for node in nodes)
 
 
-def kill_gang_after_a_checkpoint(doc: dict, workdir: Path, stall: float = 480) -> tuple[int, int]:
+def kill_gang_after_a_checkpoint(doc: dict, workdir: Path, stall: float = 480, limit: float = 600) -> tuple[int, int]:
     """Starts the job's nodes and kills the whole gang (frozen with SIGSTOP first, so no node outlives another, then
     SIGKILL, every process of every node) once a checkpoint is complete and a later step is logged: a crash that
     leaves a checkpoint to resume and a step past it to redo. Which checkpoint that is depends on how fast the
@@ -82,7 +82,7 @@ def kill_gang_after_a_checkpoint(doc: dict, workdir: Path, stall: float = 480) -
         return False
 
     try:
-        wait_while_progressing(past_a_checkpoint, lambda: logged(nodes), stall, tail=lambda: node_tails(nodes),
+        wait_while_progressing(past_a_checkpoint, lambda: logged(nodes), stall, limit, lambda: node_tails(nodes),
                                every=0.02)
     finally:
         for sig in (signal.SIGSTOP, signal.SIGKILL):

@@ -114,7 +114,7 @@ def test_an_elastic_attempt_runs_the_c10d_rendezvous_and_replaces_pods_alone():
     assert env[c.ENV_PET_LOCAL_ADDR] == "test-job-a1-2.test-job.ns.svc"
     spec = job["spec"]
     assert spec["backoffLimit"] > 1000 and spec["podReplacementPolicy"] == "Failed"
-    assert spec["successPolicy"] == {"rules": [{"succeededCount": 1}]}  # any node's success: its group finished
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}  # rank 0's: after its final upload
     annotations = job["metadata"]["annotations"]
     assert (annotations[c.ANNOTATION_RESTARTS_IN_PLACE], annotations[c.ANNOTATION_MIN_NODES]) == ("3", "2")
     assert c.ANNOTATION_KUEUE_MIN_PARALLELISM not in annotations

@@ -386,6 +386,18 @@ def test_a_stopped_attempts_progress_loses_its_eta_once():
     assert "progress" not in running.status
 
 
+def test_a_succeeded_jobs_progress_loses_its_eta_in_the_write_that_says_succeeded():
+    """The trainer reports at most every 10 s: its last report may be steps before the end, with time left."""
+    progress = {"phase": "Training", "step": 25, "maxSteps": 30, "percent": 83, "eta": "0m03s"}
+    status = running_status(progress=progress)
+    done = [pod(0, "Succeeded", 0, "Completed"), pod(1, "Succeeded", 0, "Completed")]
+    p = plan(job(), observe(status, [workload(1, complete=True)], done))
+    assert p.status["phase"] == "Succeeded" and p.status["progress"] == {"eta": None}
+    after = {**status, **p.status, "progress": {**progress, "eta": None}}
+    again = plan(job(), observe(after, [workload(1, complete=True)], done))
+    assert "progress" not in again.status  # said once
+
+
 def test_steady_state_is_a_fixed_point():
     """A second pass over the same observation yields the same status: no write, no event."""
     first = plan(job(), observe({"phase": "Pending", "attempt": 1, "startTime": ts(T0)}, [workload(1)],

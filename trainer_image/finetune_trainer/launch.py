@@ -153,8 +153,7 @@ def aggregate(results: list[dict], child_code: int, tail: list[str] | None = Non
     """A permanent code from any worker wins (config > data > diverged), then any failure, then the child's own
     (torchrun's, or the trainer's where it ran without torchrun). `worker_required` (an agent that restarts in
     place): success is a worker's that finished, never the agent's exit alone; an agent that left a closed
-    rendezvous without a worker (its node left out of the group that finished) fails, as its pod's success would
-    end the job (the Job's success policy takes any node's)."""
+    rendezvous without a worker (its node left out of the group that finished) did not train."""
     for code in (exit_codes.CONFIG_ERROR, exit_codes.DATA_ERROR, exit_codes.DIVERGED):
         for result in results:
             if result.get("exitCode") == code:

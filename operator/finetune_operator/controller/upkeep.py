@@ -15,6 +15,10 @@ def stale_progress(p: Plan, obs: Observed) -> None:
         p.status["progress"] = {"phase": "Stopped", "eta": None,
                                 "message": f"the last report of attempt {obs.status.get('attempt')}, which is not "
                                            "running"}
+    elif p.status.get("phase") == "Succeeded" and progress.get("eta"):
+        # The trainer's last report may be a few steps before the end (reports are at most one per 10 s): a
+        # finished job shows no time left, in the same write as its phase.
+        p.status["progress"] = {"eta": None}
 
 
 def post_notice(p: Plan, obs: Observed) -> None:

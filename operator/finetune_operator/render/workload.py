@@ -106,12 +106,12 @@ def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]
         },
     }
     if in_place:
-        # A pod exits 0 only when its workers finished training, and a group's workers finish together: the first
-        # pod that succeeds is the job's success, whichever node it is. Not index 0's: a group re-formed without
-        # node 0 (its agent left behind by a round it could not finish, then its pod replaced) trained to the end
-        # on the others while the job waited for index 0; and a lost node's replacement that never joined (an
-        # elastic job that finished smaller) is stopped by the Job controller once the policy is met.
-        job["spec"]["successPolicy"] = {"rules": [{"succeededCount": 1}]}
+        # Node 0's agent hosts the rendezvous and leaves last (torchrun's exit barrier waits for every agent), and
+        # it is rank 0 whenever it is in the group (ranks follow the nodes' addresses): its success is the job's,
+        # after its final save and upload, even when a lost node's replacement never ran (an elastic job that
+        # finished smaller). Not any node's: the others exit 0 once the exit barrier times out (300 s), while
+        # rank 0 may still upload the final model.
+        job["spec"]["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
     annotations[c.ANNOTATION_POD_SET_HASH] = pod_set_hash(job)
     return job
 
