@@ -30,11 +30,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "trainer_image")]
 
 import yaml  # noqa: E402
 
+from finetune_operator.api import constants as c  # noqa: E402
 from finetune_trainer.tiny_model import build_tiny_model  # noqa: E402
 from finetune_trainer.training.workers import parse_iso  # noqa: E402
 from tests.conftest import CRD_FILE, Kubectl  # noqa: E402
 from tests.e2e.cluster_training import shared_volume  # noqa: E402
 from tests.e2e.elastic_training import NODE_LABEL, nodes_of_our_own, pods_by_index  # noqa: E402
+from tests.support.containers import built_images  # noqa: E402
 from tests.support.controlplane import ControlPlane, build_binaries, free_port  # noqa: E402
 from tests.support.operator_process import OperatorProcess  # noqa: E402
 from tests.support.polling import wait_until  # noqa: E402
@@ -167,7 +169,11 @@ def main() -> None:
         kubectl = Kubectl(cp.kubeconfig)
         kubectl.run("apply", "--server-side", "-f", str(CRD_FILE.parent))
         kubectl.wait_condition("Established", "crd/finetunejobs.finetunejob.dev")
-        operator = OperatorProcess(cp.kubeconfig, work / "operator.log", restart_backoff=args.backoff).start()
+        # In containers mode the trainer pods run the image the operator names: the one built here, not the
+        # published default (no registry is reachable from this machine).
+        env = {c.ENV_OPERATOR_TRAINER_IMAGE: built_images()[1]} if args.runtime == "containers" else {}
+        operator = OperatorProcess(cp.kubeconfig, work / "operator.log", restart_backoff=args.backoff,
+                                   env=env).start()
         model = build_tiny_model(work / "model")
         results = {s: scenario_run(s, kubectl, cp, work, model, args.runtime, args.kill_after)
                    for s in args.only or SCENARIOS}
