@@ -166,3 +166,52 @@ def test_the_background_writer_yields_the_cpu_to_training_and_only_its_own_threa
     writer.submit("1", lambda: seen.update(writer=niceness(threading.get_native_id())))
     writer.wait()
     assert seen["writer"] == min(19, niceness(threading.get_native_id()) + 10)  # relative: this run may be niced
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_overlapped_copy_holds_the_next_optimizer_step_and_sees_the_weights_before_it(wrapped):
+    """The checkpoint's copy runs beside the next step's forward and backward; the optimizer's step, which would
+    change what is being copied, waits for it, and that wait is the save's stall. A copy slower than the step's
+    start (here: 0.5 s) still holds the weights of the step it was taken at."""
+    import threading
+    import time
+
+    import torch
+
+    from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter, CopyBeforeStep, snapshot
+
+    layer = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+
+    class Wrapper:  # accelerate's AcceleratedOptimizer: steps the torch optimizer it holds
+        def __init__(self, inner):
+            self.optimizer = inner
+
+    def one_step():
+        layer(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    one_step()
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    writer = CheckpointWriter()
+    writer.hold = hold = CopyBeforeStep(Wrapper(optimizer) if wrapped else optimizer)
+    copied, copy_started = {}, threading.Event()
+
+    def slow_copy():
+        copy_started.set()
+        time.sleep(0.5)
+        copied.update(snapshot(layer.state_dict()))
+
+    writer.submit("1", lambda: None, copy=slow_copy)
+    copy_started.wait(5)
+    started = time.monotonic()
+    one_step()  # its step waits for the copy
+    waited = time.monotonic() - started
+    writer.wait()
+    assert all(torch.equal(copied[k], before[k]) for k in before)  # the weights of the save, not the step's after
+    assert not all(torch.equal(layer.state_dict()[k], before[k]) for k in before)  # and the step did run
+    assert 0.3 < hold.stall() <= waited
+    one_step()  # removed by the loop's wait(): later steps wait for nothing
+    assert hold.stall() == pytest.approx(hold.waited)
+    assert not optimizer._optimizer_step_pre_hooks

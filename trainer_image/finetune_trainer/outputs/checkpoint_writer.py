@@ -1,8 +1,11 @@
-"""Checkpoints that do not stall training: the training loop takes a snapshot of what a checkpoint holds into host
-memory (the weights the checkpoint saves, the optimizer and scheduler states, the trainer state; the RNG states,
-small, are written at once), and a background thread writes it with the Trainer's own writers (save_pretrained,
-torch.save), then verifies it and marks it complete (checkpoints.mark_complete), then rotates the old ones. The
-completion marker stays the rule: a checkpoint whose write was cut short has none and is never resumed from.
+"""Checkpoints that do not stall training. A save splits in two, as CheckFreq does (Mohan et al., FAST '21): the
+copy of what the checkpoint holds (the weights it saves, the optimizer states) into reused host buffers runs in a
+background thread while the next step's forward and backward run, since they read the weights and leave the
+optimizer states alone; the optimizer's next step waits for the copy (`CopyBeforeStep`: that wait, if any, is
+stall). The same thread then writes the copy with the Trainer's own writers (save_pretrained, torch.save), verifies
+it and marks it complete (checkpoints.mark_complete), then rotates the old ones. What the loop itself does at a
+save is small and must see this very step: the RNG and scheduler states, the trainer state. The completion marker
+stays the rule: a checkpoint whose write was cut short has none and is never resumed from.
 
 One write is in flight at a time: a save that comes while the last one is still being written waits for it (that
 wait is stall too). Training's end, a stop and a crash all wait for the write in flight (drain) before the process
@@ -86,6 +89,45 @@ def lower_priority(niceness: int = 10) -> None:
         pass
 
 
+class CopyBeforeStep:
+    """Holds the optimizer's next step until the checkpoint's copy is taken (done()): a step would change the
+    weights and states being copied. Registered on the optimizer that steps (a hook on its step); removed by the
+    training loop's thread (remove()), never from inside the hooks' own iteration."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.copied = threading.Event()
+        self.waited = 0.0  # what the loop's step waited for the copy
+        self._lock = threading.Lock()
+        self._entered = False
+        self._accounted = threading.Event()
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper steps the torch optimizer
+        self._handle = inner.register_step_pre_hook(self._before_step)
+
+    def _before_step(self, *_: Any) -> None:
+        if self._accounted.is_set():
+            return
+        with self._lock:
+            self._entered = True
+        started = time.monotonic()
+        self.copied.wait()
+        self.waited = time.monotonic() - started
+        self._accounted.set()
+
+    def done(self) -> None:
+        self.copied.set()
+
+    def stall(self) -> float:
+        """After done(): what the loop's step waited for the copy (0 where no step came before it was taken)."""
+        with self._lock:
+            entered = self._entered
+        if entered:
+            self._accounted.wait()
+        return self.waited
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
 class CheckpointWriter:
     """One background write at a time; its failure is raised in the training loop at the next save or drain."""
 
@@ -93,6 +135,7 @@ class CheckpointWriter:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.buffers: dict[str, Any] = {}  # the last snapshot, reused by the next once it is written
+        self.hold: CopyBeforeStep | None = None
 
     def wait(self) -> float:
         """Blocks until the write in flight is done; the seconds waited. Re-raises its failure."""
@@ -100,6 +143,9 @@ class CheckpointWriter:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+        if self.hold is not None:
+            self.hold.remove()  # the training loop's thread: no step is iterating the optimizer's hooks now
+            self.hold = None
         if self.error is not None:
             error, self.error = self.error, None
             raise error
@@ -107,9 +153,18 @@ class CheckpointWriter:
 
     drain = wait
 
-    def submit(self, name: str, write: Callable[[], None]) -> None:
+    def submit(self, name: str, write: Callable[[], None], copy: Callable[[], None] = lambda: None) -> None:
+        """copy() at the thread's normal priority (the next optimizer step may be waiting for it: self.hold), then
+        write() at a lower one."""
+        hold = self.hold
+
         def run() -> None:
             try:
+                try:
+                    copy()
+                finally:
+                    if hold is not None:
+                        hold.done()  # a failed copy must not hold training: its error is raised below
                 lower_priority()
                 write()
             except BaseException as exc:  # handed to the training loop, which raises it
@@ -120,9 +175,10 @@ class CheckpointWriter:
 
 
 def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, trial: Any) -> None:
-    """The Trainer's _save_checkpoint, overlapped: what it would write, snapshotted here (the stall); written,
-    marked complete (`marked`: CheckpointMarkerCallback) and rotated by the writer's thread. Rank 0 writes the
-    checkpoint; every rank writes its RNG state at once, as the Trainer does."""
+    """The Trainer's _save_checkpoint, overlapped: what must see this very step taken here (the RNG states, which
+    every rank writes at once as the Trainer does, the scheduler and trainer states); the weights and optimizer
+    states copied by the writer's thread before the next optimizer step (CopyBeforeStep), then written, marked
+    complete (`marked`: CheckpointMarkerCallback) and rotated. Rank 0 writes the checkpoint."""
     import copy
 
     import torch
@@ -138,8 +194,6 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     trainer._save_rng_state(output_dir)
     if not trainer.args.should_save:
         return
-    weights = writer.buffers["weights"] = model_snapshot(trainer.model, writer.buffers.get("weights"))
-    optimizer = writer.buffers["optimizer"] = snapshot(trainer.optimizer.state_dict(), writer.buffers.get("optimizer"))
     scheduler = copy.deepcopy(trainer.lr_scheduler.state_dict())
     for cb in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
         name, state = type(cb).__name__, cb.state()
@@ -148,15 +202,21 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
         else:
             trainer.state.stateful_callbacks[name] = state
     trainer_state = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
-    stall = time.monotonic() - started
+    writer.hold = hold = CopyBeforeStep(trainer.optimizer)
+    in_loop = time.monotonic() - started
     limit, best = trainer.args.save_total_limit, trainer.state.best_model_checkpoint
+    buffers = writer.buffers
+
+    def take_copy() -> None:
+        buffers["weights"] = model_snapshot(trainer.model, buffers.get("weights"))
+        buffers["optimizer"] = snapshot(trainer.optimizer.state_dict(), buffers.get("optimizer"))
 
     def write() -> None:
-        trainer._save(output_dir, state_dict=weights)
-        torch.save(optimizer, os.path.join(output_dir, OPTIMIZER_NAME))
+        trainer._save(output_dir, state_dict=buffers["weights"])
+        torch.save(buffers["optimizer"], os.path.join(output_dir, OPTIMIZER_NAME))
         torch.save(scheduler, os.path.join(output_dir, SCHEDULER_NAME))
         Path(output_dir, TRAINER_STATE_NAME).write_text(trainer_state)
-        marked.complete(step, Path(output_dir), stall=stall, save=time.monotonic() - started)
+        marked.complete(step, Path(output_dir), stall=in_loop + hold.stall(), save=time.monotonic() - started)
         rotate_checkpoints(output_dir=run_dir, save_total_limit=limit, best_model_checkpoint=best)
 
-    writer.submit(str(step), write)
+    writer.submit(str(step), write, copy=take_copy)
