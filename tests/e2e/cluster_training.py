@@ -24,6 +24,7 @@ from tests.support.controlplane import free_port
 from tests.support.events import wait_events
 from tests.support.hub_server import StandInHub
 from tests.support.pod_runner import PodRunner
+from tests.support.polling import NotWithin, wait_until
 
 RELEASE, SYSTEM_NS = "ftj-e2e", "finetunejob-e2e"
 # The killed-node cases kill a node once a checkpoint at step >= 20 is seen: the remaining steps are the margin for
@@ -195,7 +196,7 @@ def test_killed_node_gang_restarts_and_resumes_without_redoing_work(runtime, cha
     assert resumed_step >= 20 and min(first_after_restart) == resumed_step + 1
 
 
-@pytest.mark.parametrize("runtime", ["processes"], indirect=True)  # ten stop/resume cycles: fast starts
+@pytest.mark.parametrize("runtime", ["processes"], indirect=True)  # six stop/resume cycles: fast starts
 def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_step(
         runtime, chart_operator, kubectl, control_plane, namespace, tiny_model_dir, tmp_path):
     """spec.suspend, flipped at random moments (startup, data preparation, mid-step, at a checkpoint):
@@ -208,23 +209,23 @@ def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_s
     stopped: list[str] = []
     with pod_runner(runtime, kubectl, control_plane, namespace, tmp_path) as runner:
         kubectl.run("apply", "-n", namespace, "-f", str(job))
-        for cycle in range(10):
+        for cycle in range(6):  # three moments of each kind; seeded, the same six every run
             wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", 180, chart_operator, runner)
             if cycle % 2:  # while the gang starts: launcher, rendezvous, model loading, data preparation
                 time.sleep(rng.uniform(0.0, 8.0))
             else:  # while it trains: a random moment after this run's first new step
                 done = max([0, *(r["step"] for r in progress_records(tmp_path) if "step" in r)])
-                deadline = time.monotonic() + 180
-                while max([0, *(r["step"] for r in progress_records(tmp_path) if "step" in r)]) <= done:
-                    assert time.monotonic() < deadline, f"cycle {cycle}: no step after {done}"
-                    time.sleep(0.2)
+                wait_until(f"cycle {cycle}: a step after {done}", lambda done=done: max(
+                    [0, *(r["step"] for r in progress_records(tmp_path) if "step" in r)]) > done, timeout=300)
                 time.sleep(rng.uniform(0.0, 3.0))
             kubectl.run(*suspend, json.dumps({"spec": {"suspend": True}}))
             wait_status(kubectl, namespace, lambda s: s.get("phase") == "Suspended", 60, chart_operator, runner)
             live = [n for n, p in runner.processes.items() if n not in stopped]
-            deadline = time.monotonic() + 120
-            while any(runner.processes[n].poll() is None for n in live) and time.monotonic() < deadline:
-                time.sleep(0.5)
+            try:
+                wait_until(f"cycle {cycle}: the stopped pods' processes end", lambda live=live: all(
+                    runner.processes[n].poll() is not None for n in live), timeout=180, every=0.5)
+            except NotWithin:
+                pass  # the codes below say which did not
             codes = {n: runner.processes[n].poll() for n in live}
             assert len(codes) == 2 and set(codes.values()) == {143}, (cycle, codes)  # stopped, never crashed
             stopped += live
@@ -233,7 +234,7 @@ def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_s
     assert (st["attempt"], st["restarts"]) == (1, 0), st  # a suspend is not a failure
     steps = [r["step"] for r in progress_records(tmp_path) if "step" in r]
     # One run of steps, each done once: every stop saved the step it stopped at and the next start resumed there.
-    assert steps == sorted(set(steps)) and len(steps) >= 5, steps
+    assert steps == sorted(set(steps)) and len(steps) >= 3, steps  # at least one per cycle that trained
     stops = [json.loads((tmp_path / "pods" / n / "termination-log").read_text()) for n in stopped
              if (tmp_path / "pods" / n / "termination-log").exists()]
     assert all(s["exitCode"] == 143 for s in stops), stops
