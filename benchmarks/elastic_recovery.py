@@ -8,10 +8,13 @@ chart's default restart backoff (10 s; --backoff to change it):
   gang      a node's container is killed (SIGKILL): the attempt fails, the operator restarts the whole gang.
   in-place  one training process is killed: torchrun restarts the workers on the same pods, the group re-forms.
   elastic   a node's container is killed and its node made unschedulable: the survivors re-form on 2 nodes.
+  elastic-deleted  the same node's pod deleted instead (a preemption or an eviction: SIGTERM, its grace period):
+            the stopped node stops every rank at one step with a checkpoint, leaves the rendezvous, and the
+            survivors re-form on 2 nodes without waiting for its keep-alives to expire.
 Each recovery is measured from the kill to the next optimizer step (the trainer's record of the new group, which
 notes when each phase of its start ended), with the Kubernetes steps of a gang restart from the objects' times.
 Usage: .venv/bin/python benchmarks/elastic_recovery.py [--runtime processes|containers] [--backoff 10]
-       [--only gang|in-place|elastic ...] [--kill-after 20] [--out F]
+       [--only gang|in-place|elastic|elastic-deleted ...] [--kill-after 20] [--out F]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from tests.support.controlplane import ControlPlane, build_binaries, free_port  
 from tests.support.operator_process import OperatorProcess  # noqa: E402
 from tests.support.polling import wait_until  # noqa: E402
 
-SCENARIOS = ("gang", "in-place", "elastic")
+SCENARIOS = ("gang", "in-place", "elastic", "elastic-deleted")
 
 
 def k8s_time(text: str | None) -> float | None:
@@ -58,7 +61,7 @@ def job_doc(scenario: str, namespace: str) -> dict:
     spec["output"] = {"claimName": "shared"}
     spec["checkpoints"] = {"saveSteps": 10, "keep": 3}
     spec["runPolicy"] = {"inPlaceRestarts": 3 if scenario == "in-place" else 0}
-    if scenario == "elastic":
+    if scenario.startswith("elastic"):
         spec["distributed"]["minNodes"] = 2
         spec["runPolicy"].pop("inPlaceRestarts")
     selector = {"matchLabels": {"finetunejob.dev/job-name": doc["metadata"]["name"]}}
@@ -96,6 +99,7 @@ def scenario_run(scenario: str, kubectl: Kubectl, cp: ControlPlane, work: Path, 
     nodes = nodes_of_our_own(kubectl, namespace)
     (root / "job.yaml").write_text(yaml.safe_dump(job_doc(scenario, namespace)))
     status = lambda: kubectl.json("get", "ftj", "tiny-cpu-sft", "-n", namespace).get("status") or {}  # noqa: E731
+    victim = ""  # the pod deleted (elastic-deleted)
     try:
         with pod_runner(runtime, kubectl, cp, namespace, root) as runner:
             kubectl.run("apply", "-n", namespace, "-f", str(root / "job.yaml"))
@@ -105,9 +109,13 @@ def scenario_run(scenario: str, kubectl: Kubectl, cp: ControlPlane, work: Path, 
             if scenario == "in-place":
                 runner.kill_worker(runner.running("-a1-1-"))
             else:
-                if scenario == "elastic":
+                if scenario.startswith("elastic"):
                     kubectl.run("cordon", pods_by_index(kubectl, namespace)["2"][-1]["spec"]["nodeName"])
-                runner.kill(runner.running("-a1-2-"))
+                if scenario == "elastic-deleted":
+                    victim = runner.running("-a1-2-")
+                    kubectl.run("delete", "pod", victim, "-n", namespace, "--wait=false")
+                else:
+                    runner.kill(runner.running("-a1-2-"))
             killed = time.time()
             reached = last_step(output)  # what a gang restart redoes is not in its new group's report: counted here
             seen: dict[str, float] = {}  # when the operator's status first said Restarting (a gang restart)
@@ -151,7 +159,10 @@ def scenario_run(scenario: str, kubectl: Kubectl, cp: ControlPlane, work: Path, 
     return {"seconds": round(at["firstStep"] - killed, 2), "phases": phases, "nodes": group["nodes"],
             "lostSteps": group.get("lostSteps"),
             "stepsRedone": max(reached - int(group.get("resumedStep") or 0), 0), "attempt": st.get("attempt"),
-            "restartsInPlace": st.get("restartsInPlace", 0)}
+            "restartsInPlace": st.get("restartsInPlace", 0),
+            # The deleted pod's agent took its node out of the rendezvous (finetune_trainer.agent.leave).
+            "leftRendezvous": scenario == "elastic-deleted" and "left the rendezvous" in (
+                root / "pods" / victim / "log").read_text(errors="replace")}
 
 
 def main() -> None:

@@ -19,6 +19,12 @@ about to join again) leaves the others a world below min_nodes; on a busy machin
 and ended Succeeded, on 1. Such a group's workers wait instead of training: the agent that was swept out asks to
 join the next round, and torch's agent restarts the group for it (a membership change, not counted as a failure).
 One that nobody joins within the rendezvous's join timeout exits as a failed worker.
+
+A pod that is stopped (deleted, preempted, evicted: SIGTERM) takes its node out of the rendezvous on its way out
+(`leaving_when_stopped`). torch leaves a stopped agent in the round it completed (shutting the rendezvous down
+would close it for every node), so the survivors' next round could form only once its keep-alives had expired
+(RDZV_KEEP_ALIVE_SECONDS x RDZV_KEEP_ALIVE_MISSED, 10 s); a node lost without a word (killed, its host gone)
+still takes that long.
 """
 
 import argparse
@@ -28,7 +34,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from finetune_operator.api import constants as c
 
@@ -90,6 +96,50 @@ def train(config: str) -> None:
         sys.exit(code)
 
 
+def leave(handler: object, timeout: float = 10.0) -> bool:
+    """Takes this node out of the participants of the rendezvous `handler` joined (torch's own exit operation, the
+    one its agents run before joining a new round) and stops its keep-alives. False where the handler is not torch's
+    dynamic (c10d) one or the store cannot be reached: the others then see it gone once its keep-alives expire."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    if not isinstance(handler, dynamic.DynamicRendezvousHandler):
+        return False
+    try:
+        handler._stop_heartbeats()
+        handler._op_executor.run(dynamic._RendezvousExitOp(), time.monotonic() + timeout)
+    except Exception as exc:  # leaving is a courtesy; the keep-alive expiry is the rule
+        print(f"finetune agent: could not leave the rendezvous ({type(exc).__name__}: {exc}); the other nodes see "
+              f"this one gone once its keep-alives expire", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def leaving_when_stopped(launch: Callable[[], object]) -> None:
+    """Runs `launch` (torch's elastic launch); stopped by a signal, leaves the rendezvous it joined, then re-raises.
+    The handler is the one torch's launcher creates (recorded as it is made: the launcher keeps it to itself)."""
+    import torch.distributed.elastic.rendezvous.registry as registry
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    handlers: list[object] = []
+    create = registry.get_rendezvous_handler
+
+    def recorded(params: object) -> object:
+        handlers.append(create(params))
+        return handlers[-1]
+
+    registry.get_rendezvous_handler = recorded
+    try:
+        launch()
+    except SignalException:
+        for handler in handlers:
+            if leave(handler):
+                print("finetune agent: stopped; left the rendezvous so the other nodes re-form without waiting for "
+                      "this one's keep-alives to expire", file=sys.stderr, flush=True)
+        raise
+    finally:
+        registry.get_rendezvous_handler = create
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="finetune_trainer.agent")
     parser.add_argument("--config", required=True)
@@ -107,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = get_args_parser().parse_args(["--start-method=fork", "--module", "finetune_trainer", "--config",
                                            args.config])
     launch_config, _, _ = config_from_args(launch)
-    elastic_launch(launch_config, entrypoint=train)(args.config)
+    leaving_when_stopped(lambda: elastic_launch(launch_config, entrypoint=train)(args.config))
     return 0
 
 
