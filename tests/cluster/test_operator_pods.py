@@ -186,9 +186,10 @@ def test_a_drain_evicts_one_replica_at_a_time(pods, kubectl):
 
 def test_a_crashed_leader_leads_again_once_restarted_and_a_frozen_one_is_taken_over_and_writes_nothing(
         pods, kubectl, control_plane):
-    """Two failures of the leader's pod. SIGKILL of its container: the kubelet restarts it at once, and the new
-    process (the same pod, so the same identity in the Lease) leads again and reconciles a job created at the
-    crash. SIGSTOP of its container (a hung node) as it creates a batch of jobs: the other pod takes the Lease once
+    """Two failures of the leader's pod. SIGKILL of its container: the kubelet restarts it at once, and a job
+    created at the crash is reconciled, by the new process (the same pod, so the same identity in the Lease: it
+    leads again at once) or, where its start outlasted the Lease on a loaded machine, by the other pod. SIGSTOP
+    of the leader's container (a hung node) as it creates a batch of jobs: the other pod takes the Lease once
     it has seen it unrenewed for the lease duration and reconciles them, and those created meanwhile; resumed, with
     passes half-done and its watch full of events, the frozen process writes nothing (the audit log, by the pod its
     token is bound to), steps down, and is restarted (as the standby: the other pod keeps the Lease)."""
@@ -198,9 +199,14 @@ def test_a_crashed_leader_leads_again_once_restarted_and_a_frozen_one_is_taken_o
     submit(kubectl, "at-the-crash")
     wait_for(lambda: restart_count(kubectl, leader) == 1, 30, "the killed container restarted", _Tail(pods, kubectl))
     wait_for(lambda: reconciled(kubectl, ["at-the-crash"]), 60, "the job reconciled", _Tail(pods, kubectl))
-    assert holder(kubectl) == leader
     last = pod_of(kubectl, leader)["status"]["containerStatuses"][0]["lastState"]["terminated"]
     assert last["exitCode"] == 137
+    crashed, leader = leader, holder(kubectl)
+    assert leader in (crashed, other), leader
+    if leader != crashed:
+        print(f"\nthe restarted {crashed} came back after its Lease expired: {other} leads")
+        other = crashed
+    frozen_restarts = restart_count(kubectl, leader)
 
     in_flight = submit_all(kubectl, "in-flight", 6)  # it is creating their children when it freezes
     time.sleep(0.3)
@@ -213,8 +219,8 @@ def test_a_crashed_leader_leads_again_once_restarted_and_a_frozen_one_is_taken_o
         wait_for(lambda: reconciled(kubectl, in_flight), 90, "the jobs reconciled", _Tail(pods, kubectl))
     finally:
         pods.signal(leader, signal.SIGCONT)
-    wait_for(lambda: restart_count(kubectl, leader) == 2, 60, "the frozen container stepped down, restarted",
-             _Tail(pods, kubectl))
+    wait_for(lambda: restart_count(kubectl, leader) == frozen_restarts + 1, 60,
+             "the frozen container stepped down, restarted", _Tail(pods, kubectl))
     time.sleep(1.5)  # the audit log is written asynchronously
     late = [e for e in audit.events(control_plane.audit_log, start=frozen + took, user=SA_USER)
             if e["user"]["extra"][POD_NAME][0] == leader and e["verb"] in audit.WRITE_VERBS
