@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
+from finetune_operator.cli.local_run import extensions_dir
 from finetune_operator.cli.processes import argv_of, descendants, kill_tree, parent_of, training_process
 from tests.support.controlplane import ROOT, free_port
 from tests.support.pod_status import terminated
@@ -206,7 +207,7 @@ class PodRunner:
         env["PET_MASTER_ADDR"] = "127.0.0.1"  # the headless-Service name of node 0, resolved as DNS would
         if "PET_LOCAL_ADDR" in env:  # the pod's own name (a job that restarts in place), resolved the same way
             env["PET_LOCAL_ADDR"] = "127.0.0.1"
-        env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "finetunejob" / "torch_extensions")
+        env["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())  # this environment's builds, as `finetune run` keeps them
         argv = [sys.executable if arg == "python" else remap(arg, mounts) for arg in container["command"]]
         log = open(root / "log", "ab")  # noqa: SIM115 - owned by the process
         return LocalProcess(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,

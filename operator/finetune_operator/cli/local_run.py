@@ -5,6 +5,7 @@ Ctrl-C sends SIGTERM to every node (as a pod deletion would): the trainer finish
 and stops; running the same command again resumes from it.
 """
 
+import hashlib
 import json
 import os
 import signal
@@ -114,12 +115,20 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
         c.ENV_STOP_CAUSE: "Ctrl-C in finetune run (or a SIGTERM sent to it)",  # how stop() reaches the nodes
         # The rendered values point at pod volumes; locally the user's caches serve (a model is downloaded once).
         c.ENV_HF_HOME: os.environ.get(c.ENV_HF_HOME, str(Path.home() / ".cache" / "huggingface")),
-        c.ENV_TORCH_EXTENSIONS_DIR: str(Path.home() / ".cache" / "finetunejob" / "torch_extensions"),
+        c.ENV_TORCH_EXTENSIONS_DIR: str(extensions_dir()),
         c.ENV_TRITON_CACHE_DIR: str(workdir / "cache" / "triton"),
     })
     if c.ENV_PET_LOCAL_ADDR in env:  # restarts in place: each node's agent is named by its address, here this host's
         env.update({c.ENV_PET_LOCAL_ADDR: "127.0.0.1", c.ENV_PET_RDZV_ID: f"{job.name}-local"})
     return env
+
+
+def extensions_dir(prefix: str = sys.prefix) -> Path:
+    """Where the nodes' compiled extensions (DeepSpeed's CPU ops) are kept: one directory per Python environment.
+    Their build names the environment's paths, so two environments sharing one directory rebuild each other's
+    builds (minutes per build) every time they alternate."""
+    digest = hashlib.sha256(prefix.encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "finetunejob" / "torch_extensions" / digest
 
 
 def start_nodes(job: ValidatedJob, workdir: Path, port: int | None = None,
