@@ -70,3 +70,48 @@ def test_leaving_a_rendezvous_that_is_not_torchs_dynamic_one_says_no():
     from finetune_trainer.agent import leave
 
     assert leave(object()) is False
+
+
+class Rounds:
+    """A rendezvous handler's two calls torch's agent makes about membership, scripted: the nodes waiting to join,
+    and the size of each next round (what a real c10d rendezvous decides; here a node that misses a round, which
+    only a starved agent does, is scripted)."""
+
+    def __init__(self, sizes: list[int], waiting: int = 1):
+        self.sizes, self.waiting = list(sizes), waiting
+
+    def num_nodes_waiting(self) -> int:
+        return self.waiting
+
+    def next_rendezvous(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(world_size=self.sizes.pop(0))
+
+
+def test_a_growth_whose_round_misses_the_waiting_node_is_tried_again_only_after_a_growing_pause(monkeypatch):
+    """A node waits; the group stops to grow, but the round comes out at the old size (the waiting node missed it):
+    the agent reads no waiting node for 30 s, then 60 s after a second miss; a growth that works resets the pause."""
+    import finetune_trainer.agent as agent
+
+    clock = [1000.0]
+    monkeypatch.setattr(agent.time, "monotonic", lambda: clock[0])
+    rounds = Rounds([2, 2, 2, 3, 2])
+    throttle = agent.GrowthThrottle(rounds)
+    assert rounds.next_rendezvous().world_size == 2  # the first round: two nodes, one more on its way
+    assert rounds.num_nodes_waiting() == 1  # torch's agent restarts the group to grow
+    assert rounds.next_rendezvous().world_size == 2  # ... and the waiting node missed the round
+    assert throttle.pause == 30 and rounds.num_nodes_waiting() == 0
+    clock[0] += 29
+    assert rounds.num_nodes_waiting() == 0
+    clock[0] += 2
+    assert rounds.num_nodes_waiting() == 1
+    assert rounds.next_rendezvous().world_size == 2  # missed again: twice as long
+    assert throttle.pause == 60 and rounds.num_nodes_waiting() == 0
+    clock[0] += 61
+    assert rounds.num_nodes_waiting() == 1
+    assert rounds.next_rendezvous().world_size == 3  # grown: the next growth is tried at once
+    assert throttle.pause == 0
+    rounds.waiting = 0
+    assert rounds.next_rendezvous().world_size == 2  # a shrink (no growth was asked for) sets no pause
+    assert throttle.pause == 0 and throttle.until < clock[0]

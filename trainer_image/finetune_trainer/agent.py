@@ -21,10 +21,16 @@ join the next round, and torch's agent restarts the group for it (a membership c
 One that nobody joins within the rendezvous's join timeout exits as a failed worker.
 
 A pod that is stopped (deleted, preempted, evicted: SIGTERM) takes its node out of the rendezvous on its way out
-(`leaving_when_stopped`). torch leaves a stopped agent in the round it completed (shutting the rendezvous down
+(`run_elastic`). torch leaves a stopped agent in the round it completed (shutting the rendezvous down
 would close it for every node), so the survivors' next round could form only once its keep-alives had expired
 (RDZV_KEEP_ALIVE_SECONDS x RDZV_KEEP_ALIVE_MISSED, 10 s); a node lost without a word (killed, its host gone)
 still takes that long.
+
+A node waiting to join makes the group stop at a step end and re-form with it (a growth). Should the new round
+complete without it (an agent starved of CPU that missed the round's 3 s last call), it is still waiting, and the
+group would stop and re-form again at once, and again: on a loaded machine a 3-node job re-formed on the same 2
+nodes five times in a row, saving and reloading each time. `GrowthThrottle` waits before trying that growth again
+(30 s, doubling up to 8 minutes) and tries at once again after one that succeeds.
 """
 
 import argparse
@@ -35,6 +41,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from finetune_operator.api import constants as c
 
@@ -114,9 +121,46 @@ def leave(handler: object, timeout: float = 10.0) -> bool:
     return True
 
 
-def leaving_when_stopped(launch: Callable[[], object]) -> None:
-    """Runs `launch` (torch's elastic launch); stopped by a signal, leaves the rendezvous it joined, then re-raises.
-    The handler is the one torch's launcher creates (recorded as it is made: the launcher keeps it to itself)."""
+class GrowthThrottle:
+    """Wraps a rendezvous handler's view of the nodes waiting to join (what torch's agent reads to decide a
+    growth) and of each round it joins: after a round that came out smaller than the group plus the nodes it
+    restarted for, those nodes read as none for a pause (first_pause, doubling up to longest)."""
+
+    def __init__(self, handler: Any, first_pause: float = 30.0, longest: float = 480.0) -> None:
+        self.first_pause, self.longest = first_pause, longest
+        self.pause, self.until = 0.0, 0.0
+        self.world: int | None = None  # nodes in the last round this agent joined
+        self.expected: int | None = None  # nodes the growth it restarted for would have
+        self._waiting, self._next = handler.num_nodes_waiting, handler.next_rendezvous
+        handler.num_nodes_waiting, handler.next_rendezvous = self.num_nodes_waiting, self.next_rendezvous
+
+    def num_nodes_waiting(self) -> int:
+        waiting = self._waiting()
+        if waiting and time.monotonic() < self.until:
+            return 0
+        if waiting and self.world is not None:
+            self.expected = self.world + waiting
+        return waiting
+
+    def next_rendezvous(self) -> Any:
+        joined = self._next()
+        world = joined.world_size
+        if self.expected is not None and world < self.expected:
+            self.pause = min(self.longest, max(self.first_pause, 2 * self.pause))
+            self.until = time.monotonic() + self.pause
+            print(f"finetune agent: the group re-formed on {world} node(s), not the {self.expected} it stopped for "
+                  f"(a waiting node missed the round); next growth tried in {self.pause:.0f} s", file=sys.stderr,
+                  flush=True)
+        elif self.expected is not None:
+            self.pause = 0.0
+        self.expected, self.world = None, world
+        return joined
+
+
+def run_elastic(launch: Callable[[], object]) -> None:
+    """Runs `launch` (torch's elastic launch) with its rendezvous handler's growths throttled (GrowthThrottle);
+    stopped by a signal, leaves the rendezvous it joined, then re-raises. The handler is the one torch's launcher
+    creates (recorded as it is made: the launcher keeps it to itself)."""
     import torch.distributed.elastic.rendezvous.registry as registry
     from torch.distributed.elastic.multiprocessing import SignalException
 
@@ -125,6 +169,7 @@ def leaving_when_stopped(launch: Callable[[], object]) -> None:
 
     def recorded(params: object) -> object:
         handlers.append(create(params))
+        GrowthThrottle(handlers[-1])
         return handlers[-1]
 
     registry.get_rendezvous_handler = recorded
@@ -157,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = get_args_parser().parse_args(["--start-method=fork", "--module", "finetune_trainer", "--config",
                                            args.config])
     launch_config, _, _ = config_from_args(launch)
-    leaving_when_stopped(lambda: elastic_launch(launch_config, entrypoint=train)(args.config))
+    run_elastic(lambda: elastic_launch(launch_config, entrypoint=train)(args.config))
     return 0
 
 
