@@ -110,9 +110,14 @@ def test_an_elastic_job_restarts_in_place_shrinks_on_a_lost_node_and_grows_back(
 
             # A retryable worker crash: torchrun restarts it on the same pods, the group re-forms on 3 nodes.
             crashed = runner.running("-a1-1-")
+            before = len(records(output / "workers.jsonl"))
             runner.kill_worker(crashed)
             st = wait_status(kubectl, namespace, group(3, restarts=1), 240, chart_operator, runner)
-            assert "killed" in st["workers"]["cause"] and st["nodes"] == "3/3 (min 2)", st["workers"]
+            # The group re-formed after the kill says why (a later one may follow on a loaded machine: an agent that
+            # missed the round joins the next, and the group grows back to 3 for it).
+            since_kill = records(output / "workers.jsonl")[before:]
+            assert any("killed" in (g.get("cause") or "") for g in since_kill), since_kill
+            assert st["nodes"] == "3/3 (min 2)", st
 
             # A node lost mid-epoch: its pod's processes killed at once, the node unschedulable (as when it is gone).
             victim = runner.running("-a1-2-")
@@ -140,11 +145,18 @@ def test_an_elastic_job_restarts_in_place_shrinks_on_a_lost_node_and_grows_back(
             kubectl.run("delete", "node", node_name, "--wait=false", check=False)
 
     assert (st["phase"], st["attempt"], st["restarts"]) == ("Succeeded", 1, 0), st  # never a gang restart
-    assert st["progress"]["step"] == ELASTIC_STEPS and st["restartsInPlace"] == 2, st
+    assert st["progress"]["step"] == ELASTIC_STEPS and st["restartsInPlace"] >= 2, st
 
     groups = records(output / "workers.jsonl")
     nodes = [g["nodes"] for g in groups]  # an elastic start may train on 2 until the third node joins
-    assert nodes[nodes.index(3):] == [3, 3, 2, 3], groups
+    # In order: 3 nodes; re-formed on 3 after the crash; on 2 after the loss; back on 3. On a quiet machine exactly
+    # that ([3, 3, 2, 3]); on a loaded one an agent that misses a round adds a group and a growth.
+    trained = groups[nodes.index(3):]
+    crash = next(i for i, g in enumerate(trained) if "killed" in (g.get("cause") or ""))
+    loss = next(i for i, g in enumerate(trained) if i > crash and g["nodes"] == 2)
+    assert trained[crash]["nodes"] == 3 and trained[-1]["nodes"] == 3 and loss < len(trained) - 1, groups
+    if len(trained) > 4:
+        print(f"\n{len(trained) - 4} group(s) beyond the three recoveries (a missed round): {nodes}")
     # The global batch never changed: the accumulation did, with the world size.
     assert {(g["worldSize"], g["gradientAccumulationSteps"], g["globalBatchSize"]) for g in groups} == {
         (3, 2, 6), (2, 3, 6)}
