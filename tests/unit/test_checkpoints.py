@@ -215,3 +215,57 @@ def test_an_overlapped_copy_holds_the_next_optimizer_step_and_sees_the_weights_b
     one_step()  # removed by the loop's wait(): later steps wait for nothing
     assert hold.stall() == pytest.approx(hold.waited)
     assert not optimizer._optimizer_step_pre_hooks
+
+
+def test_an_overlapped_copy_saves_the_trained_adapter_while_the_next_step_runs_the_reference_one(tiny_model_dir,
+                                                                                                   tmp_path):
+    """DPO, KTO and GRPO continuing an adapter (method.lora.initFrom) keep a frozen "ref" copy of it, and their next
+    step's reference forward runs with it as the active adapter (trl's use_adapter) before the optimizer steps: in
+    the window where the overlapped copy runs. The checkpoint must hold the trained adapter, whichever is active
+    while it is copied."""
+    import threading
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    from trl.trainer.utils import use_adapter
+
+    from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter, save_in_background
+    from finetune_trainer.training.callbacks import CheckpointMarkerCallback
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), config)
+    model.add_adapter("ref", config)  # as trl adds it: a frozen copy of where the adapter started
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ref." in name:
+                p.copy_(dict(model.named_parameters())[name.replace(".ref.", ".default.")])
+            elif ".default." in name:
+                p.add_(1.0)  # the trained adapter has moved away from its reference
+    model.set_adapter("default")
+    trained = {k: v.clone() for k, v in model.state_dict().items() if ".default." in k}
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True,
+                                                          report_to=[]))
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    trainer.state.global_step = 5
+    marked = CheckpointMarkerCallback(tmp_path / "out", None, {}, deferred=True)
+    writer = CheckpointWriter()
+    copying, in_reference = threading.Event(), threading.Event()
+
+    def meanwhile(*_):  # pins the interleaving: the copy thread reads the model while the loop is in the reference
+        if threading.current_thread() is not threading.main_thread():
+            copying.set()
+            in_reference.wait(10)
+
+    hook = model.register_state_dict_pre_hook(meanwhile)
+    save_in_background(trainer, writer, marked, None)
+    assert copying.wait(10)
+    with use_adapter(model, "ref"):  # the next step's reference forward
+        in_reference.set()
+        assert writer.hold.copied.wait(10)
+    hook.remove()
+    writer.wait()
+    saved = load_file(str(tmp_path / "out" / "checkpoint-5" / "adapter_model.safetensors"))
+    wrong = [k for k, v in trained.items() if not torch.equal(saved.get(k.replace(".default", ""), v + 1), v)]
+    assert not wrong, f"the checkpoint's adapter is not the trained one at {wrong[:2]}; it holds {sorted(saved)[:2]}"
