@@ -218,7 +218,8 @@ def test_an_overlapped_copy_holds_the_next_optimizer_step_and_sees_the_weights_b
 
 
 def test_an_overlapped_copy_saves_the_trained_adapter_while_the_next_step_runs_the_reference_one(tiny_model_dir,
-                                                                                                   tmp_path):
+                                                                                                   tmp_path,
+                                                                                                   monkeypatch):
     """DPO, KTO and GRPO continuing an adapter (method.lora.initFrom) keep a frozen "ref" copy of it, and their next
     step's reference forward runs with it as the active adapter (trl's use_adapter) before the optimizer steps: in
     the window where the overlapped copy runs. The checkpoint must hold the trained adapter, whichever is active
@@ -231,6 +232,7 @@ def test_an_overlapped_copy_saves_the_trained_adapter_while_the_next_step_runs_t
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
     from trl.trainer.utils import use_adapter
 
+    from finetune_trainer.outputs import checkpoint_writer
     from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter, save_in_background
     from finetune_trainer.training.callbacks import CheckpointMarkerCallback
 
@@ -254,11 +256,18 @@ def test_an_overlapped_copy_saves_the_trained_adapter_while_the_next_step_runs_t
     copying, in_reference = threading.Event(), threading.Event()
 
     def meanwhile(*_):  # pins the interleaving: the copy thread reads the model while the loop is in the reference
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread() and not copying.is_set():
             copying.set()
             in_reference.wait(10)
 
+    copy = checkpoint_writer.snapshot
+
+    def paused_snapshot(*args, **kwargs):  # the copy thread's first touch of the model, whichever it is
+        meanwhile()
+        return copy(*args, **kwargs)
+
     hook = model.register_state_dict_pre_hook(meanwhile)
+    monkeypatch.setattr(checkpoint_writer, "snapshot", paused_snapshot)
     save_in_background(trainer, writer, marked, None)
     assert copying.wait(10)
     with use_adapter(model, "ref"):  # the next step's reference forward

@@ -57,10 +57,12 @@ def snapshot(value: Any, into: Any = None) -> Any:
     return value
 
 
-def model_snapshot(model: Any, into: Any = None) -> dict[str, Any]:
-    """The weights a checkpoint of `model` saves: for a PEFT model the tensors PEFT itself picks to save (the
-    adapter's, and the embeddings only when it would save them), not the frozen base; every tensor otherwise.
-    save_pretrained picks the same out of them as out of the whole state."""
+def saved_state(model: Any, into: Any = None) -> dict[str, Any]:
+    """The weights a checkpoint of `model` saves, as references (no copy): for a PEFT model the tensors PEFT itself
+    picks to save (the active adapter's, and the embeddings only when it would save them), not the frozen base;
+    every tensor otherwise. save_pretrained picks the same out of them as out of the whole state. Taken in the
+    training loop's thread at the save: the next step may switch the active adapter (TRL's reference forward on a
+    frozen "ref" copy of it) while the copy runs."""
     state = model.state_dict()
     if isinstance(into, dict) and into.keys() <= state.keys():
         state = {k: state[k] for k in into}  # what PEFT picked at the first save: the same all run long
@@ -75,7 +77,7 @@ def model_snapshot(model: Any, into: Any = None) -> dict[str, Any]:
         wrapped = f".modules_to_save.{adapter}."
         state = {k: v for k, v in state.items()
                  if k in saved or k.replace(f".{adapter}", "") in saved or wrapped in k}
-    return snapshot(state, into)
+    return state
 
 
 def lower_priority(niceness: int = 10) -> None:
@@ -109,9 +111,11 @@ class CopyBeforeStep:
         with self._lock:
             self._entered = True
         started = time.monotonic()
-        self.copied.wait()
-        self.waited = time.monotonic() - started
-        self._accounted.set()
+        try:
+            self.copied.wait()
+        finally:  # stall() must never wait for an account that will not come
+            self.waited = time.monotonic() - started
+            self._accounted.set()
 
     def done(self) -> None:
         self.copied.set()
@@ -202,14 +206,18 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
         else:
             trainer.state.stateful_callbacks[name] = state
     trainer_state = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+    buffers = writer.buffers
+    # Which tensors, and the optimizer's groups (learning rates included: an evaluation may step a plateau
+    # scheduler before the next optimizer step), fixed now; their contents copied in the background.
+    weights = saved_state(trainer.model, buffers.get("weights"))
+    optimizer = trainer.optimizer.state_dict()
     writer.hold = hold = CopyBeforeStep(trainer.optimizer)
     in_loop = time.monotonic() - started
     limit, best = trainer.args.save_total_limit, trainer.state.best_model_checkpoint
-    buffers = writer.buffers
 
     def take_copy() -> None:
-        buffers["weights"] = model_snapshot(trainer.model, buffers.get("weights"))
-        buffers["optimizer"] = snapshot(trainer.optimizer.state_dict(), buffers.get("optimizer"))
+        buffers["weights"] = snapshot(weights, buffers.get("weights"))
+        buffers["optimizer"] = snapshot(optimizer, buffers.get("optimizer"))
 
     def write() -> None:
         trainer._save(output_dir, state_dict=buffers["weights"])
