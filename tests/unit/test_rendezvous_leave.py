@@ -115,3 +115,20 @@ def test_a_growth_whose_round_misses_the_waiting_node_is_tried_again_only_after_
     rounds.waiting = 0
     assert rounds.next_rendezvous().world_size == 2  # a shrink (no growth was asked for) sets no pause
     assert throttle.pause == 0 and throttle.until < clock[0]
+
+
+def test_leaving_a_store_that_does_not_answer_gives_up_at_the_timeout():
+    """A store host gone without a reset: one store call blocks for the store's read timeout (minutes), past the
+    pod's grace period; leaving gives up at its own timeout. A real handler whose store call never returns."""
+    from finetune_trainer.agent import leave
+
+    (node,) = handlers(free_port(), 1)
+    released = threading.Event()
+    node._op_executor.run = lambda *_: released.wait(60)  # the store call that does not come back
+    try:
+        started = time.monotonic()
+        assert leave(node, timeout=1) is False
+        assert time.monotonic() - started < 5
+    finally:
+        released.set()
+        node._stop_heartbeats()

@@ -39,6 +39,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -111,12 +112,24 @@ def leave(handler: object, timeout: float = 10.0) -> bool:
 
     if not isinstance(handler, dynamic.DynamicRendezvousHandler):
         return False
-    try:
-        handler._stop_heartbeats()
-        handler._op_executor.run(dynamic._RendezvousExitOp(), time.monotonic() + timeout)
-    except Exception as exc:  # leaving is a courtesy; the keep-alive expiry is the rule
-        print(f"finetune agent: could not leave the rendezvous ({type(exc).__name__}: {exc}); the other nodes see "
-              f"this one gone once its keep-alives expire", file=sys.stderr, flush=True)
+    failed: list[BaseException] = []
+
+    def exit_round() -> None:
+        try:
+            handler._stop_heartbeats()
+            handler._op_executor.run(dynamic._RendezvousExitOp(), time.monotonic() + timeout)
+        except BaseException as exc:  # a second stop signal included
+            failed.append(exc)
+
+    # In a thread joined with the timeout: one store call can block for the store's read timeout (minutes) on a
+    # host that is gone without a reset, past the pod's grace period.
+    leaving = threading.Thread(target=exit_round, name="leave-rendezvous", daemon=True)
+    leaving.start()
+    leaving.join(timeout)
+    if leaving.is_alive() or failed:
+        why = f"{type(failed[0]).__name__}: {failed[0]}" if failed else f"no answer within {timeout:.0f} s"
+        print(f"finetune agent: could not leave the rendezvous ({why}); the other nodes see this one gone once its "
+              f"keep-alives expire", file=sys.stderr, flush=True)
         return False
     return True
 
