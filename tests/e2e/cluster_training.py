@@ -56,6 +56,9 @@ def chart_operator(runtime, control_plane, kubectl, tmp_path_factory):
     op = start_installed_operator(runtime, control_plane, kubectl, workdir, RELEASE, SYSTEM_NS)
     yield op
     op.stop()
+    # The kubelet restarts an operator container that ends: only a step-down (a Lease it could not renew in time,
+    # the apiserver starved on a loaded machine) may have ended one, never a crash or a failed liveness probe.
+    assert not getattr(op, "crashes", list)(), (op.restarts, op.log_tail(60))
     subprocess.run([str(control_plane.bin_dir / "helm"), "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait"],
                    env=kubectl.env, check=False, capture_output=True)
 
@@ -164,11 +167,8 @@ def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, contr
         answered = [p for p in chart_operator.probes if p == 200]
         assert chart_operator.probes[-1:] == [200] and len(answered) >= 0.9 * len(chart_operator.probes), \
             chart_operator.probes
-        # Restarted only where the operator stepped down on purpose: a Lease it could not renew in time (the
-        # apiserver starved on a loaded machine) ends the process, and the kubelet's restart brings it back.
-        step_downs = chart_operator.log_tail(100000).count("leader election: lost the lead")
-        assert chart_operator.restarts.count("exited 1") == len(chart_operator.restarts) <= step_downs, \
-            (chart_operator.restarts, chart_operator.log_tail(40))
+        # Restarted only where the operator stepped down on purpose (checked for every module at the fixture's end).
+        assert not chart_operator.crashes(), chart_operator.restarts
 
 
 @pytest.mark.parametrize("runtime", ["containers"], indirect=True)  # the images, as containers

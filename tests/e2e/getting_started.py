@@ -131,6 +131,7 @@ def test_first_cluster_job_runs_as_written(runtime, control_plane, kubectl, hub_
             # The object storage page's job: its final/ in the bucket.
             assert fs.exists(f"{bucket}/runs/tiny-sft/final/adapter_model.safetensors")
             assert not runner.errors and not provisioner.errors, (runner.errors, provisioner.errors)
+            assert not getattr(operator, "crashes", list)(), operator.restarts  # a step-down at most (containers)
         finally:
             if operator is not None:
                 operator.stop()

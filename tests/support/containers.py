@@ -197,6 +197,9 @@ class ContainerPodRunner(PodRunner):
         return PodmanContainer(name, args, root / "log")
 
 
+STEP_DOWN = "leader election: lost the lead"  # finetune_operator.controller.main.lost(): an exit on purpose
+
+
 class OperatorContainer:
     """The chart's operator Deployment (helm template) as a container, with a kubelet's liveness probe."""
 
@@ -204,8 +207,12 @@ class OperatorContainer:
         self.deployment, self.token, self.cp, self.workdir, self.name = deployment, token, control_plane, workdir, name
         self.probes: list[int | str] = []  # liveness
         self.startup_probes: list[int | str] = []
-        self.restarts: list[str] = []  # why each restart: "liveness", or "exited <code>"
+        # Why each restart: "step-down" (the container's own log says it lost the lead and exited), "liveness", or
+        # "exited <code>" (a crash: never expected).
+        self.restarts: list[str] = []
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # a restart and stop() never interleave (no container left running)
+        self._log_offset = 0
 
     def start(self) -> OperatorContainer:
         pod = self.deployment["spec"]["template"]["spec"]
@@ -223,7 +230,7 @@ class OperatorContainer:
             args += ["--env", f"{item['name']}={value}"]
         args += [container["image"], *container.get("args", [])]
         self.argv = args
-        self.container = PodmanContainer(self.name, args, self.workdir / "operator.log")
+        self.container = self._run()
         self._thread = threading.Thread(target=self._probe_loop, args=(container,), daemon=True)
         self._thread.start()
         return self
@@ -259,7 +266,8 @@ class OperatorContainer:
                 return
             code = self.container.poll()
             if code is not None:
-                self.restarts.append(f"exited {code}")
+                own = self._own_log()
+                self.restarts.append("step-down" if code == 1 and STEP_DOWN in own else f"exited {code}")
                 if self._stop.wait(min(300.0, 10.0 * 2 ** (len(self.restarts) - 1))):
                     return
                 self._restart()
@@ -284,10 +292,26 @@ class OperatorContainer:
                 self._restart()
                 phase, failures, started = ("startup" if startup else "liveness"), 0, time.monotonic()
 
+    def _run(self) -> PodmanContainer:
+        log = self.workdir / "operator.log"
+        self._log_offset = log.stat().st_size if log.exists() else 0
+        return PodmanContainer(self.name, self.argv, log)
+
+    def _own_log(self) -> str:
+        """What the running (or last) container wrote, not its predecessors."""
+        with open(self.workdir / "operator.log", "rb") as log:
+            log.seek(self._log_offset)
+            return log.read().decode(errors="replace")
+
     def _restart(self) -> None:
-        self.container.remove()
-        if not self._stop.is_set():
-            self.container = PodmanContainer(self.name, self.argv, self.workdir / "operator.log")
+        with self._lock:
+            self.container.remove()
+            if not self._stop.is_set():
+                self.container = self._run()
+
+    def crashes(self) -> list[str]:
+        """Restarts a healthy operator never needs: any but a step-down."""
+        return [why for why in self.restarts if why != "step-down"]
 
     def log_tail(self, lines: int = 60) -> str:
         path = self.workdir / "operator.log"
@@ -295,6 +319,8 @@ class OperatorContainer:
 
     def stop(self) -> None:
         self._stop.set()
+        with self._lock:  # a restart under way ends first; none starts after
+            pass
         self._thread.join(timeout=10)
         self.container.stop()
         try:
