@@ -132,3 +132,32 @@ def test_leaving_a_store_that_does_not_answer_gives_up_at_the_timeout():
     finally:
         released.set()
         node._stop_heartbeats()
+
+
+@pytest.mark.parametrize("handler_made", [False, True])
+def test_a_stop_signal_out_of_the_launch_leaves_and_is_raised_again_with_the_registry_restored(handler_made, capsys):
+    """run_elastic: torch's launcher makes its handler through the registry (recorded, its growths throttled); a
+    stop signal out of the launch leaves the rendezvous, if one was made, and propagates; the registry is torch's
+    own again afterwards."""
+    import signal
+
+    import torch.distributed.elastic.rendezvous.registry as registry
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from finetune_trainer.agent import GrowthThrottle, run_elastic
+
+    original, made = registry.get_rendezvous_handler, []
+
+    def launch():
+        if handler_made:
+            (node,) = handlers(free_port(), 1)
+            made.append(node)
+        raise SignalException("stopped", signal.SIGTERM)
+
+    with pytest.raises(SignalException):
+        run_elastic(launch)
+    assert registry.get_rendezvous_handler is original
+    if handler_made:
+        assert isinstance(made[0].num_nodes_waiting.__self__, GrowthThrottle)
+        assert "left the rendezvous" in capsys.readouterr().err
+        made[0]._stop_heartbeats()
