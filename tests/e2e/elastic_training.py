@@ -18,6 +18,7 @@ from finetune_operator.cli.local_run import start_nodes
 from tests.conftest import ROOT
 from tests.e2e.cluster_training import pod_runner, shared_volume, tiny_two_node_job, wait_status
 from tests.support.controlplane import fake_gpu_node
+from tests.support.polling import wait_while_progressing
 
 # Enough steps after the shrink (~step 30) for the replacement pod to start and join before the end: on 2 busy
 # cores its start took ~60 s after the shrink, and 170 steps took ~85 s (with 200 steps the run ended first).
@@ -139,7 +140,10 @@ def test_an_elastic_job_restarts_in_place_shrinks_on_a_lost_node_and_grows_back(
             st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300,
                              chart_operator, runner)
         reference = reference_run(doc, tmp_path)  # after it, not beside it: the recoveries' timings are not shared
-        assert [n.process.wait(timeout=300) for n in reference] == [0]
+        (ref,) = reference
+        wait_while_progressing(lambda: ref.process.poll() is not None, lambda: ref.log_file.stat().st_size,
+                               stall=240, tail=lambda: ref.log_file.read_text(errors="replace")[-3000:])
+        assert ref.process.returncode == 0, ref.log_file.read_text(errors="replace")[-3000:]
     finally:
         for node_name in nodes:
             kubectl.run("delete", "node", node_name, "--wait=false", check=False)
