@@ -276,5 +276,7 @@ def test_an_overlapped_copy_saves_the_trained_adapter_while_the_next_step_runs_t
     hook.remove()
     writer.wait()
     saved = load_file(str(tmp_path / "out" / "checkpoint-5" / "adapter_model.safetensors"))
+    rng = torch.load(tmp_path / "out" / "checkpoint-5" / "rng_state.pth", weights_only=False)  # as the Trainer names it
+    assert {"python", "numpy", "cpu"} <= set(rng) and (tmp_path / "out" / "checkpoint-5" / "FINETUNE_COMPLETE").exists()
     wrong = [k for k, v in trained.items() if not torch.equal(saved.get(k.replace(".default", ""), v + 1), v)]
     assert not wrong, f"the checkpoint's adapter is not the trained one at {wrong[:2]}; it holds {sorted(saved)[:2]}"

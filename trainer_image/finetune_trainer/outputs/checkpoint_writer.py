@@ -178,11 +178,33 @@ class CheckpointWriter:
         self.thread.start()
 
 
+def rng_states(trainer: Any) -> dict[str, Any]:
+    """What the Trainer's _save_rng_state writes, taken in memory (the states themselves are copies): the
+    random, numpy and torch generators, and CUDA's where there is a GPU (every device's when distributed)."""
+    import random
+
+    import numpy as np
+    import torch
+    from transformers.training_args import ParallelMode
+
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        distributed = trainer.args.parallel_mode == ParallelMode.DISTRIBUTED
+        states["cuda"] = torch.cuda.random.get_rng_state_all() if distributed else torch.cuda.random.get_rng_state()
+    return states
+
+
+def rng_file_name(trainer: Any) -> str:
+    """The Trainer's name for this process's RNG file in a checkpoint (what its resume reads)."""
+    return "rng_state.pth" if trainer.args.world_size <= 1 else f"rng_state_{trainer.args.process_index}.pth"
+
+
 def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, trial: Any) -> None:
-    """The Trainer's _save_checkpoint, overlapped: what must see this very step taken here (the RNG states, which
-    every rank writes at once as the Trainer does, the scheduler and trainer states); the weights and optimizer
-    states copied by the writer's thread before the next optimizer step (CopyBeforeStep), then written, marked
-    complete (`marked`: CheckpointMarkerCallback) and rotated. Rank 0 writes the checkpoint."""
+    """The Trainer's _save_checkpoint, overlapped: what must see this very step taken here (the RNG states, the
+    scheduler and trainer states; the other ranks write their RNG files at once, as the Trainer does); the weights
+    and optimizer states copied by the writer's thread before the next optimizer step (CopyBeforeStep), then
+    written with rank 0's RNG file, marked complete (`marked`: CheckpointMarkerCallback) and rotated. Rank 0 writes
+    the checkpoint."""
     import copy
 
     import torch
@@ -195,9 +217,10 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     step = trainer.state.global_step
     output_dir = os.path.join(run_dir, f"checkpoint-{step}")
     trainer.store_flos()
-    trainer._save_rng_state(output_dir)
     if not trainer.args.should_save:
+        trainer._save_rng_state(output_dir)  # the other ranks' own RNG files, at once as the Trainer writes them
         return
+    rng, rng_file = rng_states(trainer), os.path.join(output_dir, rng_file_name(trainer))
     scheduler = copy.deepcopy(trainer.lr_scheduler.state_dict())
     for cb in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
         name, state = type(cb).__name__, cb.state()
@@ -220,6 +243,8 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
         buffers["optimizer"] = snapshot(optimizer, buffers.get("optimizer"))
 
     def write() -> None:
+        os.makedirs(output_dir, exist_ok=True)
+        torch.save(rng, rng_file)
         trainer._save(output_dir, state_dict=buffers["weights"])
         torch.save(buffers["optimizer"], os.path.join(output_dir, OPTIMIZER_NAME))
         torch.save(scheduler, os.path.join(output_dir, SCHEDULER_NAME))
