@@ -30,6 +30,8 @@ def main(path: Path) -> None:
         for first, last, file in spans:
             if last - first >= 20:
                 print(f"  {first:6.0f} {last:6.0f} {last - first:5.0f}  {file}")
+    failed = [r["test"] for r in records if r.get("outcome") == "failed"]
+    print(f"\n{len(failed)} failed" + "".join(f"\n  {test}" for test in failed))
     loads = [r["load"] for r in records]
     print(f"\nload average at test ends: median {sorted(loads)[len(loads) // 2]:.1f}, max {max(loads):.1f}")
 

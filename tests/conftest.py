@@ -57,13 +57,25 @@ TIMELINE = os.environ.get("FINETUNE_TEST_TIMELINE")
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed or report.when == "call":  # a failed setup or teardown counts; a passed one says nothing new
+        item.stash[_OUTCOME] = "failed" if report.failed else report.outcome
+
+
+_OUTCOME = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """Runs where the test runs (a worker), not where xdist's controller hears of it."""
     started = time.time()
     yield
     if TIMELINE:
         record = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid,
-                  "start": round(started, 1), "end": round(time.time(), 1), "load": os.getloadavg()[0]}
+                  "start": round(started, 1), "end": round(time.time(), 1), "load": os.getloadavg()[0],
+                  "outcome": item.stash.get(_OUTCOME, "skipped")}
         with open(TIMELINE, "a") as out:
             out.write(json.dumps(record) + "\n")
 
