@@ -99,8 +99,7 @@ class CopyBeforeStep:
     def __init__(self, optimizer: Any) -> None:
         self.copied = threading.Event()
         self.waited = 0.0  # what the loop's step waited for the copy
-        self._lock = threading.Lock()
-        self._entered = False
+        self._entered = threading.Event()  # the loop's step came while the copy was under way
         self._accounted = threading.Event()
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper steps the torch optimizer
         self._handle = inner.register_step_pre_hook(self._before_step)
@@ -108,8 +107,7 @@ class CopyBeforeStep:
     def _before_step(self, *_: Any) -> None:
         if self._accounted.is_set():
             return
-        with self._lock:
-            self._entered = True
+        self._entered.set()
         started = time.monotonic()
         try:
             self.copied.wait()
@@ -122,9 +120,7 @@ class CopyBeforeStep:
 
     def stall(self) -> float:
         """After done(): what the loop's step waited for the copy (0 where no step came before it was taken)."""
-        with self._lock:
-            entered = self._entered
-        if entered:
+        if self._entered.is_set():
             self._accounted.wait()
         return self.waited
 
