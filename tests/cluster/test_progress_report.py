@@ -2,8 +2,14 @@
 
 import json
 import ssl
+import threading
+import time
 
+import pytest
+
+from finetune_trainer.outputs.remote_output import RemoteOutput
 from finetune_trainer.outputs.status_report import StatusReporter
+from finetune_trainer.training.callbacks import CheckpointMarkerCallback, ProgressCallback
 from tests.builders import make_job
 from tests.support.controlplane import ADMIN_TOKEN
 
@@ -22,3 +28,51 @@ def test_progress_reaches_printer_columns(kubectl, control_plane, namespace):
     assert status["checkpoint"] == {"step": 50, "path": "/output/checkpoint-50"}
     # A status the schema refuses is reported as a failure, never raised into the training loop.
     assert reporter.report({"progress": {"step": -1}}) is False and reporter.failures == 1
+
+
+class SlowFirstReport(StatusReporter):
+    """A real reporter whose first patch is slow on the wire (a busy apiserver, a slow network)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sent = 0
+
+    def report(self, status, force=False):
+        self.sent += 1
+        if self.sent == 1:
+            time.sleep(1.0)
+        return super().report(status, force=force)
+
+
+@pytest.mark.parametrize("completed_by", ["overlapped write", "upload"])
+def test_a_checkpoint_completed_beside_the_loops_report_is_the_one_the_status_keeps(kubectl, control_plane, namespace,
+                                                                                    tmp_path, completed_by):
+    """The loop's on_save reports the checkpoint it knows (step 20) while another thread completes step 30 (the
+    overlapped writer, or the upload to output.uri): the status must end on 30, whichever patch is slower."""
+    name = f"raced-{completed_by.split()[0]}"
+    kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": name, "metadata.namespace": namespace})))
+    context = ssl._create_unverified_context()
+    reporter = SlowFirstReport(control_plane.server, ADMIN_TOKEN, namespace, name, context, min_interval=0)
+    progress = ProgressCallback(tmp_path, reporter)
+    progress.checkpoint = {"step": 20, "path": str(tmp_path / "checkpoint-20")}
+    progress.last_record = {"time": "2026-01-01T00:00:00Z", "step": 30, "maxSteps": 30, "loss": 0.5,
+                            "learningRate": 1e-5, "tokensPerSecond": None, "eta": None}
+    loop = threading.Thread(target=progress._report, args=(progress.last_record,), kwargs={"force": True})
+    loop.start()
+    deadline = time.monotonic() + 30
+    while reporter.sent == 0 and time.monotonic() < deadline:  # the loop's report is on the wire
+        time.sleep(0.01)
+    if completed_by == "overlapped write":
+        (tmp_path / "checkpoint-30").mkdir()
+        (tmp_path / "checkpoint-30" / "model.safetensors").write_bytes(b"w" * 64)
+        (tmp_path / "checkpoint-30" / "trainer_state.json").write_text("{}")
+        CheckpointMarkerCallback(tmp_path, progress, {}, deferred=True).complete(
+            30, tmp_path / "checkpoint-30", stall=0.01, save=0.2)
+    else:  # node 0's upload thread, through RemoteOutput's own report (built without a process group)
+        remote = object.__new__(RemoteOutput)
+        remote.uri, remote.is_main, remote.reporter, remote.progress = "s3://bucket/run", True, reporter, progress
+        remote._report({"uri": remote.uri, "pending": 0, "completeStep": 30})
+    loop.join(timeout=30)
+    assert not loop.is_alive()
+    status = kubectl.json("get", "ftj", name, "-n", namespace)["status"]
+    assert reporter.failures == 0 and status["checkpoint"]["step"] == 30 and status["progress"]["step"] == 30, status

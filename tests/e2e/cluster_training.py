@@ -144,7 +144,7 @@ def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, contr
         st = wait_status(kubectl, namespace, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300,
                          chart_operator, runner)
     assert st["phase"] == "Succeeded", st
-    assert st["progress"]["step"] == 30 and st["progress"]["loss"] > 0 and st["checkpoint"]["step"] == 30
+    assert st["progress"]["step"] == 30 and st["progress"]["loss"] > 0 and st["checkpoint"]["step"] == 30, st
     row = kubectl.run("get", "finetunejobs", "-n", namespace, "--no-headers").stdout.split()
     assert row[0:2] == ["tiny-cpu-sft", "Succeeded"] and float(row[5]) == pytest.approx(st["progress"]["loss"])
     assert (tmp_path / "pvc" / "shared" / "tiny-cpu-sft" / "final" / "adapter_model.safetensors").exists()

@@ -212,9 +212,7 @@ class RemoteOutput:
         if state.get("completeStep") is not None:
             step = state["completeStep"]
             update["checkpoint"] = {"step": step, "path": f"{self.uri}/checkpoint-{step}"}
-        if self.progress is not None:
-            self.progress.upload = state
-            if "checkpoint" in update:
-                self.progress.checkpoint = update["checkpoint"]
-        if self.reporter is not None:
+        if self.progress is not None:  # ordered with the loop's own reports
+            self.progress.report_from_thread(update)
+        elif self.reporter is not None:
             self.reporter.report(update, force=True)

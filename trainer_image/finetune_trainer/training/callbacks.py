@@ -4,6 +4,7 @@ stop. The divergence guard is in divergence.py."""
 import json
 import math
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +58,10 @@ class ProgressCallback(TrainerCallback):
         self.checkpoint: dict[str, Any] | None = None
         self.upload: dict[str, Any] | None = None  # output.uri: how far checkpoint uploads are behind
         self.last_record: dict[str, Any] = {}
+        # Reports come from the loop and from the threads that complete checkpoints (an overlapped write, the
+        # upload): each is built and sent under this lock, so a loop report that read the older checkpoint can
+        # never reach the apiserver after the newer one (the last patch wins).
+        self._reporting = threading.Lock()
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started = self.last_time = time.monotonic()
@@ -116,9 +121,14 @@ class ProgressCallback(TrainerCallback):
         if state.is_world_process_zero and self.checkpoint is not None:
             self._report(self.last_record, force=True)
 
-    def report_checkpoint(self) -> None:
-        """The newest checkpoint, completed after its save (overlapped saves), reported at once."""
-        self._report(self.last_record, force=True)
+    def report_from_thread(self, status: dict[str, Any]) -> None:
+        """A checkpoint completed (or an upload's state) outside the loop, kept for the loop's next reports and
+        sent at once, ordered after any loop report that read the old value."""
+        with self._reporting:
+            self.checkpoint = status.get("checkpoint", self.checkpoint)
+            self.upload = status.get("upload", self.upload)
+            if self.reporter is not None:
+                self.reporter.report(status, force=True)
 
     def attempt_totals(self, state, runtime_seconds: float | None) -> dict[str, Any]:
         """Steps and tokens of this process's training alone: a resumed attempt's rate must not count the tokens
@@ -130,11 +140,12 @@ class ProgressCallback(TrainerCallback):
     def _report(self, record: dict[str, Any], force: bool = False) -> None:
         if self.reporter is None:
             return
-        # phase Training replaces the Preparing heartbeat, and the merge patch's null drops its message.
-        status: dict[str, Any] = {"progress": {**status_progress(record), "message": None}}
-        if self.checkpoint is not None:
-            status["checkpoint"] = self.checkpoint
-        self.reporter.report(status, force=force)
+        with self._reporting:
+            # phase Training replaces the Preparing heartbeat, and the merge patch's null drops its message.
+            status: dict[str, Any] = {"progress": {**status_progress(record), "message": None}}
+            if self.checkpoint is not None:
+                status["checkpoint"] = self.checkpoint
+            self.reporter.report(status, force=force)
 
 
 def _significant(value: float | None, digits: int = 4) -> float | None:
@@ -202,10 +213,13 @@ class CheckpointMarkerCallback(TrainerCallback):
         a save that lost weights is fatal."""
         timings = {k: round(v, 4) for k, v in (("stallSeconds", stall), ("saveSeconds", save)) if v is not None}
         checkpoints.mark_complete(directory, self.producer, timings)
-        if self.progress is not None:
-            self.progress.checkpoint = {"step": step, "path": str(directory), **timings}
-            if self.deferred and self.progress.last_record:  # the loop's own on_save came before it: say it now
-                self.progress.report_checkpoint()
+        if self.progress is None:
+            return
+        checkpoint = {"step": step, "path": str(directory), **timings}
+        if self.deferred:  # the writer's thread, after the loop's own on_save: said now
+            self.progress.report_from_thread({"checkpoint": checkpoint})
+        else:
+            self.progress.checkpoint = checkpoint  # the loop's on_save, next, reports it
 
 
 class LearningRateOnResume(TrainerCallback):
