@@ -50,7 +50,8 @@ def test_a_checkpoint_completed_beside_the_loops_report_is_the_one_the_status_ke
     """The loop's on_save reports the checkpoint it knows (step 20) while another thread completes step 30 (the
     overlapped writer, or the upload to output.uri): the status must end on 30, whichever patch is slower."""
     name = f"raced-{completed_by.split()[0]}"
-    kubectl.run("apply", "-f", "-", input=json.dumps(make_job({"metadata.name": name, "metadata.namespace": namespace})))
+    job = make_job({"metadata.name": name, "metadata.namespace": namespace})
+    kubectl.run("apply", "-f", "-", input=json.dumps(job))
     context = ssl._create_unverified_context()
     reporter = SlowFirstReport(control_plane.server, ADMIN_TOKEN, namespace, name, context, min_interval=0)
     progress = ProgressCallback(tmp_path, reporter)
