@@ -3,6 +3,7 @@ without waiting for its keep-alives to expire. Real rendezvous handlers on a rea
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -115,6 +116,49 @@ def test_a_growth_whose_round_misses_the_waiting_node_is_tried_again_only_after_
     rounds.waiting = 0
     assert rounds.next_rendezvous().world_size == 2  # a shrink (no growth was asked for) sets no pause
     assert throttle.pause == 0 and throttle.until < clock[0]
+
+
+@pytest.mark.parametrize("longer_last_call", [True, False])
+def test_a_waiting_node_slow_to_join_still_makes_the_growth_round(longer_last_call):
+    """Two nodes train, a third waits to join; the two stop to grow. The third's agent is starved of CPU (each of
+    next store sync comes 3 s late, after the usual last call): the growth's round waits for it (3 nodes).
+    The twin with the usual last call shows the miss it prevents (the round closes on 2). Real c10d handlers."""
+    import finetune_trainer.agent as agent
+
+    nodes = handlers(free_port(), 3)
+    try:
+        sizes, _ = rendezvous(nodes[:2])
+        assert sizes == [2, 2]
+        for node in nodes[:2]:  # as run_elastic wraps the handler torch's launcher makes
+            agent.GrowthThrottle(node, growth_last_call=30 if longer_last_call else 1)
+        late = nodes[2]
+        def wait_to_join():
+            with contextlib.suppress(Exception):  # the twin's late node still waits when its store goes away
+                late.next_rendezvous()
+
+        waiting = threading.Thread(target=wait_to_join, daemon=True)
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while min(node.num_nodes_waiting() for node in nodes[:2]) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)  # each handler reads a state it caches for a second
+        assert [node.num_nodes_waiting() for node in nodes[:2]] == [1, 1]
+        sync, starved = late._state_holder.sync, [True]
+
+        def starved_sync():  # the next time the late agent runs, 3 s from now
+            if starved.pop() if starved else False:
+                time.sleep(3)
+            return sync()
+
+        late._state_holder.sync = starved_sync
+        sizes, took = rendezvous(nodes[:2])
+        if longer_last_call:
+            assert sizes == [3, 3] and took < 30, (sizes, took)
+            assert nodes[0]._settings.timeout.last_call.total_seconds() == 1  # the usual one again after it
+        else:
+            assert sizes == [2, 2], sizes
+    finally:
+        for node in nodes:
+            node._stop_heartbeats()
 
 
 def test_leaving_a_store_that_does_not_answer_gives_up_at_the_timeout():

@@ -29,8 +29,10 @@ still takes that long.
 A node waiting to join makes the group stop at a step end and re-form with it (a growth). Should the new round
 complete without it (an agent starved of CPU that missed the round's 3 s last call), it is still waiting, and the
 group would stop and re-form again at once, and again: on a loaded machine a 3-node job re-formed on the same 2
-nodes five times in a row, saving and reloading each time. `GrowthThrottle` waits before trying that growth again
-(30 s, doubling up to 8 minutes) and tries at once again after one that succeeds.
+nodes five times in a row, saving and reloading each time. So a round joined while a node waits gives it a longer
+last call (30 s instead of 3: a round closes as soon as every node is in, so a prompt joiner costs nothing, and a
+shrink's round, with no node waiting, keeps the 3 s), and `GrowthThrottle` waits before trying a growth that missed
+anyway again (30 s, doubling up to 8 minutes) and tries at once again after one that succeeds.
 """
 
 import argparse
@@ -42,6 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from finetune_operator.api import constants as c
@@ -134,13 +137,23 @@ def leave(handler: object, timeout: float = 10.0) -> bool:
     return True
 
 
+# A round joined while a node waits to join closes this long after the fewest nodes are in, unless every node is in
+# before: a waiting agent starved of CPU took longer than the usual last call (launch.RDZV_LAST_CALL_SECONDS).
+GROWTH_LAST_CALL_SECONDS = 30.0
+
+
 class GrowthThrottle:
     """Wraps a rendezvous handler's view of the nodes waiting to join (what torch's agent reads to decide a
-    growth) and of each round it joins: after a round that came out smaller than the group plus the nodes it
+    growth) and each round it joins: a round joined while a node waits gets the longer last call (growth_last_call,
+    where the handler is torch's c10d one); after a round that came out smaller than the group plus the nodes it
     restarted for, those nodes read as none for a pause (first_pause, doubling up to longest)."""
 
-    def __init__(self, handler: Any, first_pause: float = 30.0, longest: float = 480.0) -> None:
+    def __init__(self, handler: Any, first_pause: float = 30.0, longest: float = 480.0,
+                 growth_last_call: float = GROWTH_LAST_CALL_SECONDS) -> None:
         self.first_pause, self.longest = first_pause, longest
+        # torch's own timeouts object, which the handler and its operations read at each join (None: not c10d's)
+        self._timeouts = getattr(getattr(handler, "_settings", None), "timeout", None)
+        self.growth_last_call = timedelta(seconds=growth_last_call)
         self.pause, self.until = 0.0, 0.0
         self.world: int | None = None  # nodes in the last round this agent joined
         self.expected: int | None = None  # nodes the growth it restarted for would have
@@ -156,7 +169,7 @@ class GrowthThrottle:
         return waiting
 
     def next_rendezvous(self) -> Any:
-        joined = self._next()
+        joined = self._join()
         world = joined.world_size
         if self.expected is not None and world < self.expected:
             self.pause = min(self.longest, max(self.first_pause, 2 * self.pause))
@@ -168,6 +181,16 @@ class GrowthThrottle:
             self.pause = 0.0
         self.expected, self.world = None, world
         return joined
+
+    def _join(self) -> Any:
+        usual = getattr(self._timeouts, "_last_call", None)
+        if usual is None or usual >= self.growth_last_call or not self._waiting():  # the store's count, unthrottled
+            return self._next()
+        self._timeouts._last_call = self.growth_last_call
+        try:
+            return self._next()
+        finally:
+            self._timeouts._last_call = usual
 
 
 def run_elastic(launch: Callable[[], object]) -> None:
