@@ -47,8 +47,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
         files[path] = (tier, recorded.get(path, TYPICAL_SECONDS.get(tier, 0)))
+    mark_twins(items)
     rank = {path: i for i, path in enumerate(start_order(files))}
     items.sort(key=lambda item: rank[Path(str(item.fspath)).relative_to(ROOT).as_posix()])
+
+
+def mark_twins(items: list[pytest.Item]) -> None:
+    """A cluster case run with its pods as local processes (runtime "processes") that is also collected with our
+    images as containers, its other parameters the same, is that case's twin: marked `twin`. The suite (hack/test.sh)
+    runs the containers one, the real thing; `-m twin` runs the twins, which need no image rebuilt after an edit."""
+
+    def key(item: pytest.Item, runtime: str) -> tuple | None:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("runtime") != runtime:
+            return None
+        return getattr(item, "originalname", item.name), tuple(sorted(
+            (k, repr(v)) for k, v in params.items() if k != "runtime"))
+
+    in_containers = {key(item, "containers") for item in items} - {None}
+    for item in items:
+        if key(item, "processes") in in_containers:
+            item.add_marker(pytest.mark.twin)
 
 
 # FINETUNE_TEST_TIMELINE=FILE: one JSON line per test (worker, test, start and end, wall clock, and the load average
