@@ -4,11 +4,13 @@ import json
 import ssl
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from finetune_trainer.outputs.remote_output import RemoteOutput
 from finetune_trainer.outputs.status_report import StatusReporter
+from finetune_trainer.outputs.uploads import UploadState
 from finetune_trainer.training.callbacks import CheckpointMarkerCallback, ProgressCallback
 from tests.builders import make_job
 from tests.support.controlplane import ADMIN_TOKEN
@@ -72,8 +74,82 @@ def test_a_checkpoint_completed_beside_the_loops_report_is_the_one_the_status_ke
     else:  # node 0's upload thread, through RemoteOutput's own report (built without a process group)
         remote = object.__new__(RemoteOutput)
         remote.uri, remote.is_main, remote.reporter, remote.progress = "s3://bucket/run", True, reporter, progress
-        remote._report({"uri": remote.uri, "pending": 0, "completeStep": 30})
+        remote._report(lambda: {"uri": remote.uri, "pending": 0, "completeStep": 30})
     loop.join(timeout=30)
     assert not loop.is_alive()
     status = kubectl.json("get", "ftj", name, "-n", namespace)["status"]
     assert reporter.failures == 0 and status["checkpoint"]["step"] == 30 and status["progress"]["step"] == 30, status
+
+
+def a_job(kubectl, control_plane, namespace, name, min_interval=10.0):
+    job = make_job({"metadata.name": name, "metadata.namespace": namespace})
+    kubectl.run("apply", "-f", "-", input=json.dumps(job))
+    context = ssl._create_unverified_context()
+    return StatusReporter(control_plane.server, ADMIN_TOKEN, namespace, name, context, min_interval=min_interval)
+
+
+def log_step(progress, step, max_steps):
+    state = SimpleNamespace(is_world_process_zero=True, global_step=step, max_steps=max_steps, epoch=step / max_steps,
+                            num_input_tokens_seen=100 * step)
+    progress.on_log(SimpleNamespace(world_size=1), state, None, logs={"loss": 1.0 / step, "learning_rate": 1e-5})
+    return state
+
+
+@pytest.mark.parametrize("ends_by", ["overlapped write", "train end"])
+def test_a_run_whose_last_steps_came_within_the_report_interval_ends_on_its_last_step(kubectl, control_plane,
+                                                                                       namespace, tmp_path, ends_by):
+    """Steps faster than the reporter's 10 s interval: only the first one's record is sent as it comes. With the
+    default saveSteps (500) a 30-step run saves only at its end, written by the overlapped writer after the loop's
+    on_save (which knows no checkpoint yet); the writer's report, or the end of training, must leave step 30."""
+    name = f"last-step-{ends_by.split()[0]}"
+    reporter = a_job(kubectl, control_plane, namespace, name)
+    progress = ProgressCallback(tmp_path, reporter)
+    progress.started = progress.last_time = time.monotonic() - 1
+    for step in (1, 10, 20, 30):
+        state = log_step(progress, step, 30)
+    progress.on_save(SimpleNamespace(), state, None)
+    if ends_by == "overlapped write":
+        directory = tmp_path / "checkpoint-30"
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes(b"w" * 64)
+        (directory / "trainer_state.json").write_text("{}")
+        CheckpointMarkerCallback(tmp_path, progress, {}, deferred=True).complete(30, directory, stall=0.01, save=0.2)
+    else:
+        progress.on_train_end(SimpleNamespace(), state, None)
+    status = kubectl.json("get", "ftj", name, "-n", namespace)["status"]
+    assert status["progress"]["step"] == 30 and status["progress"]["percent"] == 100, status
+    assert ends_by != "overlapped write" or status["checkpoint"]["step"] == 30, status
+
+
+def test_status_upload_says_nothing_is_behind_once_the_uploads_caught_up(kubectl, control_plane, namespace, tmp_path):
+    """status.upload.behindSince is there while uploads are behind (`finetune` prints "uploads behind"): a merge
+    patch keeps a key it leaves out, so the report after the store came back nulls it."""
+    progress = ProgressCallback(tmp_path, a_job(kubectl, control_plane, namespace, "caught-up", min_interval=0))
+    behind = UploadState(complete_step=10, pending=[20], behind_since=time.time(), last_error="store down", retries=3)
+    progress.report_from_thread({"upload": behind.as_status("s3://b/run")})
+    upload = kubectl.json("get", "ftj", "caught-up", "-n", namespace)["status"]["upload"]
+    assert upload["behindSince"] and upload["lastError"] == "store down", upload
+    progress.report_from_thread({"upload": UploadState(complete_step=20, pending=[], retries=3).as_status("s3://b/run")})
+    upload = kubectl.json("get", "ftj", "caught-up", "-n", namespace)["status"]["upload"]
+    assert upload["pending"] == 0 and upload["completeStep"] == 20, upload
+    assert "behindSince" not in upload and "lastError" not in upload, upload
+
+
+def test_a_loop_report_the_reporter_would_drop_does_not_wait_for_another_threads_patch(kubectl, control_plane,
+                                                                                       namespace, tmp_path):
+    """A report within the reporter's interval is dropped without a request: it must not wait behind a thread's
+    patch on the wire (up to the reporter's 5 s timeout on a slow apiserver, each time the writer or the uploader
+    reports)."""
+    progress = ProgressCallback(tmp_path, a_job(kubectl, control_plane, namespace, "dropped"))
+    progress.started = progress.last_time = time.monotonic() - 1
+    log_step(progress, 1, 30)  # sent: the next on_log within 10 s is dropped
+    progress._reporting.acquire()  # another thread's patch on the wire
+    try:
+        loop = threading.Thread(target=log_step, args=(progress, 2, 30), daemon=True)
+        loop.start()
+        loop.join(timeout=5)
+        waited = loop.is_alive()
+    finally:
+        progress._reporting.release()
+    loop.join(timeout=10)
+    assert not waited, "the loop's dropped report waited for the lock"

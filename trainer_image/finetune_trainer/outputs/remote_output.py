@@ -204,15 +204,21 @@ class RemoteOutput:
                           f"{behind or 'the uploads'}: the final model is saved in {self.output_dir} but not "
                           f"uploaded to {self.uri}; the next run resumes at the last step and only uploads")
 
-    def _report(self, state: dict[str, Any]) -> None:
-        """Node 0's uploader: status.upload, and status.checkpoint once a checkpoint is complete in the bucket."""
+    def _report(self, state: Callable[[], dict[str, Any]]) -> None:
+        """Node 0's uploader: status.upload (`state`, read as it is sent), and status.checkpoint once a checkpoint
+        is complete in the bucket."""
         if not self.is_main:
             return
-        update: dict[str, Any] = {"upload": state}
-        if state.get("completeStep") is not None:
-            step = state["completeStep"]
-            update["checkpoint"] = {"step": step, "path": f"{self.uri}/checkpoint-{step}"}
+
+        def update() -> dict[str, Any]:
+            upload = state()
+            out: dict[str, Any] = {"upload": upload}
+            if upload.get("completeStep") is not None:
+                step = upload["completeStep"]
+                out["checkpoint"] = {"step": step, "path": f"{self.uri}/checkpoint-{step}"}
+            return out
+
         if self.progress is not None:  # ordered with the loop's own reports
             self.progress.report_from_thread(update)
         elif self.reporter is not None:
-            self.reporter.report(update, force=True)
+            self.reporter.report(update(), force=True)

@@ -54,10 +54,14 @@ class StatusReporter:
     def url(self) -> str:
         return f"{self.server}/apis/{c.API_VERSION}/namespaces/{self.namespace}/{c.PLURAL}/{self.name}/status"
 
+    def due(self, force: bool = False) -> bool:
+        """Whether report() would send now (not refused as stale; forced, or min_interval since the last one)."""
+        return not self.refused_as_stale and (force or time.monotonic() - self._last >= self.min_interval)
+
     def report(self, status: dict[str, Any], force: bool = False) -> bool:
         """Sends the patch unless one was sent within min_interval (force: the final report). True if sent."""
         now = time.monotonic()
-        if self.refused_as_stale or (not force and now - self._last < self.min_interval):
+        if not self.due(force):
             return False
         self._last = now
         reporter = {"reporter": {"uid": self.uid, "attempt": self.attempt}} if self.uid else {}

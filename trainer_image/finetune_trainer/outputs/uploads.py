@@ -82,13 +82,13 @@ class UploadState:
     skipped: list[int] = field(default_factory=list)  # superseded while uploads were behind (checkpoints.keep)
 
     def as_status(self, uri: str) -> dict[str, Any]:
+        """status.upload, sent as a merge patch: a key that no longer applies is null (left out, the status would
+        keep the old one: uploads "behind" for good after a recovery)."""
         out: dict[str, Any] = {"uri": uri, "pending": len(self.pending)}
         if self.complete_step is not None:
             out["completeStep"] = self.complete_step
-        if self.behind_since is not None:
-            out["behindSince"] = _utc(self.behind_since)
-        if self.last_error:
-            out["lastError"] = self.last_error[:500]
+        out["behindSince"] = _utc(self.behind_since) if self.behind_since is not None else None
+        out["lastError"] = self.last_error[:500] if self.last_error else None
         return out
 
 
@@ -96,7 +96,7 @@ class CheckpointUploader:
     """One per node, in the node's first process: snapshots and uploads checkpoints in a background thread."""
 
     def __init__(self, uri: str, output_dir: Path, layout: NodeLayout, keep: int,
-                 report: Callable[[dict[str, Any]], None] | None = None, owner: Any = None):
+                 report: Callable[[Callable[[], dict[str, Any]]], None] | None = None, owner: Any = None):
         self.uri, self.output_dir, self.layout, self.keep = uri.rstrip("/"), output_dir, layout, keep
         self.node, self.nodes = layout.node, layout.nodes
         self.report, self.owner = report, owner  # owner: an OwnerRecord, checked before every upload
@@ -311,8 +311,8 @@ class CheckpointUploader:
             shutil.rmtree(directory, ignore_errors=True)
 
     def _report(self) -> None:
-        if self.report is not None and self.node == 0:
-            self.report(self.state.as_status(self.uri))
+        if self.report is not None and self.node == 0:  # read when sent: a state built earlier may be older
+            self.report(lambda: self.state.as_status(self.uri))
 
 
 class UploadProcessFailed(OSError):

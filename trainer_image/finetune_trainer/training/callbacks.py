@@ -121,14 +121,26 @@ class ProgressCallback(TrainerCallback):
         if state.is_world_process_zero and self.checkpoint is not None:
             self._report(self.last_record, force=True)
 
-    def report_from_thread(self, status: dict[str, Any]) -> None:
+    def on_train_end(self, args, state, control, **kwargs):
+        # The last step's record may have been within the reporter's interval (not sent): a finished run's status
+        # must say its last step.
+        if state.is_world_process_zero and self.last_record:
+            self._report(self.last_record, force=True)
+
+    def report_from_thread(self, status: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
         """A checkpoint completed (or an upload's state) outside the loop, kept for the loop's next reports and
-        sent at once, ordered after any loop report that read the old value."""
+        sent at once with the last progress record, ordered after any loop report that read the old value.
+        `status` may be a function, called under the same lock (a state read then is the newest)."""
         with self._reporting:
+            status = status() if callable(status) else status
+            if not status:
+                return
             self.checkpoint = status.get("checkpoint", self.checkpoint)
             self.upload = status.get("upload", self.upload)
             if self.reporter is not None:
-                self.reporter.report(status, force=True)
+                progress = {"progress": {**status_progress(self.last_record), "message": None}} if (
+                    "checkpoint" in status and self.last_record) else {}
+                self.reporter.report({**progress, **status}, force=True)
 
     def attempt_totals(self, state, runtime_seconds: float | None) -> dict[str, Any]:
         """Steps and tokens of this process's training alone: a resumed attempt's rate must not count the tokens
@@ -138,7 +150,8 @@ class ProgressCallback(TrainerCallback):
         return {"attemptSteps": steps, "attemptTokens": tokens, "tokensPerSecond": rate}
 
     def _report(self, record: dict[str, Any], force: bool = False) -> None:
-        if self.reporter is None:
+        # A report the reporter would drop (within its interval) must not wait for another thread's on the wire.
+        if self.reporter is None or not self.reporter.due(force):
             return
         with self._reporting:
             # phase Training replaces the Preparing heartbeat, and the merge patch's null drops its message.
