@@ -205,3 +205,90 @@ def test_a_stop_signal_out_of_the_launch_leaves_and_is_raised_again_with_the_reg
         assert isinstance(made[0].num_nodes_waiting.__self__, GrowthThrottle)
         assert "left the rendezvous" in capsys.readouterr().err
         made[0]._stop_heartbeats()
+
+
+def join_in_thread(node, sizes: dict, key) -> threading.Thread:
+    def join() -> None:
+        with contextlib.suppress(Exception):  # a node left out waits until its store goes away
+            sizes[key] = node.next_rendezvous().world_size
+
+    thread = threading.Thread(target=join, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_until(check, seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return check()
+
+
+def test_a_growth_round_whose_fewest_nodes_the_joining_node_completes_still_waits_for_a_slow_survivor():
+    """The round's deadline is set by whichever node brings it to min_nodes, with its own last call. Here the
+    joining node is that one, and the second survivor, in the wait list after its exit, is starved for 3 s: the
+    growth's round must still wait for it (3 nodes). Every handler wrapped as run_elastic wraps it."""
+    import finetune_trainer.agent as agent
+
+    nodes = handlers(free_port(), 3)
+    try:
+        for node in nodes:
+            agent.GrowthThrottle(node, growth_last_call=30)
+        sizes: dict = {}
+        for t in [join_in_thread(node, sizes, i) for i, node in enumerate(nodes[:2])]:
+            t.join(timeout=60)
+        assert sizes == {0: 2, 1: 2}
+        join_in_thread(nodes[2], sizes, 2)  # waits to join the group under way
+        assert wait_until(lambda: nodes[1].num_nodes_waiting() == 1)
+        sizes.clear()
+        join_in_thread(nodes[0], sizes, 0)  # survivor 0 stops first: out of the complete round, into the wait list
+        assert wait_until(lambda: nodes[1].num_nodes_waiting() == 2)
+        sync, starved = nodes[0]._state_holder.sync, [True]
+
+        def starved_sync():
+            if starved.pop() if starved else False:
+                time.sleep(3)
+            return sync()
+
+        nodes[0]._state_holder.sync = starved_sync
+        join_in_thread(nodes[1], sizes, 1).join(timeout=60)  # opens the next round; the joiner is its second
+        assert sizes.get(1) == 3, sizes
+    finally:
+        for node in nodes:
+            node._stop_heartbeats()
+
+
+def test_a_waiting_node_that_is_stopped_leaves_the_wait_list_at_once():
+    """A pod waiting to join is deleted (SIGTERM: torch's SignalException out of its join): leave() takes it off
+    the wait list too, or the group would read it as waiting until its keep-alives expire (10 s) and stop to grow
+    for it."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from finetune_trainer.agent import leave
+
+    nodes = handlers(free_port(), 3)
+    try:
+        sizes: dict = {}
+        for t in [join_in_thread(node, sizes, i) for i, node in enumerate(nodes[:2])]:
+            t.join(timeout=60)
+        late = nodes[2]
+        sync, stopped = late._state_holder.sync, threading.Event()
+
+        def sync_until_stopped():  # the agent's SIGTERM arrives while it waits
+            if stopped.is_set():
+                raise SignalException("stopped", signal.SIGTERM)
+            return sync()
+
+        late._state_holder.sync = sync_until_stopped
+        waiting = join_in_thread(late, sizes, 2)
+        assert wait_until(lambda: nodes[0].num_nodes_waiting() == 1)
+        stopped.set()
+        waiting.join(timeout=10)
+        late._state_holder.sync = sync
+        assert leave(late)
+        assert wait_until(lambda: nodes[0].num_nodes_waiting() == 0, seconds=3), "still on the wait list"
+    finally:
+        for node in nodes:
+            node._stop_heartbeats()

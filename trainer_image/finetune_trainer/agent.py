@@ -29,10 +29,13 @@ still takes that long.
 A node waiting to join makes the group stop at a step end and re-form with it (a growth). Should the new round
 complete without it (an agent starved of CPU that missed the round's 3 s last call), it is still waiting, and the
 group would stop and re-form again at once, and again: on a loaded machine a 3-node job re-formed on the same 2
-nodes five times in a row, saving and reloading each time. So a round joined while a node waits gives it a longer
-last call (30 s instead of 3: a round closes as soon as every node is in, so a prompt joiner costs nothing, and a
-shrink's round, with no node waiting, keeps the 3 s), and `GrowthThrottle` waits before trying a growth that missed
-anyway again (30 s, doubling up to 8 minutes) and tries at once again after one that succeeds.
+nodes five times in a row, saving and reloading each time. So every node of a growth (the group's, which see a
+node waiting, and the joining one, which sees a group under way) joins its round with a longer last call: 30 s
+instead of 3. A round closes at once when the job's numNodes are in, so a prompt joiner costs nothing; a round that
+cannot reach numNodes while a node waits (two nodes lost and one back, a joiner stopped before its keep-alives
+expire) waits the 30 s; a shrink with no node waiting keeps the 3 s. `GrowthThrottle` also waits before trying a
+growth that missed anyway again (30 s, doubling up to 8 minutes) and tries at once again after one that succeeds.
+A stopped node that was still waiting to join takes itself off torch's wait list as it leaves.
 """
 
 import argparse
@@ -109,18 +112,25 @@ def train(config: str) -> None:
 
 def leave(handler: object, timeout: float = 10.0) -> bool:
     """Takes this node out of the participants of the rendezvous `handler` joined (torch's own exit operation, the
-    one its agents run before joining a new round) and stops its keep-alives. False where the handler is not torch's
-    dynamic (c10d) one or the store cannot be reached: the others then see it gone once its keep-alives expire."""
+    one its agents run before joining a new round), or off its wait list, and stops its keep-alives. False where
+    the handler is not torch's dynamic (c10d) one or the store cannot be reached: the others then see it gone once
+    its keep-alives expire."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 
     if not isinstance(handler, dynamic.DynamicRendezvousHandler):
         return False
     failed: list[BaseException] = []
 
+    def off_wait_list(ctx: Any, deadline: float) -> Any:  # a node still waiting to join: torch's exit op skips it
+        if ctx.node not in ctx.state.wait_list:
+            return dynamic._Action.FINISH
+        return dynamic._Action.ERROR_TIMEOUT if time.monotonic() > deadline else dynamic._Action.REMOVE_FROM_WAIT_LIST
+
     def exit_round() -> None:
         try:
             handler._stop_heartbeats()
             handler._op_executor.run(dynamic._RendezvousExitOp(), time.monotonic() + timeout)
+            handler._op_executor.run(off_wait_list, time.monotonic() + timeout)
         except BaseException as exc:  # a second stop signal included
             failed.append(exc)
 
@@ -152,7 +162,7 @@ class GrowthThrottle:
                  growth_last_call: float = GROWTH_LAST_CALL_SECONDS) -> None:
         self.first_pause, self.longest = first_pause, longest
         # torch's own timeouts object, which the handler and its operations read at each join (None: not c10d's)
-        self._timeouts = getattr(getattr(handler, "_settings", None), "timeout", None)
+        self._handler, self._timeouts = handler, getattr(getattr(handler, "_settings", None), "timeout", None)
         self.growth_last_call = timedelta(seconds=growth_last_call)
         self.pause, self.until = 0.0, 0.0
         self.world: int | None = None  # nodes in the last round this agent joined
@@ -183,14 +193,27 @@ class GrowthThrottle:
         return joined
 
     def _join(self) -> Any:
+        """The next round; with the longer last call when it is a growth: a node waits to join (the store's count,
+        unthrottled), or this one joins a group under way. Every node of a growth takes it, since the round's
+        deadline is set by whichever of them brings it to the fewest nodes, with its own last call."""
         usual = getattr(self._timeouts, "_last_call", None)
-        if usual is None or usual >= self.growth_last_call or not self._waiting():  # the store's count, unthrottled
+        if usual is None or usual >= self.growth_last_call or not (self._waiting() or self._joins_a_group()):
             return self._next()
         self._timeouts._last_call = self.growth_last_call
         try:
             return self._next()
         finally:
             self._timeouts._last_call = usual
+
+    def _joins_a_group(self) -> bool:
+        """Whether a round is complete without this node (a group trains, which it joins by a growth)."""
+        holder, node = getattr(self._handler, "_state_holder", None), getattr(self._handler, "_this_node", None)
+        if holder is None or node is None:
+            return False
+        with self._handler._heartbeat_lock:  # its keep-alive thread syncs the same state
+            holder.sync()
+            state = holder.state
+            return bool(state.complete) and node not in state.participants
 
 
 def run_elastic(launch: Callable[[], object]) -> None:
