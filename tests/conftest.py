@@ -36,7 +36,12 @@ FAKE_GPU_NODES = 2
 DURATIONS = ROOT / "tests" / "durations.json"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--twins", action="store_true", help="also run the processes twins of the e2e cases that run "
+                     "with our images as containers (deselected otherwise: see mark_twins)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tier markers from the folder, so `-m unit` / `-m cluster` select honestly; the files in start_order (a
     stable sort on a per-file key: each module stays whole, its cases in their order)."""
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
@@ -47,15 +52,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
         files[path] = (tier, recorded.get(path, TYPICAL_SECONDS.get(tier, 0)))
-    mark_twins(items)
+    twins = mark_twins(items)
+    if twins and not config.getoption("twins"):
+        config.hook.pytest_deselected(items=twins)
+        items[:] = [item for item in items if item not in twins]
     rank = {path: i for i, path in enumerate(start_order(files))}
     items.sort(key=lambda item: rank[Path(str(item.fspath)).relative_to(ROOT).as_posix()])
 
 
-def mark_twins(items: list[pytest.Item]) -> None:
-    """A cluster case run with its pods as local processes (runtime "processes") that is also collected with our
-    images as containers, its other parameters the same, is that case's twin: marked `twin`. The suite (hack/test.sh)
-    runs the containers one, the real thing; `-m twin` runs the twins, which need no image rebuilt after an edit."""
+def mark_twins(items: list[pytest.Item]) -> list[pytest.Item]:
+    """An e2e case run with its pods as local processes (runtime "processes") that is also collected with our images
+    as containers, its other parameters the same, is that case's twin: marked `twin` and returned. Only the
+    containers one runs, the real thing; `--twins` runs the twins as well (`--twins -m twin`: the twins alone, which
+    run this checkout's code, no image rebuilt after an edit). Found among the items collected: the twin of a file
+    collected alone runs."""
 
     def key(item: pytest.Item, runtime: str) -> tuple | None:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -65,9 +75,10 @@ def mark_twins(items: list[pytest.Item]) -> None:
             (k, repr(v)) for k, v in params.items() if k != "runtime"))
 
     in_containers = {key(item, "containers") for item in items} - {None}
-    for item in items:
-        if key(item, "processes") in in_containers:
-            item.add_marker(pytest.mark.twin)
+    twins = [item for item in items if key(item, "processes") in in_containers]
+    for item in twins:
+        item.add_marker(pytest.mark.twin)
+    return twins
 
 
 # FINETUNE_TEST_TIMELINE=FILE: one JSON line per test (worker, test, start and end, wall clock, and the load average

@@ -4,8 +4,8 @@ mid-run -> the operator restarts the gang, which resumes the newest complete che
 killed gang had trained past it comes out the same again (the same completions sampled, the same rewards, KL and
 loss), and none is skipped.
 
-Run twice, by test_cluster_grpo_processes.py (trainer pods as local processes) and test_cluster_grpo_containers.py
-(our images as podman containers); each module defines the `runtime` fixture."""
+Collected by test_cluster_grpo_containers.py (our images as podman containers) and test_cluster_grpo_processes.py
+(trainer pods as local processes: the twin, run with --twins); each module defines the `runtime` fixture."""
 
 import json
 import shutil

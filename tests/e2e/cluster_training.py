@@ -1,11 +1,12 @@
 """The whole user flow with real training: helm install -> operator -> kubectl apply -> pods really train
 (run by a test kubelet) -> kubectl get finetunejobs says Succeeded with a loss.
 
-Run twice, by two test modules that take their cases from here (two files, so that pytest-xdist runs the halves
-on two workers): test_cluster_training_containers.py with our images as containers (the chart's operator
-Deployment and the trainer pods from the images hack/build-images.sh builds, tests/support/containers.py), and
-test_cluster_training_processes.py with both as local processes from this checkout (tests/support/pod_runner.py:
-the fast mode, for a machine without podman). Each module defines the `runtime` fixture."""
+Collected by test modules that take their cases from here and define the `runtime` fixture:
+test_cluster_training_containers.py (and _containers_bucket.py, a file of its own so that pytest-xdist runs it on
+another worker) with our images as containers (the chart's operator Deployment and the trainer pods from the images
+hack/build-images.sh builds, tests/support/containers.py), and test_cluster_training_processes.py with both as
+local processes from this checkout (tests/support/pod_runner.py: for a machine without podman). A case collected
+both ways runs in containers; its processes twin runs with --twins (tests/conftest.py, mark_twins)."""
 
 import json
 import random

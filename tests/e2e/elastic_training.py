@@ -4,9 +4,9 @@ training on 2 nodes with their pods kept; the node back, the group grows to 3 ag
 batch, resumes from the newest checkpoint, and the loss curve stays that of an uninterrupted run (one process with
 the same global batch, trained beside it).
 
-Run by test_cluster_training_processes_elastic.py (pods as local processes) and
-test_cluster_training_containers_elastic.py (the images as podman containers), which define the `runtime`
-fixture, as cluster_training.py's cases are."""
+Collected by test_cluster_training_containers_elastic.py (the images as podman containers) and
+test_cluster_training_processes_elastic.py (pods as local processes: the twin, run with --twins), which define the
+`runtime` fixture, as cluster_training.py's cases are."""
 
 import json
 import os

@@ -3,9 +3,9 @@ against the test control plane, each block's output compared with the ```text bl
 (tests/support/doc_commands.py); then the install page's commands for a cluster (INSTALL_SECTIONS) and the object
 storage page, which start where it ends. A page whose commands or output drift from the code fails here.
 
-Run twice, by two modules that take the case from here: test_getting_started_processes.py (the operator and the
-pods as processes from this checkout) and test_getting_started_containers.py (the chart's operator Deployment and
-the trainer pods from our images). What stands in for a real cluster, and nothing else:
+Collected by two modules that take the case from here: test_getting_started_containers.py (the chart's operator
+Deployment and the trainer pods from our images) and test_getting_started_processes.py (the operator and the pods
+as processes from this checkout: the twin, run with --twins). What stands in for a real cluster, and nothing else:
 
 - the placeholders are replaced: `<your registry>` by REGISTRY, and the object storage page's `<your S3 endpoint>`
   and `<your bucket>` by the suite's MinIO (tests/support/minio.py) and a bucket made there;

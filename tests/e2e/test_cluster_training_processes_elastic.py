@@ -1,5 +1,5 @@
-"""An elastic job with pods as local processes (tests/e2e/elastic_training.py holds the case; a file of its own,
-so that it runs on a worker of its own)."""
+"""An elastic job with pods as local processes (tests/e2e/elastic_training.py holds the case): the twin of
+test_cluster_training_containers_elastic.py, run with --twins."""
 
 import pytest
 
