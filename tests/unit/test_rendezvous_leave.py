@@ -14,7 +14,7 @@ from tests.support.controlplane import free_port
 KEEP_ALIVE_SECONDS, MISSED = 1, 10  # the agent's: a silent node is taken for lost after 10 s
 
 
-def handlers(port: int, count: int) -> list:
+def handlers(port: int, count: int, last_call: int = 1) -> list:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -22,10 +22,18 @@ def handlers(port: int, count: int) -> list:
     for i in range(count):
         params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id="leave-test", min_nodes=2,
                                       max_nodes=3, is_host=i == 0, local_addr="127.0.0.1", join_timeout="60",
-                                      last_call_timeout="1", keep_alive_interval=str(KEEP_ALIVE_SECONDS),
+                                      last_call_timeout=str(last_call), keep_alive_interval=str(KEEP_ALIVE_SECONDS),
                                       keep_alive_max_attempt=str(MISSED))
         made.append(get_rendezvous_handler(params))
     return made
+
+
+def stop_all(nodes: list) -> None:
+    """Stops every handler's keep-alives; a join still finishing in its thread may be between creating its timer
+    and starting it (torch then says "cannot join thread before it is started")."""
+    for node in nodes:
+        with contextlib.suppress(RuntimeError):
+            node._stop_heartbeats()
 
 
 def rendezvous(nodes: list) -> tuple[list, float]:
@@ -63,8 +71,7 @@ def test_a_stopped_node_that_leaves_lets_the_survivors_re_form_at_once(leaves):
         else:  # the twin shows what leaving saves: the round waits for the silent node's keep-alives to expire
             assert took >= KEEP_ALIVE_SECONDS * (MISSED - 1), took
     finally:
-        for node in nodes:
-            node._stop_heartbeats()
+        stop_all(nodes)
 
 
 def test_leaving_a_rendezvous_that_is_not_torchs_dynamic_one_says_no():
@@ -157,8 +164,7 @@ def test_a_waiting_node_slow_to_join_still_makes_the_growth_round(longer_last_ca
         else:
             assert sizes == [2, 2], sizes
     finally:
-        for node in nodes:
-            node._stop_heartbeats()
+        stop_all(nodes)
 
 
 def test_leaving_a_store_that_does_not_answer_gives_up_at_the_timeout():
@@ -254,8 +260,7 @@ def test_a_growth_round_whose_fewest_nodes_the_joining_node_completes_still_wait
         join_in_thread(nodes[1], sizes, 1).join(timeout=60)  # opens the next round; the joiner is its second
         assert sizes.get(1) == 3, sizes
     finally:
-        for node in nodes:
-            node._stop_heartbeats()
+        stop_all(nodes)
 
 
 def test_a_waiting_node_that_is_stopped_leaves_the_wait_list_at_once():
@@ -290,5 +295,78 @@ def test_a_waiting_node_that_is_stopped_leaves_the_wait_list_at_once():
         assert leave(late)
         assert wait_until(lambda: nodes[0].num_nodes_waiting() == 0, seconds=3), "still on the wait list"
     finally:
+        stop_all(nodes)
+
+
+def test_a_group_that_re_forms_whole_after_a_worker_failure_sets_no_growth_pause(capsys):
+    """A worker of node 0 fails: its agent restarts in place (exit, then the wait list of the complete round). The
+    other nodes' agents, their workers still healthy, read one node waiting and restart for it; the group re-forms
+    whole (3 nodes, its maximum). The node they read as waiting was one of the group, not a joiner: no growth was
+    missed, so no pause (which would ignore a real joiner for 30 s, doubling) and no "missed the round" line. Real
+    c10d handlers, each wrapped as run_elastic wraps it (a usual last call of 5 s: a loaded machine's round still
+    takes all three, and one of maxNodes closes when they are in)."""
+    import finetune_trainer.agent as agent
+
+    nodes = handlers(free_port(), 3, last_call=5)
+    try:
+        throttles = [agent.GrowthThrottle(node, growth_last_call=30) for node in nodes]
+        sizes: dict = {}
+        for t in [join_in_thread(node, sizes, i) for i, node in enumerate(nodes)]:
+            t.join(timeout=60)
+        assert sizes == {0: 3, 1: 3, 2: 3}
+        sizes.clear()
+        restarted = join_in_thread(nodes[0], sizes, 0)  # node 0's worker failed: torch's agent re-rendezvouses
+        assert wait_until(lambda: all(node.num_nodes_waiting() == 1 for node in nodes[1:]))  # as its monitor reads
+        others = [join_in_thread(node, sizes, i) for i, node in enumerate(nodes) if i]
+        for t in [restarted, *others]:
+            t.join(timeout=60)
+        assert sizes == {0: 3, 1: 3, 2: 3}, sizes
+        assert [t.pause for t in throttles] == [0, 0, 0], [(t.pause, t.world) for t in throttles]
+        assert "missed the round" not in capsys.readouterr().err
+    finally:
+        stop_all(nodes)
+
+
+def test_a_shrink_after_a_silent_loss_keeps_the_usual_last_call():
+    """Node 2 is lost without a word (its keep-alives stop); the survivors' workers fail and their agents restart
+    one after the other. Survivor 0 exits first, into the wait list of the complete round (node 2 is still in it
+    until its keep-alives lapse); survivor 1 then reads a node waiting, though it is no joiner, only its peer. Once
+    node 2 is swept the two rejoin, and the round closes after the last call of whichever brings it to min_nodes:
+    here survivor 1 (it acts late on the reopened round: the order is otherwise chance). A shrink must keep the
+    usual last call (1 s here), not a growth's (10 s here, 30 s in a pod). Real c10d handlers, each wrapped as
+    run_elastic wraps it."""
+    import finetune_trainer.agent as agent
+
+    nodes = handlers(free_port(), 3)
+    try:
         for node in nodes:
-            node._stop_heartbeats()
+            agent.GrowthThrottle(node, growth_last_call=10)
+        sizes: dict = {}
+        for t in [join_in_thread(node, sizes, i) for i, node in enumerate(nodes)]:
+            t.join(timeout=60)
+        assert sizes == {0: 3, 1: 3, 2: 3}
+        nodes[2]._stop_heartbeats()  # lost: silent, still a participant until its keep-alives lapse (10 s)
+        sizes.clear()
+        started = time.monotonic()
+        first = join_in_thread(nodes[0], sizes, 0)
+        assert wait_until(lambda: nodes[1].num_nodes_waiting() == 1)
+        second = join_in_thread(nodes[1], sizes, 1)
+        assert wait_until(lambda: nodes[2].num_nodes_waiting() == 2)  # both survivors wait (read by the lost one)
+        holder, late = nodes[1]._state_holder, [True]
+        sync = holder.sync
+
+        def late_sync():  # survivor 1 adds itself second: it acts 2 s late on the round node 2's sweep reopened
+            synced = sync()
+            if not holder.state.complete and late:
+                late.pop()
+                time.sleep(2)
+            return synced
+
+        holder.sync = late_sync
+        for t in (first, second):
+            t.join(timeout=60)
+        took = time.monotonic() - started
+        assert sizes == {0: 2, 1: 2}, sizes
+        assert took < KEEP_ALIVE_SECONDS * MISSED + 7, took  # the sweep, the late sync, the usual last call
+    finally:
+        stop_all(nodes)

@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from finetune_operator.api import constants as c
@@ -154,9 +155,11 @@ GROWTH_LAST_CALL_SECONDS = 30.0
 
 class GrowthThrottle:
     """Wraps a rendezvous handler's view of the nodes waiting to join (what torch's agent reads to decide a
-    growth) and each round it joins: a round joined while a node waits gets the longer last call (growth_last_call,
-    where the handler is torch's c10d one); after a round that came out smaller than the group plus the nodes it
-    restarted for, those nodes read as none for a pause (first_pause, doubling up to longest)."""
+    growth) and each round it joins. A growth's round (a node not of this group waits to join, or this one joins a
+    group under way) gets the longer last call (growth_last_call, where the handler is torch's c10d one). After a
+    round that came out smaller than the group plus the joiners it restarted for, those read as none for a pause
+    (first_pause, doubling up to longest). torch's wait list also holds the group's own members between rounds (a
+    node whose worker failed, the first survivor of a shrink to rejoin): those are no joiners."""
 
     def __init__(self, handler: Any, first_pause: float = 30.0, longest: float = 480.0,
                  growth_last_call: float = GROWTH_LAST_CALL_SECONDS) -> None:
@@ -166,6 +169,7 @@ class GrowthThrottle:
         self.growth_last_call = timedelta(seconds=growth_last_call)
         self.pause, self.until = 0.0, 0.0
         self.world: int | None = None  # nodes in the last round this agent joined
+        self.members: set[Any] = set()  # and which (torch's node descriptors; c10d only)
         self.expected: int | None = None  # nodes the growth it restarted for would have
         self._waiting, self._next = handler.num_nodes_waiting, handler.next_rendezvous
         handler.num_nodes_waiting, handler.next_rendezvous = self.num_nodes_waiting, self.next_rendezvous
@@ -175,7 +179,9 @@ class GrowthThrottle:
         if waiting and time.monotonic() < self.until:
             return 0
         if waiting and self.world is not None:
-            self.expected = self.world + waiting
+            state = self._state()
+            joiners = waiting if state is None else len(state.wait_list - self.members)
+            self.expected = self.world + joiners if joiners else None
         return waiting
 
     def next_rendezvous(self) -> Any:
@@ -189,15 +195,18 @@ class GrowthThrottle:
                   flush=True)
         elif self.expected is not None:
             self.pause = 0.0
-        self.expected, self.world = None, world
+        state = self._state()
+        self.expected, self.world, self.members = None, world, state.participants if state is not None else set()
         return joined
 
     def _join(self) -> Any:
-        """The next round; with the longer last call when it is a growth: a node waits to join (the store's count,
-        unthrottled), or this one joins a group under way. Every node of a growth takes it, since the round's
-        deadline is set by whichever of them brings it to the fewest nodes, with its own last call."""
+        """The next round; with the longer last call when it is a growth's. Every node of a growth takes it, since
+        the round's deadline is set by whichever of them brings it to the fewest nodes, with its own last call."""
         usual = getattr(self._timeouts, "_last_call", None)
-        if usual is None or usual >= self.growth_last_call or not (self._waiting() or self._joins_a_group()):
+        state = self._state() if usual is not None and usual < self.growth_last_call else None
+        node = getattr(self._handler, "_this_node", None)
+        if state is None or not (state.wait_list - self.members - {node}  # a joiner waits
+                                 or (state.complete and node not in state.participants)):  # this one joins
             return self._next()
         self._timeouts._last_call = self.growth_last_call
         try:
@@ -205,15 +214,17 @@ class GrowthThrottle:
         finally:
             self._timeouts._last_call = usual
 
-    def _joins_a_group(self) -> bool:
-        """Whether a round is complete without this node (a group trains, which it joins by a growth)."""
-        holder, node = getattr(self._handler, "_state_holder", None), getattr(self._handler, "_this_node", None)
-        if holder is None or node is None:
-            return False
-        with self._handler._heartbeat_lock:  # its keep-alive thread syncs the same state
+    def _state(self) -> Any:
+        """torch's rendezvous state as the store has it now: complete, participants, wait list (copies); None for a
+        handler that is not torch's c10d one."""
+        holder, lock = getattr(self._handler, "_state_holder", None), getattr(self._handler, "_heartbeat_lock", None)
+        if holder is None or lock is None:
+            return None
+        with lock:  # its keep-alive thread syncs the same state
             holder.sync()
             state = holder.state
-            return bool(state.complete) and node not in state.participants
+            return SimpleNamespace(complete=bool(state.complete), participants=set(state.participants),
+                                   wait_list=set(state.wait_list))
 
 
 def run_elastic(launch: Callable[[], object]) -> None:
