@@ -52,10 +52,7 @@ def test_a_checkpoint_completed_beside_the_loops_report_is_the_one_the_status_ke
     """The loop's on_save reports the checkpoint it knows (step 20) while another thread completes step 30 (the
     overlapped writer, or the upload to output.uri): the status must end on 30, whichever patch is slower."""
     name = f"raced-{completed_by.split()[0]}"
-    job = make_job({"metadata.name": name, "metadata.namespace": namespace})
-    kubectl.run("apply", "-f", "-", input=json.dumps(job))
-    context = ssl._create_unverified_context()
-    reporter = SlowFirstReport(control_plane.server, ADMIN_TOKEN, namespace, name, context, min_interval=0)
+    reporter = a_job(kubectl, control_plane, namespace, name, min_interval=0, reporter_class=SlowFirstReport)
     progress = ProgressCallback(tmp_path, reporter)
     progress.checkpoint = {"step": 20, "path": str(tmp_path / "checkpoint-20")}
     progress.last_record = {"time": "2026-01-01T00:00:00Z", "step": 30, "maxSteps": 30, "loss": 0.5,
@@ -66,11 +63,7 @@ def test_a_checkpoint_completed_beside_the_loops_report_is_the_one_the_status_ke
     while reporter.sent == 0 and time.monotonic() < deadline:  # the loop's report is on the wire
         time.sleep(0.01)
     if completed_by == "overlapped write":
-        (tmp_path / "checkpoint-30").mkdir()
-        (tmp_path / "checkpoint-30" / "model.safetensors").write_bytes(b"w" * 64)
-        (tmp_path / "checkpoint-30" / "trainer_state.json").write_text("{}")
-        CheckpointMarkerCallback(tmp_path, progress, {}, deferred=True).complete(
-            30, tmp_path / "checkpoint-30", stall=0.01, save=0.2)
+        complete_overlapped(progress, tmp_path, 30)
     else:  # node 0's upload thread, through RemoteOutput's own report (built without a process group)
         remote = object.__new__(RemoteOutput)
         remote.uri, remote.is_main, remote.reporter, remote.progress = "s3://bucket/run", True, reporter, progress
@@ -81,11 +74,21 @@ def test_a_checkpoint_completed_beside_the_loops_report_is_the_one_the_status_ke
     assert reporter.failures == 0 and status["checkpoint"]["step"] == 30 and status["progress"]["step"] == 30, status
 
 
-def a_job(kubectl, control_plane, namespace, name, min_interval=10.0):
+def a_job(kubectl, control_plane, namespace, name, min_interval=10.0, reporter_class=StatusReporter):
+    """A FineTuneJob `name`, and a real reporter to its status."""
     job = make_job({"metadata.name": name, "metadata.namespace": namespace})
     kubectl.run("apply", "-f", "-", input=json.dumps(job))
-    context = ssl._create_unverified_context()
-    return StatusReporter(control_plane.server, ADMIN_TOKEN, namespace, name, context, min_interval=min_interval)
+    context = ssl._create_unverified_context()  # the test apiserver's self-signed certificate
+    return reporter_class(control_plane.server, ADMIN_TOKEN, namespace, name, context, min_interval=min_interval)
+
+
+def complete_overlapped(progress, output_dir, step):
+    """What the overlapped writer's thread does once checkpoint `step` is written: mark it, tell the status."""
+    directory = output_dir / f"checkpoint-{step}"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"w" * 64)
+    (directory / "trainer_state.json").write_text("{}")
+    CheckpointMarkerCallback(output_dir, progress, {}, deferred=True).complete(step, directory, stall=0.01, save=0.2)
 
 
 def log_step(progress, step, max_steps):
@@ -109,11 +112,7 @@ def test_a_run_whose_last_steps_came_within_the_report_interval_ends_on_its_last
         state = log_step(progress, step, 30)
     progress.on_save(SimpleNamespace(), state, None)
     if ends_by == "overlapped write":
-        directory = tmp_path / "checkpoint-30"
-        directory.mkdir()
-        (directory / "model.safetensors").write_bytes(b"w" * 64)
-        (directory / "trainer_state.json").write_text("{}")
-        CheckpointMarkerCallback(tmp_path, progress, {}, deferred=True).complete(30, directory, stall=0.01, save=0.2)
+        complete_overlapped(progress, tmp_path, 30)
     else:
         progress.on_train_end(SimpleNamespace(), state, None)
     status = kubectl.json("get", "ftj", name, "-n", namespace)["status"]
