@@ -4,7 +4,8 @@ written out by hand and the rewards as plain functions of tests/support/grpo_rew
 punishment for the length reward). Both run in fresh processes; with 2 processes TRL's side runs under torchrun.
 
 Run as a script (what run_trl_directly starts): python tests/support/grpo_reference.py WORKDIR MODEL STEPS
-(WORKDIR/job.json holds the job; rank 0 writes WORKDIR/trl.json: the logged steps and train_runtime)."""
+(WORKDIR/job.json holds the job; rank 0 writes WORKDIR/trl.json: the logged steps, each with its wall time, and
+train_runtime)."""
 
 import json
 import os
@@ -104,6 +105,27 @@ def trl_config(spec: dict, output_dir: str, steps: int):
         reward_weights=[r["weight"] for r in g["rewards"]])
 
 
+def step_clock():
+    """A callback timing each optimizer step (start to end, generation included): `seconds[step]`."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.seconds: dict[int, float] = {}
+            self.last = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            self.seconds[state.global_step], self.last = now - self.last, now
+
+    return Clock()
+
+
 def main(work: Path, model_dir: str, steps: int) -> None:
     from datasets import Dataset
     from peft import LoraConfig
@@ -131,11 +153,13 @@ def main(work: Path, model_dir: str, steps: int) -> None:
             assert r.get("pattern") == "e" or r.get("function", "").endswith(":letters"), r
             rewards.append(vowel_e if r["type"] == "regex" else letters)
     data = Dataset.from_list(spec["data"]["train"][0]["inline"])
+    clock = step_clock()
     trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=trl_config(spec, str(work / "trl"), steps),
-                          train_dataset=data, processing_class=tokenizer, peft_config=peft)
+                          train_dataset=data, processing_class=tokenizer, peft_config=peft, callbacks=[clock])
     result = trainer.train()
     if trainer.accelerator.is_main_process:
-        logs = [h for h in trainer.state.log_history if "loss" in h]
+        logs = [{**h, "stepSeconds": clock.seconds.get(h.get("step"))} for h in trainer.state.log_history
+                if "loss" in h]
         (work / "trl.json").write_text(json.dumps({"logs": logs, "runtime": result.metrics["train_runtime"]}))
 
 
