@@ -53,6 +53,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         files[path] = (tier, recorded.get(path, TYPICAL_SECONDS.get(tier, 0)))
     twins = mark_twins(items)
+    if twins and not config.getoption("twins") and "twin" in (config.getoption("markexpr") or "").replace(
+            "not twin", ""):
+        raise pytest.UsageError("-m twin selects the processes twins, which run only with --twins: "
+                                "pytest --twins -m twin")
     if twins and not config.getoption("twins"):
         config.hook.pytest_deselected(items=twins)
         items[:] = [item for item in items if item not in twins]

@@ -370,3 +370,65 @@ def test_a_shrink_after_a_silent_loss_keeps_the_usual_last_call():
         assert took < KEEP_ALIVE_SECONDS * MISSED + 7, took  # the sweep, the late sync, the usual last call
     finally:
         stop_all(nodes)
+
+
+def test_a_node_waiting_in_the_redundancy_list_when_the_job_ends_exits_cleanly(tmp_path):
+    """A node that finds the round full (a replacement pod whose lost predecessor's keep-alives have not expired
+    yet, or one more node than max) waits in torch's redundancy list. When the group ends, its agents close the
+    rendezvous and torch tells the waiting node to exit gracefully; torch's agent then returns no result, and its
+    launcher failed on it with an AttributeError (exit 1: a Failed pod after a Succeeded job)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.distributed import TCPStore
+
+    root = Path(__file__).resolve().parents[2]
+    script = root / "tests" / "support" / "redundant_agent.py"
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # the rendezvous's, as node 0's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), str(root / "operator"), str(root / "trainer_image"), os.environ.get("PYTHONPATH", "")])}
+    logs = {name: (tmp_path / f"{name}.log").open("w+") for name in ("a", "b")}
+    procs = {}
+    try:
+        procs["a"] = subprocess.Popen([sys.executable, str(script), str(port), str(tmp_path), "a"], env=env,
+                                      stdout=logs["a"], stderr=subprocess.STDOUT)
+        wait_for(lambda: (tmp_path / "a.started").exists(), 120, "node a's worker to start", procs, tmp_path)
+        procs["b"] = subprocess.Popen([sys.executable, str(script), str(port), str(tmp_path), "b"], env=env,
+                                      stdout=logs["b"], stderr=subprocess.STDOUT)
+        wait_for(lambda: redundant_nodes(store) == 1, 120, "node b to wait in the redundancy list", procs, tmp_path)
+        (tmp_path / "release").touch()
+        codes = {name: proc.wait(timeout=120) for name, proc in procs.items()}
+        b_log = (tmp_path / "b.log").read_text()
+        assert codes == {"a": 0, "b": 0}, b_log[-3000:]
+        assert not (tmp_path / "b.started").exists()  # b never trained
+        assert "the job ended while this node waited for a place in it" in b_log, b_log[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for f in logs.values():
+            f.close()
+        del store
+
+
+def redundant_nodes(store) -> int:
+    """How many nodes wait in the redundancy list of the rendezvous "redundant", read from its store."""
+    import pickle
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    state = C10dRendezvousBackend(store, "redundant").get_state()
+    return len(pickle.loads(state[0]).redundancy_list) if state else 0
+
+
+def wait_for(condition, seconds: float, what: str, procs: dict, folder) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        ended = {name: proc.poll() for name, proc in procs.items() if proc.poll() is not None}
+        if ended or time.monotonic() > deadline:
+            logs = "".join(p.read_text()[-2000:] for p in sorted(folder.glob("*.log")))
+            raise AssertionError(f"waiting for {what}: ended {ended}\n{logs}")
+        time.sleep(0.1)

@@ -229,9 +229,11 @@ class GrowthThrottle:
 
 def run_elastic(launch: Callable[[], object]) -> None:
     """Runs `launch` (torch's elastic launch) with its rendezvous handler's growths throttled (GrowthThrottle);
-    stopped by a signal, leaves the rendezvous it joined, then re-raises. The handler is the one torch's launcher
+    stopped by a signal, leaves the rendezvous it joined, then re-raises; ended while it waited for a place in a
+    full group, exits cleanly (_ended_while_redundant). The handler is the one torch's launcher
     creates (recorded as it is made: the launcher keeps it to itself)."""
     import torch.distributed.elastic.rendezvous.registry as registry
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.multiprocessing import SignalException
 
     handlers: list[object] = []
@@ -243,6 +245,8 @@ def run_elastic(launch: Callable[[], object]) -> None:
         return handlers[-1]
 
     registry.get_rendezvous_handler = recorded
+    agent_run = SimpleElasticAgent.run
+    SimpleElasticAgent.run = _ended_while_redundant(agent_run)
     try:
         launch()
     except SignalException:
@@ -253,6 +257,26 @@ def run_elastic(launch: Callable[[], object]) -> None:
         raise
     finally:
         registry.get_rendezvous_handler = create
+        SimpleElasticAgent.run = agent_run
+
+
+def _ended_while_redundant(agent_run: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's agent.run, with a result where torch's returns none: a node that found the round full (one more
+    than maxNodes, or a replacement pod whose lost predecessor's keep-alives had not expired) waits in torch's
+    redundancy list; when the group ends, its agents close the rendezvous and torch tells the waiting node to exit
+    gracefully, but its agent returns None and torch's launcher then fails on it (AttributeError: exit 1, a Failed
+    pod after a Succeeded job). This node's work was done by the others: it ends with 0 and says why."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = agent_run(self, *args, **kwargs)
+        if result is None:
+            print("finetune agent: the job ended while this node waited for a place in it (the group was full): "
+                  "it exits without having trained", file=sys.stderr, flush=True)
+            return RunResult(state=WorkerState.SUCCEEDED)
+        return result
+
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
