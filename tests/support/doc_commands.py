@@ -93,6 +93,17 @@ def _line_matches(expected: str, actual: str) -> bool:
     return len(want) == len(got) and all(_word_matches(w, g) for w, g in zip(want, got, strict=True))
 
 
+# Commands that only read what the cluster says: an Event or a status field may lag the condition a page's step
+# waited for (the operator writes the status, then posts its Events), so their output is polled, not read once.
+READS = re.compile(r"^kubectl (get|events|describe)\s[^;&|$`<>()]*$")
+
+
+def only_reads(commands: str) -> bool:
+    """Every line of the block is one kubectl read and nothing else (no second command chained to it)."""
+    lines = [ln.strip() for ln in commands.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return bool(lines) and all(READS.match(ln) for ln in lines)
+
+
 def mismatch(expected: str, actual: str) -> str | None:
     """None when `actual` is what the page shows (the rules above); else what differs."""
     want = [line for line in expected.splitlines() if line.strip()]

@@ -84,3 +84,23 @@ def test_values_that_change_from_run_to_run_match(expected, actual):
 ], ids=["word", "integer", "fraction", "decimal-kind", "age-kind", "extra-line", "missing-line", "after-elision"])
 def test_a_drift_is_a_mismatch(expected, actual):
     assert doc_commands.mismatch(expected, actual) is not None
+
+
+@pytest.mark.parametrize(("commands", "reads"), [
+    ("kubectl events -n team-a --for ftj/tiny-sft", True),
+    ("kubectl get ftj -n team-a", True),
+    ("# what it says\nkubectl describe ftj/tiny-sft -n team-a\n", True),
+    ("kubectl wait ftj/tiny-sft -n team-a --for=jsonpath='{.status.phase}'=Succeeded --timeout=15m\n"
+     "kubectl get ftj -n team-a", False),
+    ("kubectl apply -f job.yaml", False),
+    ("kubectl get ftj -n team-a; kubectl delete ftj tiny-sft -n team-a", False),
+    ("kubectl get ftj -n team-a && kubectl delete ftj tiny-sft -n team-a", False),
+    ("kubectl get ftj -n team-a -o name | xargs kubectl delete", False),
+    ("kubectl get ftj $(kubectl create ns x)", False),
+    ("kubectl get ftj -n team-a > out.txt", False),
+    ("kubectl get ftj tiny-sft -n team-a -o jsonpath='{.status.phase}'", True),
+    ("kubectl getter", False),
+    ("", False),
+])
+def test_only_blocks_of_kubectl_reads_are_read_again(commands, reads):
+    assert doc_commands.only_reads(commands) is reads
