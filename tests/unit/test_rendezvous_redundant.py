@@ -120,3 +120,35 @@ def test_the_launch_ends_with_torchs_own_agent_run_and_registry(ends):
             run_elastic(launch)
     assert seen == [True]
     assert SimpleElasticAgent.run is run and registry.get_rendezvous_handler is create
+
+
+def test_a_group_end_on_a_store_that_does_not_answer_gives_up_at_its_timeouts(monkeypatch, capsys):
+    """A store host gone without a reset: one store call blocks for the store's read timeout (minutes). Recording
+    the end, reading it and waiting for the waiting nodes each give up at their own bound: a node that waited then
+    cannot tell, and fails. A real handler whose store calls never return."""
+    import threading
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from finetune_trainer.group_end import GroupEnd
+
+    monkeypatch.setattr(GroupEnd, "CALL_SECONDS", 0.5)
+    monkeypatch.setattr(GroupEnd, "READ_SECONDS", 0.5)
+    node = get_rendezvous_handler(RendezvousParameters(
+        backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id="silent", min_nodes=1, max_nodes=1, is_host=True,
+        local_addr="127.0.0.1"))
+    released = threading.Event()
+    end = GroupEnd(node)
+    end._store = type("Silent", (), {"add": lambda *_: released.wait(60)})()  # the store call that does not come back
+    try:
+        started = time.monotonic()
+        end.record(failed=False)
+        assert end.succeeded() is None
+        end.after_close(waited=True)
+        end.after_close(waited=False)
+        assert time.monotonic() - started < 5
+        assert "could not record the group's end" in capsys.readouterr().err
+    finally:
+        released.set()
+        node._stop_heartbeats()

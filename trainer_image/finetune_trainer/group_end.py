@@ -8,6 +8,7 @@ the waiting node ends as the group did, 0 or 1, and says that it did not train. 
 which waits (bounded) after the close until each waiting node has read it.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ class GroupEnd:
     for a handler that is not torch's c10d one."""
 
     READ_SECONDS = 10.0  # a waiting node polls the state every second; more on a busy node
+    CALL_SECONDS = 5.0  # one store call
 
     def __init__(self, handler: Any) -> None:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
@@ -40,48 +42,53 @@ class GroupEnd:
         self._succeeded, self._failed, self._read = (prefix + k for k in ("succeeded", "failed", "read"))
 
     def record(self, failed: bool) -> None:
-        if self._store is None:
-            return
-        try:
-            self._store.add(self._failed if failed else self._succeeded, 1)
-        except Exception as exc:  # the store is gone: a waiting node then cannot tell, and fails
-            print(f"finetune agent: could not record the group's end ({type(exc).__name__}: {exc})",
-                  file=sys.stderr, flush=True)
+        if self._store is not None and _bounded(lambda: self._store.add(self._failed if failed else self._succeeded,
+                                                                        1), self.CALL_SECONDS) is None:
+            print("finetune agent: could not record the group's end (the rendezvous's store did not answer): a "
+                  "node waiting for a place in the group then fails", file=sys.stderr, flush=True)
 
     def succeeded(self) -> bool | None:
         """True when the agents that ended it succeeded, False when one failed, None when none said or the store
-        is gone."""
+        did not answer."""
         if self._store is None:
             return None
-        try:
-            succeeded, failed = self._store.add(self._succeeded, 0), self._store.add(self._failed, 0)
-        except Exception:
+        counts = _bounded(lambda: (self._store.add(self._succeeded, 0), self._store.add(self._failed, 0)),
+                          self.CALL_SECONDS)
+        if counts is None:
             return None
-        return False if failed else (True if succeeded else None)
+        return False if counts[1] else (True if counts[0] else None)
 
     def after_close(self, waited: bool) -> None:
         """A node that waited says it has read the end; the others wait (bounded) until each node of torch's
-        redundancy list has: the store lives in node 0's agent, and ends with it. In a thread joined with a
-        timeout: a store call can block for the store's read timeout (minutes) on a host gone without a reset."""
-        if self._store is None:
-            return
-        after = threading.Thread(target=self._after_close, args=(waited,), name="group-end", daemon=True)
-        after.start()
-        after.join(self.READ_SECONDS + 5)
+        redundancy list has: the store lives in node 0's agent, and ends with it."""
+        if self._store is not None:
+            _bounded(lambda: self._after_close(waited), self.READ_SECONDS + self.CALL_SECONDS)
 
     def _after_close(self, waited: bool) -> None:
-        try:
-            if waited:
-                self._store.add(self._read, 1)
-                return
-            with self._handler._heartbeat_lock:
-                self._handler._state_holder.sync()
-                waiting = len(self._handler._state_holder.state.redundancy_list)
-            deadline = time.monotonic() + self.READ_SECONDS
-            while waiting and self._store.add(self._read, 0) < waiting and time.monotonic() < deadline:
-                time.sleep(0.1)
-        except Exception:  # the store is gone: nothing to wait for
+        if waited:
+            self._store.add(self._read, 1)
             return
+        with self._handler._heartbeat_lock:
+            self._handler._state_holder.sync()
+            waiting = len(self._handler._state_holder.state.redundancy_list)
+        deadline = time.monotonic() + self.READ_SECONDS
+        while waiting and self._store.add(self._read, 0) < waiting and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _bounded(call: Callable[[], Any], seconds: float) -> Any:
+    """call()'s value, or None where it raised or took longer than `seconds`: a store call can block for the
+    store's read timeout (minutes) on a host gone without a reset, past the pod's grace period."""
+    out: list[Any] = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the store is gone
+            out.append(call())
+
+    thread = threading.Thread(target=run, name="group-end", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return out[0] if out else None
 
 
 def ended_while_redundant(agent_run: Callable[..., Any], waited: list[bool]) -> Callable[..., Any]:
