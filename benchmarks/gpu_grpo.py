@@ -70,12 +70,16 @@ def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
 
 
 def step_seconds(records: list[dict]) -> list[float | None]:
-    """Each step's wall time from our progress records (loggingSteps 1): the tokens it added over its rate."""
-    out, seen = [], 0
+    """Each step's wall time from our progress records (loggingSteps 1): the tokens it added over its rate, which the
+    progress callback measures from one log to the next. None after a missing record: the tokens would count two
+    steps over one step's rate."""
+    out, seen, last_step = [], 0, 0
     for r in records:
-        rate, tokens = r.get("tokensPerSecond"), r.get("tokensSeen")
-        out.append((tokens - seen) / rate if rate and tokens is not None and tokens > seen else None)
+        rate, tokens, step = r.get("tokensPerSecond"), r.get("tokensSeen"), r.get("step")
+        follows = step == last_step + 1
+        out.append((tokens - seen) / rate if follows and rate and tokens is not None and tokens > seen else None)
         seen = tokens if tokens is not None else seen
+        last_step = step if isinstance(step, int) else last_step
     return out
 
 

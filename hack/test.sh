@@ -42,7 +42,7 @@ workers="${FINETUNE_TEST_WORKERS:-4}"
 parallel=()
 if [[ "$workers" != 0 ]]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
 rc=0
-# An e2e case written for both runtimes runs once, with our images as containers (tests/conftest.py, mark_twins).
+# An e2e case written for both runtimes runs once, with our images as containers (tests/support/twins.py, mark_twins).
 "$venv/bin/python" -m pytest -m "not gpu" "${parallel[@]}" --durations=30 "$@" || rc=$?  # the slowest tests
 tests_seconds=$((SECONDS - s))
 {

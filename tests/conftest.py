@@ -21,6 +21,7 @@ from tests.support.api_reads import ApiReads
 from tests.support.controlplane import ControlPlane, build_binaries, fake_gpu_node
 from tests.support.minio import MinIO, build_components
 from tests.support.ordering import TYPICAL_SECONDS, start_order, tier_of
+from tests.support.twins import asks_for_twins, mark_twins
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "finetunejob.yaml"
@@ -38,7 +39,7 @@ DURATIONS = ROOT / "tests" / "durations.json"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--twins", action="store_true", help="also run the processes twins of the e2e cases that run "
-                     "with our images as containers (deselected otherwise: see mark_twins)")
+                     "with our images as containers (deselected otherwise: tests/support/twins.py)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -53,36 +54,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         files[path] = (tier, recorded.get(path, TYPICAL_SECONDS.get(tier, 0)))
     twins = mark_twins(items)
-    if twins and not config.getoption("twins") and "twin" in (config.getoption("markexpr") or "").replace(
-            "not twin", ""):
-        raise pytest.UsageError("-m twin selects the processes twins, which run only with --twins: "
-                                "pytest --twins -m twin")
+    markexpr = config.getoption("markexpr") or ""
+    if twins and not config.getoption("twins") and asks_for_twins(markexpr):
+        raise pytest.UsageError(f"-m {markexpr!r} selects the processes twins, which run only with --twins: "
+                                f"pytest --twins -m {markexpr!r}")
     if twins and not config.getoption("twins"):
         config.hook.pytest_deselected(items=twins)
         items[:] = [item for item in items if item not in twins]
     rank = {path: i for i, path in enumerate(start_order(files))}
     items.sort(key=lambda item: rank[Path(str(item.fspath)).relative_to(ROOT).as_posix()])
-
-
-def mark_twins(items: list[pytest.Item]) -> list[pytest.Item]:
-    """An e2e case run with its pods as local processes (runtime "processes") that is also collected with our images
-    as containers, its other parameters the same, is that case's twin: marked `twin` and returned. Only the
-    containers one runs, the real thing; `--twins` runs the twins as well (`--twins -m twin`: the twins alone, which
-    run this checkout's code, no image rebuilt after an edit). Found among the items collected: the twin of a file
-    collected alone runs."""
-
-    def key(item: pytest.Item, runtime: str) -> tuple | None:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("runtime") != runtime:
-            return None
-        return getattr(item, "originalname", item.name), tuple(sorted(
-            (k, repr(v)) for k, v in params.items() if k != "runtime"))
-
-    in_containers = {key(item, "containers") for item in items} - {None}
-    twins = [item for item in items if key(item, "processes") in in_containers]
-    for item in twins:
-        item.add_marker(pytest.mark.twin)
-    return twins
 
 
 # FINETUNE_TEST_TIMELINE=FILE: one JSON line per test (worker, test, start and end, wall clock, and the load average

@@ -6,7 +6,7 @@ test_cluster_training_containers.py (and _containers_bucket.py, a file of its ow
 another worker) with our images as containers (the chart's operator Deployment and the trainer pods from the images
 hack/build-images.sh builds, tests/support/containers.py), and test_cluster_training_processes.py with both as
 local processes from this checkout (tests/support/pod_runner.py: for a machine without podman). A case collected
-both ways runs in containers; its processes twin runs with --twins (tests/conftest.py, mark_twins)."""
+both ways runs in containers; its processes twin runs with --twins (tests/support/twins.py, mark_twins)."""
 
 import json
 import random

@@ -106,7 +106,9 @@ def trl_config(spec: dict, output_dir: str, steps: int):
 
 
 def step_clock():
-    """A callback timing each optimizer step (start to end, generation included): `seconds[step]`."""
+    """A callback timing each optimizer step from the end of the one before (the first from the start of training),
+    generation included: `seconds[step]`. Ours (benchmarks/gpu_grpo.py step_seconds) runs from one log to the
+    next: the same step and one log each, a few calls apart."""
     import time
 
     from transformers import TrainerCallback

@@ -37,6 +37,8 @@ cannot reach numNodes while a node waits (two nodes lost and one back, a joiner 
 expire) waits the 30 s; a shrink with no node waiting keeps the 3 s. `GrowthThrottle` also waits before trying a
 growth that missed anyway again (30 s, doubling up to 8 minutes) and tries at once again after one that succeeds.
 A stopped node that was still waiting to join takes itself off torch's wait list as it leaves.
+
+A node that waited for a place in a full group when the group ended exits as the group did (group_end.py).
 """
 
 import argparse
@@ -53,6 +55,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from finetune_operator.api import constants as c
+from finetune_trainer.group_end import GroupEnd, GroupFailedWithout, ended_while_redundant
 
 # Imported by every worker before its first step (finetune_trainer.main and what it imports lazily).
 PRELOAD = ("torch", "torch.distributed", "accelerate", "datasets", "peft", "transformers", "transformers.trainer",
@@ -228,11 +231,11 @@ class GrowthThrottle:
                                    wait_list=set(state.wait_list))
 
 
-def run_elastic(launch: Callable[[], object]) -> None:
+def run_elastic(launch: Callable[[], object]) -> int:
     """Runs `launch` (torch's elastic launch) with its rendezvous handler's growths throttled (GrowthThrottle);
-    stopped by a signal, leaves the rendezvous it joined, then re-raises; ended while it waited for a place in a
-    full group, exits cleanly (_ended_while_redundant). The handler is the one torch's launcher
-    creates (recorded as it is made: the launcher keeps it to itself)."""
+    stopped by a signal, leaves the rendezvous it joined, then re-raises. Each group's end goes to the rendezvous's
+    store for a node that waited for a place in it (group_end.py), which exits as the group did: the exit code. The
+    handler is the one torch's launcher creates (recorded as it is made: the launcher keeps it to itself)."""
     import torch.distributed.elastic.rendezvous.registry as registry
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.multiprocessing import SignalException
@@ -247,37 +250,27 @@ def run_elastic(launch: Callable[[], object]) -> None:
 
     registry.get_rendezvous_handler = recorded
     agent_run = SimpleElasticAgent.run
-    SimpleElasticAgent.run = _ended_while_redundant(agent_run)
+    waited: list[bool] = []
+    SimpleElasticAgent.run = ended_while_redundant(agent_run, waited)
+    stopped = False
     try:
         launch()
+        return 0
     except SignalException:
+        stopped = True
         for handler in handlers:
             if leave(handler):
                 print("finetune agent: stopped; left the rendezvous so the other nodes re-form without waiting for "
                       "this one's keep-alives to expire", file=sys.stderr, flush=True)
         raise
+    except GroupFailedWithout:
+        return 1
     finally:
         registry.get_rendezvous_handler = create
         SimpleElasticAgent.run = agent_run
-
-
-def _ended_while_redundant(agent_run: Callable[..., Any]) -> Callable[..., Any]:
-    """torch's agent.run, with a result where torch's returns none: a node that found the round full (one more
-    than maxNodes, or a replacement pod whose lost predecessor's keep-alives had not expired) waits in torch's
-    redundancy list; when the group ends, its agents close the rendezvous and torch tells the waiting node to exit
-    gracefully, but its agent returns None and torch's launcher then fails on it (AttributeError: exit 1, a Failed
-    pod after a Succeeded job). This node's work was done by the others: it ends with 0 and says why."""
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
-
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = agent_run(self, *args, **kwargs)
-        if result is None:
-            print("finetune agent: the job ended while this node waited for a place in it (the group was full): "
-                  "it exits without having trained", file=sys.stderr, flush=True)
-            return RunResult(state=WorkerState.SUCCEEDED)
-        return result
-
-    return run
+        if not stopped:  # the rendezvous is closed (torch's launcher closes it unless stopped by a signal)
+            for handler in handlers:
+                GroupEnd(handler).after_close(waited=bool(waited))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,8 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = get_args_parser().parse_args(["--start-method=fork", "--module", "finetune_trainer", "--config",
                                            args.config])
     launch_config, _, _ = config_from_args(launch)
-    run_elastic(lambda: elastic_launch(launch_config, entrypoint=train)(args.config))
-    return 0
+    return run_elastic(lambda: elastic_launch(launch_config, entrypoint=train)(args.config))
 
 
 if __name__ == "__main__":

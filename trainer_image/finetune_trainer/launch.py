@@ -282,13 +282,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"finetune launch: {exc}", file=sys.stderr)
             return EXIT_DNS_TIMEOUT
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
+    return supervise(worker_command(args.config, os.environ), worker_required=restarts_in_place(os.environ))
+
+
+def supervise(child: Child, worker_required: bool) -> int:
+    """Runs `child` (torchrun, the agent or the trainer) and exits as the pod: the most telling of its workers'
+    results and its own code (aggregate), written to the termination message."""
     with tempfile.TemporaryDirectory(prefix="finetune-results-") as tmp:
         tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
-        child = worker_command(args.config, os.environ)
         child_code = run_child(child.argv, Path(tmp), tail, child.env)
         results = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("result-*.json"))]
-    code, summary = aggregate(results, child_code, list(tail), child.name,
-                              worker_required=restarts_in_place(os.environ))
+    code, summary = aggregate(results, child_code, list(tail), child.name, worker_required=worker_required)
     unreported_stop = code == exit_codes.INTERRUPTED and not results  # the trainer died of the forwarded SIGTERM
     if STOPS and (code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED) or unreported_stop) \
             and not exit_codes.is_permanent(code):
