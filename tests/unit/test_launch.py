@@ -1,10 +1,16 @@
-"""The pod launcher: waits for node 0's DNS name (bounded), then runs torchrun's agent (or the lone trainer) with an
-argv list."""
+"""The pod launcher: waits for node 0's DNS name (bounded), then execs torchrun with an argv list."""
 
 import pytest
 
 from finetune_operator.api import constants as c
 from finetune_trainer import launch
+
+
+def test_torchrun_argv_is_a_list_with_no_topology_flags():
+    # Topology comes from the PET_* env the operator renders; flags here would override it.
+    argv = launch.torchrun_argv("/etc/finetune/trainer.json")
+    assert argv[1:] == ["-m", "torch.distributed.run", "--module", "finetune_trainer",
+                        "--config", "/etc/finetune/trainer.json"]
 
 
 @pytest.mark.parametrize(("nodes", "processes", "direct"), [
@@ -15,11 +21,7 @@ def test_one_node_of_one_process_runs_the_trainer_without_torchrun(nodes, proces
     child = launch.worker_command("/etc/finetune/trainer.json", env)
     argv, extra = child.argv, child.env
     if not direct:
-        # torchrun's agent with the trainer's libraries imported once and its workers forked (a fixed gang: the
-        # static rendezvous, so no rendezvous variables). Topology comes from the PET_* env the operator renders:
-        # flags here would override it.
-        assert (argv[1:], extra, child.name) == (
-            ["-m", "finetune_trainer.agent", "--config", "/etc/finetune/trainer.json"], {}, "torchrun")
+        assert (argv, extra, child.name) == (launch.torchrun_argv("/etc/finetune/trainer.json"), {}, "torchrun")
         return
     assert child.name == "the trainer"
     assert argv[1:] == ["-u", "-m", "finetune_trainer", "--config", "/etc/finetune/trainer.json"]

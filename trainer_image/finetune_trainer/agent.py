@@ -1,10 +1,9 @@
-"""torchrun's elastic agent for every pod of more than one process or of an attempt that restarts in place, with the
-trainer's libraries imported once per pod instead of once per worker.
+"""torchrun's elastic agent for an attempt that restarts in place, with the trainer's libraries imported once per
+pod instead of once per worker.
 
-With torchrun's `--module` each worker imports torch, transformers, peft, datasets and accelerate again, after the
-agent's own torch import: a pod of N processes paid N + 1 imports before its first step, and a worker group
-re-formed in place (a failed worker, a lost node, a joining one) paid them again, which is most of a recovery
-(seconds on a GPU node, half a minute on a busy CPU). Here the agent imports them first and forks its
+A worker group re-formed in place (a failed worker, a lost node, a joining one) starts new worker processes; with
+torchrun's `--module` each of them imports torch, transformers, peft, datasets and accelerate again, which is most
+of a recovery (seconds on a GPU node, half a minute on a busy CPU). Here the agent imports them first and forks its
 workers (torch elastic's "fork" start method for a function entrypoint), so a new worker starts with them loaded.
 The agent itself is torchrun's (`torch.distributed.run`'s arguments, read from the same PET_* variables), only the
 entrypoint differs: finetune_trainer.main in the forked process, its exit code the worker's.

@@ -5,15 +5,15 @@
 - Exit code: torchrun reports any worker failure as exit 1, which would erase the contract (config error vs data
   error vs retryable). Each worker writes its result to a directory the launcher owns; the launcher exits with the
   most telling code and writes the summary to the container's termination message.
-- torchrun's agent reads PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT from the
-  env the operator rendered, so the argv carries no topology. It runs as agent.py: torchrun's own agent, with the
-  trainer's libraries imported once and its workers forked (a pod of N processes pays one import, not N + 1).
+- torchrun reads PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT from the env the
+  operator rendered, so the argv carries no topology.
 - A job of one node and one process (CPU jobs, one GPU) runs the trainer without torchrun: its agent has nothing
   to coordinate there, and its start-up cost every attempt seconds of CPU. The trainer gets the same variables.
-- An attempt that restarts in place (PET_RDZV_BACKEND=c10d) uses torchrun's c10d rendezvous: node 0's agent hosts
-  it on the master address and port (explicitly: in a test kubelet every pod's address is the same), a failed
-  worker is restarted on its pod up to PET_MAX_RESTARTS times, and the group re-forms with the nodes that are there
-  (PET_NNODES MIN:MAX for an elastic job). A fixed gang keeps the static rendezvous.
+- An attempt that restarts in place (PET_RDZV_BACKEND=c10d) runs torchrun's elastic agent (agent.py: the same
+  agent, with the trainer's libraries imported once and its workers forked): node 0's agent hosts the rendezvous on
+  the master address and port (explicitly: in a test kubelet every pod's address is the same), a failed worker is
+  restarted on its pod up to PET_MAX_RESTARTS times, and the group re-forms with the nodes that are there
+  (PET_NNODES MIN:MAX for an elastic job).
 """
 
 import argparse
@@ -53,6 +53,11 @@ class Child:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     name: str = "torchrun"
+
+
+def torchrun_argv(config: str) -> list[str]:
+    """torchrun --module finetune_trainer --config CONFIG (an argv list, never a shell string)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--module", "finetune_trainer", "--config", config]
 
 
 def single_process(env: Mapping[str, str]) -> bool:
@@ -108,13 +113,12 @@ def rendezvous_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def worker_command(config: str, env: Mapping[str, str]) -> Child:
-    """torchrun's agent (agent.py: the trainer's libraries imported once, its workers forked, so a pod of N
-    processes pays one import, not N + 1; with the c10d rendezvous where the attempt restarts in place), or for a
-    single process the trainer itself with the variables torchrun would have given its one worker (ranks, world,
-    rendezvous address; torch.distributed, accelerate and the Trainer read them). An argv list, never a shell
-    string; the topology comes from the PET_* variables."""
-    if not single_process(env):
+    """torchrun, or for a single process the trainer itself with the variables torchrun would have given its one
+    worker (ranks, world, rendezvous address; torch.distributed, accelerate and the Trainer read them)."""
+    if restarts_in_place(env):  # torchrun's agent, with the trainer's libraries loaded once (agent.py)
         return Child([sys.executable, "-m", "finetune_trainer.agent", "--config", config], rendezvous_env(env))
+    if not single_process(env):
+        return Child(torchrun_argv(config))
     return Child([sys.executable, "-u", "-m", "finetune_trainer", "--config", config], {
         "RANK": "0", c.ENV_LOCAL_RANK: "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default",
