@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -433,15 +434,19 @@ def run_case(name: str, work: Path, smoke: bool, sharing: int = 1) -> dict:
     out = work / f"{name}.json"
     argv = [sys.executable, __file__, "--case", name, "--work", str(work), "--result", str(out)]
     started = time.monotonic()
-    limit = SMOKE_SECONDS if smoke else CASE_SECONDS[name]
+    limit = (SMOKE_SECONDS if smoke else CASE_SECONDS[name]) * (4 if smoke else 2)
+    # A session of its own, killed whole at the limit: a case's `finetune run` and TRL's run are its children, and
+    # left running they would hold the GPU under the next case's figures.
+    proc = subprocess.Popen([*argv, *(["--smoke"] if smoke else [])], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        proc = subprocess.run([*argv, *(["--smoke"] if smoke else [])], capture_output=True, text=True,
-                              timeout=limit * (4 if smoke else 2))
-        tail = (proc.stdout + proc.stderr)[-1500:]
+        output, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        return {"case": name, "status": "failed", "error": f"timed out after {limit * (4 if smoke else 2)} s"}
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"case": name, "status": "failed", "error": f"timed out after {limit} s"}
     result = json.loads(out.read_text()) if out.exists() else {
-        "case": name, "status": "failed", "error": f"exited {proc.returncode}: {tail}"}
+        "case": name, "status": "failed", "error": f"exited {proc.returncode}: {output[-1500:]}"}
     result["seconds"] = round(time.monotonic() - started, 1)
     if sharing > 1:
         result["sharedDevice"] = sharing
