@@ -152,3 +152,23 @@ def test_a_loop_report_the_reporter_would_drop_does_not_wait_for_another_threads
         progress._reporting.release()
     loop.join(timeout=10)
     assert not waited, "the loop's dropped report waited for the lock"
+
+
+@pytest.mark.parametrize("upload_first", [False, True])
+def test_the_resume_report_says_where_the_attempt_resumed_from_even_after_a_newer_upload(
+        kubectl, control_plane, namespace, tmp_path, upload_first):
+    """An attempt resumes from checkpoint 20 while its upload thread catches up and reports checkpoint 30 first:
+    status.checkpoint stays 30, and restoredFrom says 20's copy, not what an earlier attempt restored from."""
+    name = f"restored-{'late' if upload_first else 'first'}"
+    progress = ProgressCallback(tmp_path, a_job(kubectl, control_plane, namespace, name, min_interval=0))
+    progress.report_from_thread({"checkpoint": {"step": 10, "path": "/output/checkpoint-10",
+                                                "restoredFrom": "s3://b/run/checkpoint-10"}})  # attempt 1's
+    newer = {"checkpoint": {"step": 30, "path": "/output/checkpoint-30"}}
+    if upload_first:
+        progress.report_from_thread(newer)
+    progress.report_restored(20, "/output/checkpoint-20", "s3://b/run/checkpoint-20")
+    if not upload_first:
+        progress.report_from_thread(newer)
+    checkpoint = kubectl.json("get", "ftj", name, "-n", namespace)["status"]["checkpoint"]
+    assert checkpoint == {"step": 30, "path": "/output/checkpoint-30", "restoredFrom": "s3://b/run/checkpoint-20"}
+    assert progress.checkpoint["step"] == 30

@@ -231,10 +231,7 @@ def run(config_path: str) -> dict[str, Any]:
         pusher = CheckpointPusher(cfg)
         trainer.add_callback(CheckpointPushCallback(pusher))
     if resume is not None and reporter is not None:  # say what this attempt restored from (kubectl get -o yaml)
-        step = checkpoints.step_of(Path(resume)) or 0
-        restored = {"checkpoint": {"step": step, "path": resume, "restoredFrom": source}}
-        # Unless an upload catching up (remote.catch_up, in its thread) already reported a newer one.
-        progress.report_from_thread(lambda: {} if (progress.checkpoint or {}).get("step", -1) > step else restored)
+        progress.report_restored(checkpoints.step_of(Path(resume)) or 0, resume, source)
     result = trainer.train(resume_from_checkpoint=resume)
     # A run that ended (not one stopped to resume) is judged at its end, however short; with early stopping the
     # final model is the best checkpoint, saved before any spike (none is saved during one), not the last weights.

@@ -142,6 +142,19 @@ class ProgressCallback(TrainerCallback):
                     "checkpoint" in status and self.last_record) else {}
                 self.reporter.report({**progress, **status}, force=True)
 
+    def report_restored(self, step: int, path: str, source: str) -> None:
+        """The checkpoint this attempt resumed from (status.checkpoint.restoredFrom, `source`: its bucket copy with
+        output.uri). An upload catching up in its thread may already have reported a newer checkpoint: that one
+        stays the status's checkpoint, and restoredFrom is still said (else an earlier attempt's would stay: a merge
+        patch keeps what it leaves out)."""
+        def status() -> dict[str, Any]:
+            known = self.checkpoint or {}
+            if known.get("step", -1) > step:
+                return {"checkpoint": {**known, "restoredFrom": source}}
+            return {"checkpoint": {"step": step, "path": path, "restoredFrom": source}}
+
+        self.report_from_thread(status)
+
     def attempt_totals(self, state, runtime_seconds: float | None) -> dict[str, Any]:
         """Steps and tokens of this process's training alone: a resumed attempt's rate must not count the tokens
         of the attempts before it (a run resumed at its last step trained nothing)."""
