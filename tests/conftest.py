@@ -54,11 +54,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         files[path] = (tier, recorded.get(path, TYPICAL_SECONDS.get(tier, 0)))
     twins = mark_twins(items)
-    markexpr = config.getoption("markexpr") or ""
-    if twins and not config.getoption("twins") and asks_for_twins(markexpr):
-        raise pytest.UsageError(f"-m {markexpr!r} selects the processes twins, which run only with --twins: "
-                                f"pytest --twins -m {markexpr!r}")
     if twins and not config.getoption("twins"):
+        markexpr = config.getoption("markexpr") or ""
+        if asks_for_twins(markexpr):
+            raise pytest.UsageError(f"-m {markexpr!r} selects the processes twins, which run only with --twins: "
+                                    f"pytest --twins -m {markexpr!r}")
         config.hook.pytest_deselected(items=twins)
         items[:] = [item for item in items if item not in twins]
     rank = {path: i for i, path in enumerate(start_order(files))}
