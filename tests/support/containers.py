@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
+from finetune_operator.cli.processes import descendants
 from tests.support.controlplane import ROOT
 from tests.support.pod_runner import PodRunner, expand, write_service_account
 from tests.support.polling import wait_until
@@ -116,6 +117,12 @@ class PodmanContainer:
         if found.returncode != 0 or not found.stdout.strip().isdigit():
             raise LookupError(f"no training process in {self.name}: {found.stdout} {found.stderr}")
         return int(found.stdout.strip())
+
+    def pids(self) -> list[int]:
+        """The container's processes, as this machine sees them (rootful podman: they are this machine's)."""
+        found = podman("inspect", "--format", "{{.State.Pid}}", self.name, check=False, timeout=30)
+        pid = int(found.stdout.strip() or 0) if found.returncode == 0 else 0
+        return [pid, *descendants(pid)] if pid > 0 else []
 
 
 # Run inside a trainer container (no procps there): SIGKILL a child of torchrun's agent (a training process).

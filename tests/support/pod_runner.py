@@ -39,6 +39,20 @@ from tests.support.controlplane import ROOT, free_port
 from tests.support.pod_status import terminated
 
 DEFAULT_GRACE_SECONDS = 30.0  # the kubelet's: SIGTERM, then SIGKILL after the pod's terminationGracePeriodSeconds
+# A trainer pod whose log stays this long without a line gets its agent's and workers' threads dumped into it (their
+# faulthandler on SIGUSR1): a pod that stalls on a loaded machine says where, before its test gives up on it.
+SILENT_SECONDS = 90.0
+MOST_DUMPS = 4  # per pod: a pod silent for good is not dumped for ever
+AGENT_ARGV = b"finetune_trainer.agent"  # the agent and the workers it forks: the processes with the handler
+
+
+def pressure() -> str:
+    """The machine's load and CPU pressure at this moment, as a dump's context."""
+    try:
+        cpu = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        cpu = "no PSI"
+    return f"load {os.getloadavg()[0]:.1f}, cpu {cpu}"
 
 
 def expand(value: str, env: dict[str, str]) -> str:
@@ -71,6 +85,9 @@ class LocalProcess:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def pids(self) -> list[int]:
+        return [self.proc.pid, *descendants(self.proc.pid)]
+
 
 def write_service_account(directory: Path, token: str, ca: Path, namespace: str) -> Path:
     """What a kubelet projects at /var/run/secrets/kubernetes.io/serviceaccount: token, CA and namespace,
@@ -94,6 +111,7 @@ class PodRunner:
         self.reported: set[str] = set()
         self.terminating: dict[str, float] = {}
         self.grace: dict[str, float] = {}  # pod name -> its terminationGracePeriodSeconds
+        self.dumps: dict[str, int] = {}  # pod name -> thread dumps asked of it (SILENT_SECONDS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.errors: list[str] = []
@@ -157,6 +175,34 @@ class PodRunner:
             if proc is not None and proc.poll() is not None and name not in self.reported:
                 self._report(pod, proc.poll())
                 self.reported.add(name)
+            elif proc is not None and proc.poll() is None:
+                self._dump_if_silent(name, proc)
+
+    def _dump_if_silent(self, name: str, proc: Any) -> None:
+        log = self.workdir / "pods" / name / "log"
+        try:
+            silent = time.time() - log.stat().st_mtime
+        except OSError:
+            return
+        if silent < SILENT_SECONDS or self.dumps.get(name, 0) >= MOST_DUMPS:
+            return
+        self.dumps[name] = self.dumps.get(name, 0) + 1
+        pids = []
+        for pid in proc.pids():
+            try:
+                if AGENT_ARGV in argv_of(pid):
+                    pids.append(pid)
+            except OSError:
+                continue
+        line = f"test kubelet: {name} silent for {silent:.0f}s ({pressure()}); SIGUSR1 to {pids}\n"
+        sys.stderr.write(line)  # in the test's captured output too
+        with open(log, "a") as out:  # also marks the log written: the next dump comes after another silence
+            out.write(line)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                continue
 
     # --- one container ---------------------------------------------------------------------------------------
     def _local_mounts(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
