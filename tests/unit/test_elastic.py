@@ -188,6 +188,53 @@ def test_each_worker_takes_its_predecessors_result_once(tmp_path):
     assert not (tmp_path / "result-1.json").exists() and (tmp_path / "previous-1.json").exists()
 
 
+@pytest.fixture
+def fresh_worker(monkeypatch):
+    """This process as a new worker: no group trained yet, nothing carried."""
+    monkeypatch.setitem(workers.TRAINED, "yes", False)
+    monkeypatch.setattr(workers, "CARRIED", {})
+    monkeypatch.setitem(workers.REACHED, "step", 20)
+
+
+STOPPED = {"exitCode": 143, "reason": "Interrupted", "message": "stopped by a stop request"}
+
+
+@pytest.mark.parametrize("first", ["failed", "killed"])
+@pytest.mark.parametrize("between", [1, 2])
+def test_groups_that_never_trained_pass_on_what_ended_the_last_one_that_did(tmp_path, monkeypatch, fresh_worker,
+                                                                            first, between):
+    """A crash (a worker's own failure, or a worker killed without a word), then `between` groups stopped before
+    their first step (a re-formed group stopped at once for a node that missed the round): the group that trains
+    next reports the crash, its time and how far the crashed group got, not the stops."""
+    env = {c.ENV_RESULT_DIR: str(tmp_path), c.ENV_LOCAL_RANK: "0", c.ENV_TORCHELASTIC_RESTART_COUNT: "1"}
+    monkeypatch.setenv(c.ENV_TORCHELASTIC_RESTART_COUNT, "1")
+    crash = result(1, "ValueError: bad batch", step=22)
+    if first == "failed":
+        (tmp_path / "result-0.json").write_text(json.dumps(crash))
+    for _ in range(between):  # a worker that reads its predecessor, is stopped before training, leaves its result
+        workers.take_predecessor(env)
+        ended = {**STOPPED, "exitCode": 143}
+        (tmp_path / "result-0.json").write_text(json.dumps({**ended, **workers.result_fields(ended)}))
+    predecessor = workers.take_predecessor(env)
+    found = workers.describe([{"predecessor": predecessor, "restartCount": 1}])
+    if first == "failed":
+        assert predecessor == crash
+        assert found["cause"].startswith("Error (exit 1): ValueError: bad batch") and found["reached"] == 22
+        assert found["failedAt"] == workers.parse_iso(crash["endedAt"])
+    else:
+        assert predecessor is None and found["cause"].startswith("1 worker(s) ended without a word (killed")
+
+
+def test_a_group_that_trained_or_failed_on_its_own_passes_on_its_own_ending(tmp_path, monkeypatch, fresh_worker):
+    env = {c.ENV_RESULT_DIR: str(tmp_path), c.ENV_LOCAL_RANK: "0", c.ENV_TORCHELASTIC_RESTART_COUNT: "1"}
+    (tmp_path / "result-0.json").write_text(json.dumps(result(1, "ValueError: bad batch")))
+    workers.take_predecessor(env)
+    own = result(1, "RuntimeError: CUDA error")  # a failure of its own before training: that is the news
+    assert "before" not in workers.result_fields(own)
+    workers.TRAINED["yes"] = True  # a group that trained: its own stop is what ended it
+    assert "before" not in workers.result_fields(dict(STOPPED))
+
+
 @pytest.mark.parametrize("seconds", [0.0, 0.5, 1795761907.688])
 def test_times_round_trip_to_the_millisecond(seconds):
     assert abs(workers.parse_iso(workers.iso(seconds)) - seconds) < 0.001

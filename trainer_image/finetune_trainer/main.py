@@ -335,7 +335,8 @@ def write_result(code: int, summary: dict[str, Any]) -> None:
     if not directory:
         return
     rank = os.environ.get(c.ENV_LOCAL_RANK, "0")
-    result = {"exitCode": code, **summary, **workers.result_fields()}
+    result = {"exitCode": code, **summary}
+    result.update(workers.result_fields(result))
     Path(directory, f"result-{rank}.json").write_text(json.dumps(result, default=str))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from finetune_operator.api import constants as c
-from finetune_trainer.training.workers import REACHED, WORKERS_FILE, describe, iso, last_progress
+from finetune_trainer.training.workers import REACHED, TRAINED, WORKERS_FILE, describe, iso, last_progress
 
 
 class WorkerGroupReport(TrainerCallback):
@@ -39,6 +39,7 @@ class WorkerGroupReport(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         REACHED["step"] = state.global_step
+        TRAINED["yes"] = True
         if self.reported:
             return
         self.reported = True

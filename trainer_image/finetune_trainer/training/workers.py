@@ -8,6 +8,11 @@ Why the group before ended is in what its workers left: each worker's result fil
 the launcher's result directory of its pod, where the next worker of the same local rank takes it over at start
 (renamed, so a worker killed without a word leaves none, and the next one knows it). Every rank's share is
 gathered to rank 0 once the group trains.
+
+A group can end before it trains: on a loaded machine a crash's recovery formed a group without an agent that
+missed the round, then stopped it at once for that agent to join. Such a group's workers leave, beside their own
+ending, what ended the last group that trained (`before`), and their successors read that instead: the group that
+trains next reports the crash that started the recovery, its time and the steps it cost, not the stop between.
 """
 
 import json
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_operator.api import constants as c
+from finetune_operator.api import exit_codes
 
 # When this process started (as near as the trainer can tell): the recovery timeline's "workers started". A worker
 # forked from the agent (agent.py) imported this long before it existed: its start is its fork.
@@ -38,6 +44,11 @@ def started() -> float:
 WORKERS_FILE = "workers.jsonl"
 # The optimizer step this process reached, for its result file (how far the group got before it ended).
 REACHED: dict[str, int] = {"step": 0}
+# This process's group trained (its first optimizer step done; worker_report.py), and what ended the last group
+# that did, as this worker's predecessor left it: carried on by a worker whose group ends before training.
+TRAINED: dict[str, bool] = {"yes": False}
+CARRIED: dict[str, Any] = {}
+SILENT = {"silent": True}  # carried for a predecessor that ended without a word (killed)
 # Errors that say a peer vanished, not what went wrong: the cause of a group's end is looked for elsewhere first.
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
              "connection refused", "Socket Timeout", "timed out")
@@ -68,15 +79,29 @@ def take_predecessor(env: dict[str, str] | None = None) -> dict[str, Any] | None
     taken = Path(directory, f"previous-{rank}.json")
     try:
         os.replace(path, taken)
-        return json.loads(taken.read_text())
+        result = json.loads(taken.read_text())
     except (OSError, ValueError):
-        return None
+        result = None
+    # A predecessor whose group never trained stands for the one before it (see the module's docstring).
+    ended = result.get("before", result) if isinstance(result, dict) else None
+    ended = None if ended == SILENT else ended
+    restarted = int(env.get(c.ENV_TORCHELASTIC_RESTART_COUNT, "0") or 0) > 0
+    CARRIED.clear()
+    CARRIED.update(ended or (SILENT if restarted else {}))
+    return ended
 
 
-def result_fields() -> dict[str, Any]:
-    """What a worker's result adds for its successor: how far it got and when it ended."""
-    return {"step": REACHED["step"], "endedAt": iso(time.time()),
-            "restartCount": int(os.environ.get(c.ENV_TORCHELASTIC_RESTART_COUNT, "0") or 0)}
+def result_fields(result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a worker's result adds for its successor: how far it got and when it ended; for a worker whose group
+    never trained and that ended by being stopped or losing a peer (not by a failure of its own), what ended the
+    last group that trained (`before`)."""
+    fields: dict[str, Any] = {"step": REACHED["step"], "endedAt": iso(time.time()),
+                              "restartCount": int(os.environ.get(c.ENV_TORCHELASTIC_RESTART_COUNT, "0") or 0)}
+    own = result or {}
+    passed_on = own.get("exitCode") == exit_codes.INTERRUPTED or _peer_lost(own)
+    if CARRIED and not TRAINED["yes"] and passed_on:
+        fields["before"] = dict(CARRIED)
+    return fields
 
 
 def _peer_lost(result: dict[str, Any]) -> bool:
