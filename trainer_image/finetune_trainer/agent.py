@@ -23,8 +23,9 @@ One that nobody joins within the rendezvous's join timeout exits as a failed wor
 A pod that is stopped (deleted, preempted, evicted: SIGTERM) takes its node out of the rendezvous on its way out
 (`run_elastic`). torch leaves a stopped agent in the round it completed (shutting the rendezvous down
 would close it for every node), so the survivors' next round could form only once its keep-alives had expired
-(RDZV_KEEP_ALIVE_SECONDS x RDZV_KEEP_ALIVE_MISSED, 10 s); a node lost without a word (killed, its host gone)
-still takes that long.
+(RDZV_KEEP_ALIVE_SECONDS x RDZV_KEEP_ALIVE_MISSED, 10 s). A node killed outright (its container, an OOM kill) is
+left out as soon as its agent's port refuses a knock (presence.py); only a node whose host or network is gone still
+takes the 10 s.
 
 A node waiting to join makes the group stop at a step end and re-form with it (a growth). Should the new round
 complete without it (an agent starved of CPU that missed the round's 3 s last call), it is still waiting, and the
@@ -55,6 +56,7 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 from finetune_trainer.group_end import GroupEnd, GroupFailedWithout, ended_while_redundant
+from finetune_trainer.presence import Presence
 
 # Imported by every worker before its first step (finetune_trainer.main and what it imports lazily).
 PRELOAD = ("torch", "torch.distributed", "accelerate", "datasets", "peft", "transformers", "transformers.trainer",
@@ -245,6 +247,7 @@ def run_elastic(launch: Callable[[], object]) -> int:
     def recorded(params: object) -> object:
         handlers.append(create(params))
         GrowthThrottle(handlers[-1])
+        Presence(handlers[-1])  # wraps the throttle's join: a killed member is swept while this node joins
         return handlers[-1]
 
     registry.get_rendezvous_handler = recorded

@@ -1,0 +1,128 @@
+"""A member killed outright is left out of the next round at once, a member starved of CPU is not
+(finetune_trainer.presence). Three real nodes on a real c10d rendezvous whose keep-alive window is a minute: a
+re-formed round without the killed one well inside that minute was its presence port's doing, not the window's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.support.controlplane import free_port
+from tests.support.polling import NotWithin, wait_until
+from tests.support.presence_node import KEEP_ALIVE_MISSED, KEEP_ALIVE_SECONDS
+
+ROOT = Path(__file__).resolve().parents[2]
+WINDOW = KEEP_ALIVE_SECONDS * KEEP_ALIVE_MISSED
+
+
+@pytest.mark.parametrize("path", ["open", "rejected"])
+def test_a_killed_member_is_swept_at_once_and_a_stopped_one_is_not(tmp_path, path):
+    """open: c's port reachable; a stopped c is kept, a killed c swept at once. rejected: every knock on c's port
+    is refused (a firewall that rejects it), so the refusal proves nothing and a stopped c is kept all the same."""
+    from finetune_trainer.presence import knock
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), str(ROOT / "operator"), str(ROOT / "trainer_image"), os.environ.get("PYTHONPATH", "")])}
+    nodes: dict[str, subprocess.Popen] = {}
+    logs = {name: (tmp_path / f"{name}.log").open("w+") for name in "abc"}
+
+    def log() -> str:
+        return "".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+
+    def rounds(n: int) -> dict[str, dict]:
+        return {name: json.loads(f.read_text()) for name in "abc" if (f := tmp_path / f"{name}.round-{n}.json").exists()}
+
+    def within(what: str, predicate, timeout: float) -> None:
+        try:
+            wait_until(what, predicate, timeout=timeout, every=0.2)
+        except NotWithin as exc:
+            raise AssertionError(f"{exc}\n{log()}") from None
+
+    def sweeps(name: str) -> int:
+        text = (tmp_path / f"{name}.sweeps").read_text() if (tmp_path / f"{name}.sweeps").exists() else ""
+        return int(text) if text.isdigit() else 0
+
+    try:
+        for name in "abc":
+            nodes[name] = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "presence_node.py"),
+                                            str(port), str(tmp_path), name,
+                                            *(["--rejected"] if path == "rejected" and name == "c" else [])],
+                                           env=env, stdout=logs[name],
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        within("three nodes in round 1", lambda: len(rounds(1)) == 3, timeout=180)
+        assert {r["world"] for r in rounds(1).values()} == {3}
+
+        # Starved: c's process stopped. Its port still answers (the kernel), so a and b, joining the next round,
+        # knock on it and leave it in: they wait for it (or for its keep-alives, a minute).
+        c_port = int(store(port).get("finetune.presence.presence." + member(port, nodes["c"].pid)))
+        os.kill(nodes["c"].pid, signal.SIGSTOP)
+        before = {name: sweeps(name) for name in "ab"}
+        (tmp_path / "again").touch()
+        within("a and b knocking on the stopped c", lambda: all(sweeps(n) >= before[n] + 6 for n in "ab"),
+               timeout=120)
+        assert knock("127.0.0.1", c_port) is (path == "open")
+        assert rounds(2) == {}, log()
+        assert member(port, nodes["c"].pid) in participants(port), log()
+        if path == "rejected":
+            return
+
+        # Killed: its port refuses, and the next sweep leaves it out; a and b form round 2 on two nodes.
+        killed = time.monotonic()
+        os.kill(nodes["c"].pid, signal.SIGKILL)
+        within("a and b in round 2 without c", lambda: len(rounds(2)) == 2, timeout=WINDOW - 15)
+        assert time.monotonic() - killed < WINDOW - 15
+        assert {r["world"] for r in rounds(2).values()} == {2} and {r["rank"] for r in rounds(2).values()} == {0, 1}
+        assert "gone (its agent's port refused a connection)" in log()
+        assert knock("127.0.0.1", c_port) is False
+    finally:
+        for node in nodes.values():
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait(timeout=30)
+        for f in logs.values():
+            f.close()
+
+
+def test_a_knock_tells_refused_from_unanswered():
+    from finetune_trainer.presence import knock
+
+    port = free_port()  # nothing listens there now
+    assert knock("127.0.0.1", port) is False
+    assert knock("no-such-node.invalid", port) is None  # a name that does not resolve proves nothing
+
+
+def store(port: int):
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
+
+
+def _state(port: int):
+    import pickle
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    state = C10dRendezvousBackend(store(port), "presence").get_state()
+    return pickle.loads(state[0])
+
+
+def participants(port: int) -> set[str]:
+    return {repr(node) for node in _state(port).participants}
+
+
+def member(port: int, pid: int) -> str:
+    """The node descriptor (repr) of the member that process `pid` is."""
+    state = _state(port)
+    found = [repr(node) for node in [*state.participants, *state.wait_list] if node.pid == pid]
+    if not found:
+        raise LookupError(f"no member is process {pid}: {state.participants}")
+    return found[0]

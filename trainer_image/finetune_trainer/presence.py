@@ -1,0 +1,164 @@
+"""A node's presence, so that the survivors of a node killed outright re-form without it at once
+(finetune_trainer.agent.run_elastic).
+
+torch's c10d rendezvous leaves a member out of the next round only once its keep-alives lapse (keep_alive_interval x
+keep_alive_max_attempt: 10 s here, since a shorter window swept live agents starved of CPU). A node that leaves with a
+word (its pod deleted or evicted) leaves the rendezvous on its way out; a node killed outright (its container or its
+processes, an OOM kill) says nothing, and the survivors waited out its 10 s.
+
+A killed agent can be told from a starved one at once: each agent listens on a TCP port of its own (published in the
+rendezvous's store). The kernel answers a connection to it whether or not the agent gets the CPU, and refuses it once
+the agent's process is gone. While an agent joins a round, it knocks on the port of each member whose keep-alive is
+late; a refused knock marks that member's keep-alive lapsed in the rendezvous's state, and torch's own sweep leaves it
+out at the next read. A knock that gets no answer (a node whose network is gone, a policy that drops it) proves
+nothing: that node's keep-alives lapse as before. Nor does a refusal from a member whose port never answered this
+agent (a firewall that rejects the port refuses for a live node too): each member is knocked once as a round forms.
+"""
+
+import concurrent.futures
+import contextlib
+import errno
+import socket
+import sys
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+KNOCK_SECONDS = 1.0  # one connection attempt; a refusal comes back at once
+EVERY_SECONDS = 0.5  # between sweeps while this agent joins a round
+LAPSED = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a keep-alive older than any window: torch sweeps the node
+MOST_KNOCKS = 32  # at once; a round of hundreds of nodes is knocked in batches
+
+
+def knock(address: str, port: int, timeout: float = KNOCK_SECONDS) -> bool | None:
+    """False when the port refuses a connection (nothing listens there: the agent is gone), True when it accepts,
+    None when nothing is known (no answer in time, no route, a name that does not resolve)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError as exc:
+        return False if exc.errno == errno.ECONNREFUSED else None
+
+
+class Presence:
+    """This agent's listening port, published under its node's name, and the sweep of gone members while it joins
+    a round (wrapping the handler's next_rendezvous). Nothing for a handler that is not torch's c10d one."""
+
+    def __init__(self, handler: Any) -> None:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+            DynamicRendezvousHandler,
+            _BackendRendezvousStateHolder,
+        )
+
+        self._handler = handler
+        self.sweeps = 0  # sweeps made (each knocks the late members)
+        self.answered: set[str] = set()  # members whose port accepted a knock from this agent (only these are swept)
+        self._lock = threading.Lock()  # the sweeps and the knocks after a round share one state holder
+        if not isinstance(handler, DynamicRendezvousHandler):
+            return
+        self._node = handler._this_node
+        self._prefix = f"finetune.{handler.get_run_id()}.presence."
+        self._window = handler._settings.keep_alive_interval
+        # A state holder of its own: torch's is not thread-safe, and the join runs in the agent's main thread.
+        self._holder = _BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings,
+                                                     cache_duration=0)
+        try:
+            self._server = self._listen()
+            handler._store.set(self._key(self._node), str(self._server.getsockname()[1]))
+        except OSError as exc:  # no port to listen on: the keep-alives decide, as without this
+            print(f"finetune agent: no presence port ({exc}): a lost node is left out after its keep-alives lapse",
+                  file=sys.stderr, flush=True)
+            return
+        self._next = handler.next_rendezvous
+        handler.next_rendezvous = self.next_rendezvous
+
+    def next_rendezvous(self) -> Any:
+        joining = threading.Event()
+        sweeper = threading.Thread(target=self._sweep_until, args=(joining,), daemon=True,
+                                   name="finetune-presence-sweep")
+        sweeper.start()
+        try:
+            joined = self._next()
+        finally:
+            joining.set()  # the sweeper ends after its current sweep (each call in it is bounded)
+        threading.Thread(target=self._knock_members, daemon=True, name="finetune-presence-knock").start()
+        return joined
+
+    def sweep(self) -> list[str]:
+        """One sweep: the members whose keep-alive is late and whose port refuses a knock, marked lapsed in the
+        rendezvous's state (their names)."""
+        with self._lock:
+            return self._sweep()
+
+    def _sweep(self) -> list[str]:
+        self._holder.sync()
+        state = self._holder.state
+        late = datetime.now(timezone.utc) - self._window
+        members = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
+        suspects = [node for node in members if node != self._node and state.last_heartbeats.get(node, LAPSED) < late]
+        gone = self._gone(suspects)
+        self.sweeps += 1
+        for _ in range(5):  # a write that lost a race with another node's is made again on the state it wrote
+            state = self._holder.state
+            marked = [node for node in gone if node in state.last_heartbeats]
+            if not marked:
+                break
+            for node in marked:
+                state.last_heartbeats[node] = LAPSED
+            self._holder.mark_dirty()
+            if self._holder.sync():
+                print(f"finetune agent: {', '.join(map(str, marked))} gone (its agent's port refused a connection): "
+                      "left out of the rendezvous now, not after its keep-alives lapse", file=sys.stderr, flush=True)
+                return [str(node) for node in marked]
+        return []
+
+    def _knock_members(self) -> None:
+        """Each member of the round just formed, knocked once: its port reached from here (see answered)."""
+        with contextlib.suppress(Exception), self._lock:  # the keep-alives decide where this cannot tell
+            self._holder.sync()
+            state = self._holder.state
+            self._gone([node for node in state.participants if node != self._node and repr(node) not in self.answered])
+
+    def _gone(self, suspects: list[Any]) -> list[Any]:
+        ports = {}
+        for node in suspects:
+            key = self._key(node)
+            if self._handler._store.check([key]):  # published: never a get that would wait for the key
+                ports[node] = int(self._handler._store.get(key))
+        if not ports:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(MOST_KNOCKS, len(ports))) as pool:
+            answers = dict(zip(ports, pool.map(lambda n: knock(n.addr, ports[n]), ports), strict=True))
+        self.answered |= {repr(node) for node, alive in answers.items() if alive}
+        return [node for node, alive in answers.items() if alive is False and repr(node) in self.answered]
+
+    def _sweep_until(self, done: threading.Event) -> None:
+        while not done.wait(EVERY_SECONDS):
+            try:
+                self.sweep()
+            except Exception as exc:  # the store unreachable, a state torch cannot read: the keep-alives decide
+                print(f"finetune agent: the presence sweep stopped: {exc!r}", file=sys.stderr, flush=True)
+                return
+
+    def _key(self, node: Any) -> str:
+        return self._prefix + repr(node)
+
+    @staticmethod
+    def _listen() -> socket.socket:
+        """A port on every address of this node; accepted and closed at once by a thread (the kernel answers even
+        while that thread does not run, and the backlog never fills)."""
+        if socket.has_dualstack_ipv6():
+            server = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+        else:
+            server = socket.create_server(("", 0))
+
+        def accept() -> None:
+            while True:
+                with contextlib.suppress(OSError):
+                    server.accept()[0].close()
+
+        threading.Thread(target=accept, daemon=True, name="finetune-presence").start()
+        return server
+
