@@ -21,12 +21,12 @@ import errno
 import socket
 import sys
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 KNOCK_SECONDS = 1.0  # one connection attempt; a refusal comes back at once
 EVERY_SECONDS = 0.5  # between sweeps while this agent joins a round
-LAPSED = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a keep-alive older than any window: torch sweeps the node
+LAPSED = datetime(1970, 1, 1, tzinfo=UTC)  # a keep-alive older than any window: torch sweeps the node
 MOST_KNOCKS = 32  # at once; a round of hundreds of nodes is knocked in batches
 
 
@@ -95,7 +95,7 @@ class Presence:
     def _sweep(self) -> list[str]:
         self._holder.sync()
         state = self._holder.state
-        late = datetime.now(timezone.utc) - self._window
+        late = datetime.now(UTC) - self._window
         members = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
         suspects = [node for node in members if node != self._node and state.last_heartbeats.get(node, LAPSED) < late]
         gone = self._gone(suspects)
