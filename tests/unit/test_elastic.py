@@ -290,3 +290,22 @@ def test_workers_of_a_group_below_min_nodes_never_train(group, trains, monkeypat
     assert exited.value.code == 1 and called == []
     err = capsys.readouterr().err
     assert "group of 1 node(s), fewer than the job's minimum of 2" in err and "no node joined within 0 s" in err
+
+
+def test_the_agents_rendezvous_event_names_are_torchs_without_reading_every_frames_source():
+    """finetune_trainer.agent.method_name stands in for torch's get_method_name (inspect.stack(), ~13 ms a call with
+    the trainer's libraries loaded): the same name for the same caller, at every depth torch asks for."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from finetune_trainer.agent import method_name
+
+    def record(depth):  # as torch's _record calls it: the name of _record's caller
+        return method_name(depth), dynamic_rendezvous.get_method_name(depth)
+
+    def join_op():
+        return record(1), record(2), record(3)
+
+    for ours, torchs in join_op():
+        assert ours == torchs
+    assert join_op()[1][0] == "join_op"
+    assert method_name(10_000) == dynamic_rendezvous.get_method_name(10_000) == "no_method_name"

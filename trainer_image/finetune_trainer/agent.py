@@ -232,11 +232,23 @@ class GrowthThrottle:
                                    wait_list=set(state.wait_list))
 
 
+def method_name(depth: int = 2) -> str:
+    """torch's rendezvous `get_method_name` (the name of its event records), without `inspect.stack()`: that reads
+    the source of every frame on the stack, twice, to name one (~13 ms with the trainer's libraries loaded, at every
+    step of a join and every keep-alive; several times that on a starved core, where it widened the window between a
+    joining node's read of the state and its write until the members' keep-alives won every race)."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:
+        return "no_method_name"
+
+
 def run_elastic(launch: Callable[[], object]) -> int:
     """Runs `launch` (torch's elastic launch) with its rendezvous handler's growths throttled (GrowthThrottle);
     stopped by a signal, leaves the rendezvous it joined, then re-raises. Each group's end goes to the rendezvous's
     store for a node that waited for a place in it (group_end.py), which exits as the group did: the exit code. The
     handler is the one torch's launcher creates (recorded as it is made: the launcher keeps it to itself)."""
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous as dynamic
     import torch.distributed.elastic.rendezvous.registry as registry
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.multiprocessing import SignalException
@@ -251,6 +263,8 @@ def run_elastic(launch: Callable[[], object]) -> int:
         return handlers[-1]
 
     registry.get_rendezvous_handler = recorded
+    named = dynamic.get_method_name
+    dynamic.get_method_name = method_name
     agent_run = SimpleElasticAgent.run
     waited: list[bool] = []
     SimpleElasticAgent.run = ended_while_redundant(agent_run, waited)
@@ -270,6 +284,7 @@ def run_elastic(launch: Callable[[], object]) -> int:
     finally:
         registry.get_rendezvous_handler = create
         SimpleElasticAgent.run = agent_run
+        dynamic.get_method_name = named
         if not stopped:  # the rendezvous is closed (torch's launcher closes it unless stopped by a signal)
             for handler in handlers:
                 GroupEnd(handler).after_close(waited=bool(waited))

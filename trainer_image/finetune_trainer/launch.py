@@ -80,8 +80,12 @@ RDZV_LAST_CALL_SECONDS = 3
 # fewer than 10 s: torch also sweeps a live agent whose keep-alive is late, and a sweep that lands after a round
 # completed leaves the others waiting on it (its rank's key) until read_timeout, or a group below minNodes. With
 # 1 s x 3, agents starved of CPU (2 busy cores) were swept mid-rendezvous and a 3-node group stood still 300 s.
-RDZV_KEEP_ALIVE_SECONDS = 1
-RDZV_KEEP_ALIVE_MISSED = 10
+# Every 2 s rather than every second: each keep-alive rewrites the state (compare-and-set), and a node joining a
+# group under way, starved of CPU, lost its own write to the members' keep-alives round after round (a replacement
+# pod on 2 busy cores never got onto the wait list in 3 minutes). A node killed outright is swept sooner
+# (presence.py).
+RDZV_KEEP_ALIVE_SECONDS = 2
+RDZV_KEEP_ALIVE_MISSED = 5
 # How long the agents wait for the fewest nodes (a fixed gang's replaced pod, an elastic one's minNodes) to join.
 RDZV_JOIN_TIMEOUT_SECONDS = 900
 # How long an agent waits for a key another agent writes once a group is formed (its ranks, MASTER_ADDR). torch's

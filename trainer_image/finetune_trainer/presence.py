@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 KNOCK_SECONDS = 1.0  # one connection attempt; a refusal comes back at once
-EVERY_SECONDS = 0.5  # between sweeps while this agent joins a round
+EVERY_SECONDS = 1.0  # between sweeps while this agent joins a round (each takes the CPU the join needs too)
 LAPSED = datetime(1970, 1, 1, tzinfo=UTC)  # a keep-alive older than any window: torch sweeps the node
 MOST_KNOCKS = 32  # at once; a round of hundreds of nodes is knocked in batches
 
