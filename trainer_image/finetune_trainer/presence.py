@@ -135,12 +135,15 @@ class Presence:
         return [node for node, alive in answers.items() if alive is False and repr(node) in self.answered]
 
     def _sweep_until(self, done: threading.Event) -> None:
+        said = False
         while not done.wait(EVERY_SECONDS):
             try:
                 self.sweep()
-            except Exception as exc:  # the store unreachable, a state torch cannot read: the keep-alives decide
-                print(f"finetune agent: the presence sweep stopped: {exc!r}", file=sys.stderr, flush=True)
-                return
+            except Exception as exc:  # the store slow or gone: tried again at the next sweep; the keep-alives decide
+                if not said:
+                    print(f"finetune agent: a presence sweep failed ({exc!r}); trying again every "
+                          f"{EVERY_SECONDS:.0f} s while this node joins", file=sys.stderr, flush=True)
+                said = True
 
     def _key(self, node: Any) -> str:
         return self._prefix + repr(node)
