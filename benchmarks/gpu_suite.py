@@ -27,6 +27,7 @@ Smoke (CPU, a test runs it): .venv/bin/python benchmarks/gpu_suite.py --smoke --
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import signal
@@ -171,7 +172,7 @@ def finetune_run(doc: dict, work: Path, timeout: float) -> tuple[dict, list[dict
         raise RuntimeError(f"finetune run exited {proc.returncode}: {summary.get('message') or proc.stdout[-1500:]}")
     progress = work / "run" / "output" / "progress.jsonl"
     def when(record: dict) -> float:
-        return time.mktime(time.strptime(record["time"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        return calendar.timegm(time.strptime(record["time"], "%Y-%m-%dT%H:%M:%SZ"))  # UTC, whatever the DST
 
     records = [r for r in (json.loads(line) for line in progress.read_text().splitlines())
                if r.get("phase") != "Preparing" and r.get("step")] if progress.exists() else []

@@ -16,6 +16,7 @@ Usage: .venv/bin/python benchmarks/object_storage.py [--steps 24] [--save-steps 
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import shutil
@@ -72,7 +73,7 @@ def run(doc: dict, workdir: Path, env: dict[str, str]) -> tuple[float, list[dict
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(started)))
     steps = [r for r in records if r.get("phase") != "Preparing" and r.get("tokensPerSecond")
              and r.get("time", "") >= since]
-    first = min(time.mktime(time.strptime(r["time"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone for r in steps)
+    first = min(calendar.timegm(time.strptime(r["time"], "%Y-%m-%dT%H:%M:%SZ")) for r in steps)  # UTC
     return first - started, steps
 
 
