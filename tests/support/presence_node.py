@@ -47,8 +47,9 @@ def main(port: int, workdir: str, name: str, rejected: bool) -> None:
             while not (folder / "again").exists():
                 time.sleep(0.05)
         info = handler.next_rendezvous()
-        (folder / f"{name}.round-{round_}.json").write_text(json.dumps({"world": info.world_size,
-                                                                        "rank": info.rank}))
+        done = folder / f"{name}.round-{round_}.json"  # whole or absent for the test that polls it
+        done.with_suffix(".tmp").write_text(json.dumps({"world": info.world_size, "rank": info.rank}))
+        done.with_suffix(".tmp").replace(done)
     time.sleep(600)
 
 
