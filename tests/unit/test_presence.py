@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -127,3 +128,75 @@ def member(port: int, pid: int) -> str:
     if not found:
         raise LookupError(f"no member is process {pid}: {state.participants}")
     return found[0]
+
+
+# --- one sweep, in this process: a real c10d handler hosting its store, and a member that is not this node -------
+
+@pytest.fixture
+def sweeping():
+    """(presence, member, state): this process's Presence on a real c10d rendezvous (torch's handler, its store
+    hosted here, 2 s x 5 keep-alives as the agent's), a member "X" of the round whose keep-alive is late (5 s old)
+    and whose port has answered this agent once and is now closed (its agent gone), and `state(change=None)` that
+    reads the rendezvous's state, or writes `change` to it first, as another node would."""
+    from datetime import UTC, datetime
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _BackendRendezvousStateHolder, _NodeDesc
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from finetune_trainer.presence import Presence
+
+    handler = get_rendezvous_handler(RendezvousParameters(
+        backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id="sweep", min_nodes=1, max_nodes=3,
+        local_addr="127.0.0.1", is_host=True, keep_alive_interval=2, keep_alive_max_attempt=5))
+    presence = Presence(handler)
+    other = _BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings, cache_duration=0)
+
+    def state(change=None):
+        for _ in range(5):
+            other.sync()
+            if change is None:
+                return other.state
+            change(other.state)
+            other.mark_dirty()
+            if other.sync():
+                return other.state
+        raise AssertionError("could not write the rendezvous state")
+
+    member = _NodeDesc("127.0.0.1", 1 << 22, 0)  # above any pid of this machine: no agent of ours
+
+    def join(s):
+        s.participants[member] = 0
+        s.last_heartbeats[member] = datetime.now(UTC) - timedelta(seconds=5)
+
+    state(join)
+    with socket.create_server(("127.0.0.1", 0)) as port:
+        handler._store.set(presence._key(member), str(port.getsockname()[1]))
+        assert presence.sweep() == [] and repr(member) in presence.answered  # late, knocked: it answers
+    yield presence, member, state
+    handler.shutdown()
+
+
+def test_a_late_member_whose_port_is_closed_is_swept(sweeping):
+    presence, member, state = sweeping
+    assert presence.sweep() == [repr(member)]
+    assert member not in state().participants  # torch's sanitizer took it out at the next read
+
+
+def test_a_keep_alive_written_after_the_knock_keeps_its_member(sweeping, monkeypatch):
+    """The member's keep-alive lands between this agent's read of the state and its write (the compare-and-set
+    then fails): that keep-alive is newer than the knock, so the member stays, whatever the knock said."""
+    from datetime import UTC, datetime
+
+    presence, member, state = sweeping
+    knocked = presence._gone
+
+    def knocked_then_kept_alive(suspects):
+        gone = knocked(suspects)
+        state(lambda s: s.last_heartbeats.__setitem__(member, datetime.now(UTC)))
+        return gone
+
+    monkeypatch.setattr(presence, "_gone", knocked_then_kept_alive)
+    assert presence.sweep() == []
+    assert member in state().participants and state().last_heartbeats[member] > datetime.now(UTC) - timedelta(
+        seconds=5)

@@ -102,7 +102,8 @@ class Presence:
         self.sweeps += 1
         for _ in range(5):  # a write that lost a race with another node's is made again on the state it wrote
             state = self._holder.state
-            marked = [node for node in gone if node in state.last_heartbeats]
+            # Only a member still late there: a keep-alive written since the knock proves its agent alive.
+            marked = [node for node in gone if state.last_heartbeats.get(node, late) < late]
             if not marked:
                 break
             for node in marked:
