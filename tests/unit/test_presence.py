@@ -200,3 +200,33 @@ def test_a_keep_alive_written_after_the_knock_keeps_its_member(sweeping, monkeyp
     assert presence.sweep() == []
     assert member in state().participants and state().last_heartbeats[member] > datetime.now(UTC) - timedelta(
         seconds=5)
+
+
+@pytest.mark.parametrize("order", ["unanswered first", "refused first"])
+def test_a_name_refused_at_one_address_and_unanswered_at_another_proves_nothing(monkeypatch, order):
+    """A name with two addresses (a dual-stack pod, a stale record beside the live one): one refuses, the other
+    gives no answer in time (its accept queue full, as a host that drops the connection). The refusal says nothing
+    of the other address: nothing is known, whichever was tried last. Both refusing: gone; one accepting: there.
+    The name's resolution is this test's (no DNS here to give one name two addresses); the connections are real."""
+    from finetune_trainer.presence import knock
+
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full, socket.create_server(("127.0.0.1", 0)) as open_:
+        held = socket.create_connection(full.getsockname())  # the one place in its queue
+        refused, unanswered, accepted = free_port(), full.getsockname()[1], open_.getsockname()[1]
+        assert knock("127.0.0.1", unanswered, timeout=0.5) is None and knock("127.0.0.1", refused) is False
+        resolved = {}
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *_a, **_k: [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)) for port in resolved["ports"]])
+        resolved["ports"] = [unanswered, refused] if order == "unanswered first" else [refused, unanswered]
+        assert knock("two-addresses.test", 1, timeout=0.5) is None
+        resolved["ports"] = [refused, refused]
+        assert knock("two-addresses.test", 1, timeout=0.5) is False
+        resolved["ports"] = [refused, accepted]
+        assert knock("two-addresses.test", 1, timeout=0.5) is True
+        held.close()
+
+
+def test_a_name_that_cannot_be_looked_up_proves_nothing():
+    from finetune_trainer.presence import knock
+
+    assert knock("x" * 64 + ".invalid", free_port()) is None  # a label past DNS's 63 characters: not even asked

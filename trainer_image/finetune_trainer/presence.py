@@ -11,8 +11,9 @@ rendezvous's store). The kernel answers a connection to it whether or not the ag
 the agent's process is gone. While an agent joins a round, it knocks on the port of each member whose keep-alive is
 late; a refused knock marks that member's keep-alive lapsed in the rendezvous's state, and torch's own sweep leaves it
 out at the next read. A knock that gets no answer (a node whose network is gone, a policy that drops it) proves
-nothing: that node's keep-alives lapse as before. Nor does a refusal from a member whose port never answered this
-agent (a firewall that rejects the port refuses for a live node too): each member is knocked once as a round forms.
+nothing, even where another address of the same name refuses: that node's keep-alives lapse as before. Nor does a
+refusal from a member whose port never answered this agent (a firewall that rejects the port refuses for a live node
+too): each member is knocked once as a round forms.
 """
 
 import concurrent.futures
@@ -31,15 +32,20 @@ MOST_KNOCKS = 32  # at once; a round of hundreds of nodes is knocked in batches
 
 
 def knock(address: str, port: int, timeout: float = KNOCK_SECONDS) -> bool | None:
-    """False when the port refuses a connection (nothing listens there: the agent is gone), True when it accepts,
-    None when nothing is known (no answer in time, no route, a name that does not resolve)."""
+    """False when the port refuses a connection at every address of the name (nothing listens there: the agent is
+    gone), True when it accepts at one, None when nothing is known (no answer in time or no route at one of them, a
+    name that does not resolve)."""
     try:
-        with socket.create_connection((address, port), timeout=timeout):
+        with socket.create_connection((address, port), timeout=timeout, all_errors=True):
             return True
-    except ConnectionRefusedError:
-        return False
-    except OSError as exc:
-        return False if exc.errno == errno.ECONNREFUSED else None
+    except ExceptionGroup as failed:  # one error per address tried
+        return False if all(_refused(exc) for exc in failed.exceptions) else None
+    except (OSError, UnicodeError):  # not resolved (UnicodeError: a name no DNS query can carry)
+        return None
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED
 
 
 class Presence:
