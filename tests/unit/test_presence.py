@@ -230,3 +230,39 @@ def test_a_name_that_cannot_be_looked_up_proves_nothing():
     from finetune_trainer.presence import knock
 
     assert knock("x" * 64 + ".invalid", free_port()) is None  # a label past DNS's 63 characters: not even asked
+
+
+def test_a_sweep_reads_every_members_port_in_two_store_requests(sweeping):
+    """Node 0's store serves every agent's sweeps and, after each round, each agent's knock on every new member:
+    with one request per member, hundreds of nodes made hundreds of thousands of requests as their workers started.
+    Two per sweep here (are they all published, then all of them at once), however many members are late."""
+    from datetime import UTC, datetime
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    presence, gone, state = sweeping
+    store = presence._handler._store
+    members = [_NodeDesc("127.0.0.1", (1 << 22) + n, 0) for n in range(1, 21)]
+
+    def join(s):
+        for node in members:
+            s.participants[node] = 0
+            s.last_heartbeats[node] = datetime.now(UTC) - timedelta(seconds=5)
+
+    state(join)
+    with socket.create_server(("127.0.0.1", 0)) as port:
+        for node in members:
+            store.set(presence._key(node), str(port.getsockname()[1]))
+        requests: list[str] = []
+
+        class Counted:  # the handler's own store, each request counted
+            def __getattr__(self, name):
+                requests.append(name)
+                return getattr(store, name)
+
+        presence._handler._store = Counted()
+        try:
+            assert presence.sweep() == [repr(gone)] and {repr(node) for node in members} <= presence.answered
+        finally:
+            presence._handler._store = store
+    assert len(requests) <= 2, requests

@@ -129,11 +129,14 @@ class Presence:
             self._gone([node for node in state.participants if node != self._node and repr(node) not in self.answered])
 
     def _gone(self, suspects: list[Any]) -> list[Any]:
-        ports = {}
-        for node in suspects:
-            key = self._key(node)
-            if self._handler._store.check([key]):  # published: never a get that would wait for the key
-                ports[node] = int(self._handler._store.get(key))
+        store, keys = self._handler._store, {node: self._key(node) for node in suspects}
+        if not keys:
+            return []
+        # Two requests to node 0's store, not two a member (every agent knocks every new member after a round).
+        # Only published keys are read: never a get that would wait for a key.
+        published = list(keys) if store.check(list(keys.values())) else [n for n in keys if store.check([keys[n]])]
+        values = store.multi_get([keys[node] for node in published]) if published else []
+        ports = {node: int(value) for node, value in zip(published, values, strict=True)}
         if not ports:
             return []
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(MOST_KNOCKS, len(ports))) as pool:
