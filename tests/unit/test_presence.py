@@ -266,3 +266,17 @@ def test_a_sweep_reads_every_members_port_in_two_store_requests(sweeping):
         finally:
             presence._handler._store = store
     assert len(requests) <= 2, requests
+
+
+def test_a_member_that_published_no_port_is_left_to_its_keep_alives(sweeping):
+    """Its presence failed to listen (or it runs without it): nothing to knock, and the others are still swept."""
+    from datetime import UTC, datetime
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    presence, gone, state = sweeping
+    silent = _NodeDesc("127.0.0.1", (1 << 22) + 100, 0)
+    state(lambda s: (s.participants.__setitem__(silent, 0),
+                     s.last_heartbeats.__setitem__(silent, datetime.now(UTC) - timedelta(seconds=5))))
+    assert presence.sweep() == [repr(gone)]
+    assert repr(silent) not in presence.answered and silent in state().participants
