@@ -65,7 +65,8 @@ def test_a_killed_member_is_swept_at_once_and_a_stopped_one_is_not(tmp_path, pat
 
         # Starved: c's process stopped. Its port still answers (the kernel), so a and b, joining the next round,
         # knock on it and leave it in: they wait for it (or for its keep-alives, a minute).
-        c_port = int(store(port).get("finetune.presence.presence." + member(port, nodes["c"].pid)))
+        published = store(port).get("finetune.presence.presence." + member(port, nodes["c"].pid)).split()
+        c_port = int(published[0])
         os.kill(nodes["c"].pid, signal.SIGSTOP)
         before = {name: sweeps(name) for name in "ab"}
         (tmp_path / "again").touch()
@@ -280,3 +281,42 @@ def test_a_member_that_published_no_port_is_left_to_its_keep_alives(sweeping):
                      s.last_heartbeats.__setitem__(silent, datetime.now(UTC) - timedelta(seconds=5))))
     assert presence.sweep() == [repr(gone)]
     assert repr(silent) not in presence.answered and silent in state().participants
+
+
+def test_a_member_is_knocked_at_the_address_it_published_without_a_lookup_of_its_name(sweeping, monkeypatch):
+    """Each agent publishes its address on the route to node 0's store beside its port: a knock needs no DNS query
+    (one per member and agent would load the cluster's DNS at hundreds of nodes). This node published its own."""
+    from datetime import UTC, datetime
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    presence, gone, state = sweeping
+    own = presence._handler._store.get(presence._key(presence._handler._this_node)).decode()
+    assert own.split(" ")[1] == "127.0.0.1"  # its store is on 127.0.0.1 here
+    named = _NodeDesc("no-such-node.invalid", (1 << 22) + 200, 0)  # a name no lookup could find
+    state(lambda s: (s.participants.__setitem__(named, 0),
+                     s.last_heartbeats.__setitem__(named, datetime.now(UTC) - timedelta(seconds=5))))
+    lookups: list[str] = []
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: lookups.append(host) or real(host, *a, **k))
+    with socket.create_server(("127.0.0.1", 0)) as port:
+        presence._handler._store.set(presence._key(named), f"{port.getsockname()[1]} 127.0.0.1")
+        presence.sweep()
+        assert repr(named) in presence.answered and "no-such-node.invalid" not in lookups
+
+
+def test_a_loopback_address_is_not_taken_from_a_member_when_this_node_has_another():
+    """A node 0 that reached its own store through 127.0.0.1 would publish it: another node knocking there would
+    knock on itself. Its name is knocked instead, unless this node's own address is a loopback one too (one host)."""
+    from types import SimpleNamespace
+
+    from finetune_trainer.presence import Presence
+
+    node = SimpleNamespace(addr="job-a1-0.job.ns.svc")
+    here = Presence.__new__(Presence)
+    here._address = "10.0.0.7"
+    assert here._where(node, b"4000 127.0.0.1") == ("job-a1-0.job.ns.svc", 4000)
+    assert here._where(node, b"4000 10.0.0.5") == ("10.0.0.5", 4000)
+    assert here._where(node, b"4000") == ("job-a1-0.job.ns.svc", 4000)  # an agent that published no address
+    here._address = "127.0.0.1"
+    assert here._where(node, b"4000 127.0.0.1") == ("127.0.0.1", 4000)

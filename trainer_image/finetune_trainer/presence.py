@@ -19,9 +19,11 @@ too): each member is knocked once as a round forms.
 import concurrent.futures
 import contextlib
 import errno
+import ipaddress
 import socket
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +44,30 @@ def knock(address: str, port: int, timeout: float = KNOCK_SECONDS) -> bool | Non
         return False if all(_refused(exc) for exc in failed.exceptions) else None
     except (OSError, UnicodeError):  # not resolved (UnicodeError: a name no DNS query can carry)
         return None
+
+
+def own_address(store: Any) -> str | None:
+    """This node's address on its route to the rendezvous's store (node 0's agent): where the other nodes reach it,
+    published beside the port so that a knock needs no DNS lookup (one per member and agent would load the cluster's
+    DNS at hundreds of nodes). None where it cannot be told (the knock then resolves the node's name)."""
+    target = getattr(store, "underlying_store", store)
+    host, port = getattr(target, "host", None), getattr(target, "port", None)
+    if not host or not port:
+        return None
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)  # a UDP connect sends nothing: it only picks the route
+            return str(probe.getsockname()[0])
+    except (OSError, UnicodeError):
+        return None
+
+
+def _loopback(address: str | None) -> bool:
+    try:
+        return address is not None and ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _refused(exc: BaseException) -> bool:
@@ -72,9 +98,11 @@ class Presence:
                                                      cache_duration=0)
         try:
             self._server = self._listen()
-            handler._store.set(self._key(self._node), str(self._server.getsockname()[1]))
-        except OSError as exc:  # no port to listen on: the keep-alives decide, as without this
-            print(f"finetune agent: no presence port ({exc}): a lost node is left out after its keep-alives lapse",
+            self._address = own_address(handler._store)
+            published = f"{self._server.getsockname()[1]} {self._address or ''}".strip()
+            handler._store.set(self._key(self._node), published)
+        except Exception as exc:  # no port, the store, torch's private API changed: the keep-alives decide, as before
+            print(f"finetune agent: no presence port ({exc!r}): a lost node is left out after its keep-alives lapse",
                   file=sys.stderr, flush=True)
             return
         self._next = handler.next_rendezvous
@@ -136,11 +164,11 @@ class Presence:
         # Only published keys are read: never a get that would wait for a key.
         published = list(keys) if store.check(list(keys.values())) else [n for n in keys if store.check([keys[n]])]
         values = store.multi_get([keys[node] for node in published]) if published else []
-        ports = {node: int(value) for node, value in zip(published, values, strict=True)}
+        ports = {node: self._where(node, value) for node, value in zip(published, values, strict=True)}
         if not ports:
             return []
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(MOST_KNOCKS, len(ports))) as pool:
-            answers = dict(zip(ports, pool.map(lambda n: knock(n.addr, ports[n]), ports), strict=True))
+            answers = dict(zip(ports, pool.map(lambda n: knock(*ports[n]), ports), strict=True))
         self.answered |= {repr(node) for node, alive in answers.items() if alive}
         return [node for node, alive in answers.items() if alive is False and repr(node) in self.answered]
 
@@ -154,6 +182,15 @@ class Presence:
                     print(f"finetune agent: a presence sweep failed ({exc!r}); trying again every "
                           f"{EVERY_SECONDS:.0f} s while this node joins", file=sys.stderr, flush=True)
                 said = True
+
+    def _where(self, node: Any, value: bytes | str) -> tuple[str, int]:
+        """(address, port) a member published; its node name where it published no address, or a loopback one
+        while this node's is not (a node 0 that reached its own store through 127.0.0.1)."""
+        text = value.decode() if isinstance(value, bytes) else value
+        port, _, address = text.partition(" ")
+        if not address or (_loopback(address) and not _loopback(self._address)):
+            address = node.addr
+        return address, int(port)
 
     def _key(self, node: Any) -> str:
         return self._prefix + repr(node)
@@ -169,8 +206,10 @@ class Presence:
 
         def accept() -> None:
             while True:
-                with contextlib.suppress(OSError):
+                try:
                     server.accept()[0].close()
+                except OSError:  # out of descriptors, say: a pause, not a spin (the kernel still answers knocks)
+                    time.sleep(0.5)
 
         threading.Thread(target=accept, daemon=True, name="finetune-presence").start()
         return server
