@@ -116,8 +116,11 @@ class Presence:
         try:
             joined = self._next()
         finally:
-            joining.set()  # the sweeper ends after its current sweep (each call in it is bounded)
-        threading.Thread(target=self._knock_members, daemon=True, name="finetune-presence-knock").start()
+            joining.set()  # the sweeper ends after its current sweep (each knock in it is bounded)
+            sweeper.join(timeout=3 * KNOCK_SECONDS)
+        # Here, not in a thread: torch forks the workers next, and a thread of ours caught inside a lookup or a
+        # connect would leave its locks held in every worker. A round of live members answers in milliseconds.
+        self._knock_members()
         return joined
 
     def sweep(self) -> list[str]:
