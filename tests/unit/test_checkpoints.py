@@ -168,6 +168,28 @@ def test_the_background_writer_yields_the_cpu_to_training_and_only_its_own_threa
     assert seen["writer"] == min(19, niceness(threading.get_native_id()) + 10)  # relative: this run may be niced
 
 
+def test_an_overlapped_save_writes_the_trainer_state_of_its_step_whatever_the_loop_does_next(tmp_path):
+    """The trainer state is taken at the save and written by the writer's thread: what the loop does to its own
+    state before that write (the next steps' logs, a callback's key added to the last entry, a stateful callback's
+    new state, a new best metric) must not reach the checkpoint's trainer_state.json."""
+    from transformers.trainer_callback import TrainerState
+
+    from finetune_trainer.outputs.checkpoint_writer import trainer_state_copy
+
+    state = TrainerState(global_step=8, log_history=[{"loss": 2.0, "step": 4}, {"loss": 1.5, "step": 8}],
+                         stateful_callbacks={"EarlyStop": {"args": {"patience": 2}, "attributes": {"bad": 0}}},
+                         trial_params={"lr": 0.1}, best_metric=1.5)
+    state.save_to_json(str(tmp_path / "at-save.json"))
+    taken = trainer_state_copy(state)
+    state.global_step, state.best_metric = 9, 1.2
+    state.log_history[-1]["rebased"] = 3.0
+    state.log_history.append({"loss": 1.2, "step": 9})
+    state.stateful_callbacks["EarlyStop"]["attributes"]["bad"] = 1
+    state.trial_params["lr"] = 0.2
+    taken.save_to_json(str(tmp_path / "written.json"))
+    assert json.loads((tmp_path / "written.json").read_text()) == json.loads((tmp_path / "at-save.json").read_text())
+
+
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_an_overlapped_copy_holds_the_next_optimizer_step_and_sees_the_weights_before_it(wrapped):
     """The checkpoint's copy runs beside the next step's forward and backward; the optimizer's step, which would

@@ -16,8 +16,6 @@ storage uploads (output.uri has its own background upload), checkpoint pushes an
 synchronous save.
 """
 
-import dataclasses
-import json
 import os
 import threading
 import time
@@ -78,6 +76,20 @@ def saved_state(model: Any, into: Any = None) -> dict[str, Any]:
         state = {k: v for k, v in state.items()
                  if k in saved or k.replace(f".{adapter}", "") in saved or wrapped in k}
     return state
+
+
+def trainer_state_copy(state: Any) -> Any:
+    """The Trainer's state as it is now, written later (TrainerState.save_to_json in the writer's thread): a shallow
+    copy whose containers are copied too. The loop only appends to the log history (a callback may still add a key
+    to its last entry), so each entry is copied, not the values in it; a deep copy and the JSON of a log history that
+    grows with every logged step would be stall."""
+    import copy
+
+    taken = copy.copy(state)
+    taken.log_history = [dict(entry) for entry in state.log_history]
+    taken.stateful_callbacks = copy.deepcopy(state.stateful_callbacks)
+    taken.trial_params = copy.deepcopy(state.trial_params)
+    return taken
 
 
 def lower_priority(niceness: int = 10) -> None:
@@ -224,7 +236,7 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
             trainer.state.stateful_callbacks[name].append(state)
         else:
             trainer.state.stateful_callbacks[name] = state
-    trainer_state = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+    trainer_state = trainer_state_copy(trainer.state)
     buffers = writer.buffers
     # Which tensors, and the optimizer's groups (learning rates included: an evaluation may step a plateau
     # scheduler before the next optimizer step), fixed now; their contents copied in the background.
@@ -244,7 +256,7 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
         trainer._save(output_dir, state_dict=buffers["weights"])
         torch.save(buffers["optimizer"], os.path.join(output_dir, OPTIMIZER_NAME))
         torch.save(scheduler, os.path.join(output_dir, SCHEDULER_NAME))
-        Path(output_dir, TRAINER_STATE_NAME).write_text(trainer_state)
+        trainer_state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
         marked.complete(step, Path(output_dir), stall=in_loop + hold.stall(), save=time.monotonic() - started)
         rotate_checkpoints(output_dir=run_dir, save_total_limit=limit, best_model_checkpoint=best)
 
