@@ -184,6 +184,30 @@ def test_a_late_member_whose_port_is_closed_is_swept(sweeping):
     assert member not in state().participants  # torch's sanitizer took it out at the next read
 
 
+def test_a_round_joined_while_a_sweep_is_stuck_starts_its_workers_without_the_knock(sweeping, monkeypatch):
+    """A sweep stuck in a store call (node 0 starved, a store that does not answer) holds the presence's state: the
+    join that ends meanwhile goes on to fork its workers; its knock of the new round is skipped, not waited for."""
+    import threading
+
+    presence, member, _ = sweeping
+    monkeypatch.setattr(presence, "_next", lambda: "joined")
+    stuck, release = threading.Event(), threading.Event()
+
+    def stuck_sweep():
+        with presence._lock:
+            stuck.set()
+            release.wait(300)
+
+    threading.Thread(target=stuck_sweep, daemon=True).start()
+    assert stuck.wait(30)
+    returned = []
+    joining = threading.Thread(target=lambda: returned.append(presence.next_rendezvous()), daemon=True)
+    joining.start()
+    joining.join(60)  # the sweeper is given 3 s to end; the join must not wait for the stuck sweep beyond that
+    release.set()
+    assert returned == ["joined"], "the join waited for a sweep stuck in a store call"
+
+
 def test_a_keep_alive_written_after_the_knock_keeps_its_member(sweeping, monkeypatch):
     """The member's keep-alive lands between this agent's read of the state and its write (the compare-and-set
     then fails): that keep-alive is newer than the knock, so the member stays, whatever the knock said."""

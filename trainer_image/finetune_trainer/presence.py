@@ -153,11 +153,19 @@ class Presence:
         return []
 
     def _knock_members(self) -> None:
-        """Each member of the round just formed, knocked once: its port reached from here (see answered)."""
-        with contextlib.suppress(Exception), self._lock:  # the keep-alives decide where this cannot tell
-            self._holder.sync()
-            state = self._holder.state
-            self._gone([node for node in state.participants if node != self._node and repr(node) not in self.answered])
+        """Each member of the round just formed, knocked once: its port reached from here (see answered). Skipped
+        while a sweep still holds the state (its store call slow): the workers' start must not wait for it, and a
+        member never knocked is only never swept (its keep-alives decide)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            with contextlib.suppress(Exception):  # the keep-alives decide where this cannot tell
+                self._holder.sync()
+                state = self._holder.state
+                self._gone([node for node in state.participants
+                            if node != self._node and repr(node) not in self.answered])
+        finally:
+            self._lock.release()
 
     def _gone(self, suspects: list[Any]) -> list[Any]:
         store, keys = self._handler._store, {node: self._key(node) for node in suspects}
