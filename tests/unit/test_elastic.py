@@ -180,6 +180,37 @@ def test_a_group_tells_why_the_one_before_it_ended(shares, cause):
                                     if s["predecessor"])
 
 
+PEER_MESSAGES = [PEER, "DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there "
+                      "was a network error, NCCL version 2.21.5",
+                 "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer",
+                 "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                 "1800000ms for recv operation to complete",
+                 "DistStoreError: Socket Timeout", "DistNetworkError: Broken pipe",
+                 "DistNetworkError: The client socket has failed to connect to [node-0]:29500 (errno: 111 - "
+                 "Connection refused)."]
+OWN_MESSAGES = ["ReadTimeout: HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out. (read "
+                "timeout=10)",
+                "ConnectTimeoutError: Connect timeout on endpoint URL: \"http://minio:9000/bucket\"",
+                "ReadTimeoutError: Read timeout on endpoint URL: \"http://minio:9000/bucket?uploads\"",
+                "ConnectionError: HTTPSConnectionPool(host='huggingface.co', port=443): Max retries exceeded "
+                "(Caused by NewConnectionError(\"Failed to establish a new connection: [Errno 111] Connection "
+                "refused\"))",
+                "OSError: We couldn't connect to 'https://huggingface.co' to load the files: Read timed out",
+                "the object store did not answer: Connection reset by peer",  # our own error (its own exit code)
+                "ValueError: bad batch"]
+
+
+@pytest.mark.parametrize("message", PEER_MESSAGES + OWN_MESSAGES)
+def test_only_torchs_collectives_and_store_say_a_peer_was_lost(message):
+    """A Hub or object-store timeout, or our own error that names a connection, is what ended the group: it is
+    reported as the cause, not passed over for a peer that went away."""
+    lost = message in PEER_MESSAGES
+    assert workers._peer_lost(result(1, message)) is lost
+    found = workers.describe([{"predecessor": result(1, message), "restartCount": 1},
+                              {"predecessor": result(1, PEER), "restartCount": 1}])
+    assert found["cause"].startswith("a peer went away" if lost else "Error (exit 1): " + message[:40]), found
+
+
 def test_each_worker_takes_its_predecessors_result_once(tmp_path):
     env = {c.ENV_RESULT_DIR: str(tmp_path), c.ENV_LOCAL_RANK: "1"}
     (tmp_path / "result-1.json").write_text(json.dumps(result(1, "boom")))

@@ -52,6 +52,9 @@ SILENT = {"silent": True}  # carried for a predecessor that ended without a word
 # Errors that say a peer vanished, not what went wrong: the cause of a group's end is looked for elsewhere first.
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
              "connection refused", "Socket Timeout", "timed out")
+# ... raised by torch's collectives and store (gloo's as RuntimeError): a Hub download or an upload that timed out
+# (requests' ReadTimeout, botocore's, an OSError) is the worker's own failure, never a lost peer.
+PEER_ERRORS = ("RuntimeError", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 
 
 def iso(seconds: float) -> str:
@@ -105,7 +108,8 @@ def result_fields(result: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _peer_lost(result: dict[str, Any]) -> bool:
-    return any(word.lower() in str(result.get("message", "")).lower() for word in PEER_LOST)
+    kind, said, text = str(result.get("message", "")).partition(": ")  # errors.outcome: "Type: message"
+    return bool(said) and kind in PEER_ERRORS and any(word.lower() in text.lower() for word in PEER_LOST)
 
 
 def _text(result: dict[str, Any]) -> str:
