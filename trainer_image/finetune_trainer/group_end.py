@@ -21,6 +21,11 @@ from typing import Any
 from finetune_operator.api import constants as c
 
 
+def store_key(handler: Any, *parts: str) -> str:
+    """A key of ours in a rendezvous's store: under its run id, apart from torch's own keys."""
+    return ".".join(("finetune", handler.get_run_id(), *parts))
+
+
 class GroupFailedWithout(Exception):
     """This node waited for a place in a group that ended without success (or without saying how)."""
 
@@ -38,8 +43,8 @@ class GroupEnd:
 
         dynamic = isinstance(handler, DynamicRendezvousHandler)
         self._handler, self._store = handler, handler._store if dynamic else None
-        prefix = f"finetune.{handler.get_run_id()}.end." if dynamic else ""
-        self._succeeded, self._failed, self._read = (prefix + k for k in ("succeeded", "failed", "read"))
+        self._succeeded, self._failed, self._read = (store_key(handler, "end", k) if dynamic else k
+                                                     for k in ("succeeded", "failed", "read"))
 
     def record(self, failed: bool) -> None:
         if self._store is not None and _bounded(lambda: self._store.add(self._failed if failed else self._succeeded,

@@ -27,6 +27,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from finetune_trainer.group_end import store_key
+
 KNOCK_SECONDS = 1.0  # one connection attempt; a refusal comes back at once
 EVERY_SECONDS = 1.0  # between sweeps while this agent joins a round (each takes the CPU the join needs too)
 LAPSED = datetime(1970, 1, 1, tzinfo=UTC)  # a keep-alive older than any window: torch sweeps the node
@@ -91,7 +93,7 @@ class Presence:
         if not isinstance(handler, DynamicRendezvousHandler):
             return
         self._node = handler._this_node
-        self._prefix = f"finetune.{handler.get_run_id()}.presence."
+        self._prefix = store_key(handler, "presence", "")
         self._window = handler._settings.keep_alive_interval
         # A state holder of its own: torch's is not thread-safe, and the join runs in the agent's main thread.
         self._holder = _BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings,
