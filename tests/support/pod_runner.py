@@ -34,7 +34,14 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 from finetune_operator.cli.local_run import extensions_dir
-from finetune_operator.cli.processes import argv_of, descendants, kill_tree, parent_of, training_process
+from finetune_operator.cli.processes import (
+    argv_of,
+    descendants,
+    kill_tree,
+    parent_of,
+    training_process,
+    with_argv,
+)
 from tests.support.controlplane import ROOT, free_port
 from tests.support.pod_status import terminated
 
@@ -187,13 +194,7 @@ class PodRunner:
         if silent < SILENT_SECONDS or self.dumps.get(name, 0) >= MOST_DUMPS:
             return
         self.dumps[name] = self.dumps.get(name, 0) + 1
-        pids = []
-        for pid in proc.pids():
-            try:
-                if AGENT_ARGV in argv_of(pid):
-                    pids.append(pid)
-            except OSError:
-                continue
+        pids = with_argv(proc.pids(), argv_of, (AGENT_ARGV,))
         line = f"test kubelet: {name} silent for {silent:.0f}s ({pressure()}); SIGUSR1 to {pids}\n"
         sys.stderr.write(line)  # in the test's captured output too
         with open(log, "a") as out:  # also marks the log written: the next dump comes after another silence

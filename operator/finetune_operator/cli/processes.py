@@ -43,16 +43,26 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+AGENT_ARGV = (b"finetune_trainer.agent", b"torch.distributed.run")  # ours, and torchrun's own
+
+
+def with_argv(pids: list[int], argv: Callable[[int], list[bytes]], words: tuple[bytes, ...] = AGENT_ARGV) -> list[int]:
+    """The processes among `pids` whose argv holds one of `words` (those gone meanwhile left out): the agents, and
+    the workers they forked (a fork keeps its parent's argv)."""
+    found = []
+    for pid in pids:
+        try:
+            if set(words) & set(argv(pid)):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def training_process(pids: list[int], argv: Callable[[int], list[bytes]], parent: Callable[[int], int]) -> int:
     """A training process among a pod's: a child of torchrun's agent (forked from ours, finetune_trainer.agent, so
     with its argv; or started by torchrun's own with the trainer module's)."""
-    agents = set()
-    for pid in pids:
-        try:
-            if {b"finetune_trainer.agent", b"torch.distributed.run"} & set(argv(pid)):
-                agents.add(pid)
-        except OSError:
-            continue
+    agents = set(with_argv(pids, argv))
     for pid in pids:
         try:
             if parent(pid) in agents:
