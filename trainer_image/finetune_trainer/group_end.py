@@ -123,7 +123,7 @@ def ended_while_redundant(agent_run: Callable[..., Any], waited: list[bool]) -> 
         outcome = ("finished without this node" if succeeded else "failed" if succeeded is False
                    else "ended without saying how (node 0's agent gone)")
         message = (f"the group {outcome} while this node waited for a place in it (the group was full): this node "
-                   "did not train")
+                   "did not train in it")
         print(f"finetune agent: {message}", file=sys.stderr, flush=True)
         _write_agent_result(0 if succeeded else 1, message)
         if succeeded:
