@@ -120,6 +120,38 @@ def test_a_run_whose_last_steps_came_within_the_report_interval_ends_on_its_last
     assert ends_by != "overlapped write" or status["checkpoint"]["step"] == 30, status
 
 
+class CountedReport(StatusReporter):
+    """A real reporter that keeps what it sent."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.patches = []
+
+    def report(self, status, force=False):
+        sent = super().report(status, force=force)
+        if sent:
+            self.patches.append(status)
+        return sent
+
+
+def test_an_overlapped_save_patches_the_status_once(kubectl, control_plane, namespace, tmp_path):
+    """The loop's on_save knows no newer checkpoint than the one already reported (the writer's thread reports the
+    new one once written): it sends nothing; the writer's report carries the checkpoint and the last step."""
+    name = "one-patch-a-save"
+    reporter = a_job(kubectl, control_plane, namespace, name, reporter_class=CountedReport)
+    progress = ProgressCallback(tmp_path, reporter)
+    progress.started = progress.last_time = time.monotonic() - 1
+    for save in (10, 20, 30):
+        state = log_step(progress, save, 30)  # the reporter's 10 s interval: only the first step is sent
+        before = len(reporter.patches)
+        progress.on_save(SimpleNamespace(), state, None)
+        complete_overlapped(progress, tmp_path, save)
+        patches = reporter.patches[before:]
+        assert [p["checkpoint"]["step"] for p in patches] == [save] and patches[0]["progress"]["step"] == save, patches
+    status = kubectl.json("get", "ftj", name, "-n", namespace)["status"]
+    assert status["checkpoint"]["step"] == 30 and status["progress"]["step"] == 30, status
+
+
 def test_status_upload_says_nothing_is_behind_once_the_uploads_caught_up(kubectl, control_plane, namespace, tmp_path):
     """status.upload.behindSince is there while uploads are behind (`finetune` prints "uploads behind"): a merge
     patch keeps a key it leaves out, so the report after the store came back nulls it."""

@@ -56,6 +56,7 @@ class ProgressCallback(TrainerCallback):
         self.last_time: float | None = None
         self.last_tokens = 0
         self.checkpoint: dict[str, Any] | None = None
+        self.sent_checkpoint: dict[str, Any] | None = None  # the one the status has (on_save sends only a newer one)
         self.upload: dict[str, Any] | None = None  # output.uri: how far checkpoint uploads are behind
         self.last_record: dict[str, Any] = {}
         # Reports come from the loop and from the threads that complete checkpoints (an overlapped write, the
@@ -118,7 +119,9 @@ class ProgressCallback(TrainerCallback):
         self._report(record)
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and self.checkpoint is not None:
+        # A synchronous save was just marked (CheckpointMarkerCallback, before this); an overlapped one is reported
+        # by the writer's thread once written, and the one known here is already in the status.
+        if state.is_world_process_zero and self.checkpoint is not None and self.checkpoint != self.sent_checkpoint:
             self._report(self.last_record, force=True)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -140,7 +143,8 @@ class ProgressCallback(TrainerCallback):
             if self.reporter is not None:
                 progress = {"progress": {**status_progress(self.last_record), "message": None}} if (
                     "checkpoint" in status and self.last_record) else {}
-                self.reporter.report({**progress, **status}, force=True)
+                if self.reporter.report({**progress, **status}, force=True) and "checkpoint" in status:
+                    self.sent_checkpoint = self.checkpoint
 
     def report_restored(self, step: int, path: str, source: str) -> None:
         """The checkpoint this attempt resumed from (status.checkpoint.restoredFrom, `source`: its bucket copy with
@@ -171,7 +175,8 @@ class ProgressCallback(TrainerCallback):
             status: dict[str, Any] = {"progress": {**status_progress(record), "message": None}}
             if self.checkpoint is not None:
                 status["checkpoint"] = self.checkpoint
-            self.reporter.report(status, force=force)
+            if self.reporter.report(status, force=force) and self.checkpoint is not None:
+                self.sent_checkpoint = self.checkpoint
 
 
 def _significant(value: float | None, digits: int = 4) -> float | None:
