@@ -14,7 +14,7 @@ import time
 import yaml
 
 from tests.conftest import ROOT
-from tests.e2e.cluster_training import pod_runner, progress_records, shared_volume, wait_status
+from tests.e2e.cluster_training import pod_runner, shared_volume, volume_progress_records, wait_status
 from tests.support.controlplane import free_port
 
 JOB = "tiny-cpu-grpo"
@@ -64,9 +64,9 @@ def test_a_killed_grpo_gang_restarts_and_resumes_exactly(runtime, chart_operator
         # (whose progress is reported every few seconds).
         marker = tmp_path / "pvc" / "shared" / JOB / f"checkpoint-{SAVE_STEPS}" / "FINETUNE_COMPLETE"
         deadline = time.monotonic() + 400
-        while not (marker.exists() and max([0, *(r.get("step") or 0 for r in progress_records(tmp_path))])
+        while not (marker.exists() and max([0, *(r.get("step") or 0 for r in volume_progress_records(tmp_path))])
                    >= SAVE_STEPS + 2):
-            assert time.monotonic() < deadline and not runner.errors, (runner.errors, progress_records(tmp_path))
+            assert time.monotonic() < deadline and not runner.errors, (runner.errors, volume_progress_records(tmp_path))
             time.sleep(0.05)
         victim = next(n for n in runner.processes if "-a1-1-" in n)
         runner.kill(victim)
@@ -82,7 +82,7 @@ def test_a_killed_grpo_gang_restarts_and_resumes_exactly(runtime, chart_operator
     second = json.loads(next((tmp_path / "pods").glob(f"{JOB}-a2-0-*/termination-log")).read_text())
     resumed = int(second["resumedFrom"].rsplit("-", 1)[1])
     assert resumed >= SAVE_STEPS and second["completionSamples"]
-    records = [r for r in progress_records(tmp_path) if r.get("step") and r.get("loss") is not None]
+    records = [r for r in volume_progress_records(tmp_path) if r.get("step") and r.get("loss") is not None]
     first = {r["step"]: r for r in records if r["attempt"] == 1}
     again = [r for r in records if r["attempt"] == 2]
     assert [r["step"] for r in again] == list(range(resumed + 1, STEPS + 1))  # none skipped, none twice

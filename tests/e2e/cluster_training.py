@@ -116,7 +116,8 @@ def wait_status(kubectl, namespace, predicate, timeout, op, runner, name="tiny-c
         time.sleep(0.5)
 
 
-def progress_records(workdir):
+def volume_progress_records(workdir):
+    """Every attempt's progress records on the test cluster's shared volume (a local run's: trainer_run)."""
     files = list((workdir / "pvc" / "shared").glob("*/progress.jsonl"))
     records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     return [r for r in records if r.get("phase") != "Preparing"]  # the data preparation's heartbeat
@@ -191,7 +192,7 @@ def test_killed_node_gang_restarts_and_resumes_without_redoing_work(runtime, cha
     assert st["attempt"] == 2 and st["progress"]["step"] == KILLED_RUN_STEPS
     second = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a2-0-*/termination-log")).read_text())
     resumed_step = int(second["resumedFrom"].rsplit("-", 1)[1])
-    steps = [r["step"] for r in progress_records(tmp_path)]
+    steps = [r["step"] for r in volume_progress_records(tmp_path)]
     first_after_restart = steps[steps.index(max(s for s in steps if s <= resumed_step)) + 1:]
     # Attempt 2 starts right after the checkpoint it resumed from: at most the steps since it were redone.
     assert resumed_step >= 20 and min(first_after_restart) == resumed_step + 1
@@ -215,9 +216,9 @@ def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_s
             if cycle % 2:  # while the gang starts: launcher, rendezvous, model loading, data preparation
                 time.sleep(rng.uniform(0.0, 8.0))
             else:  # while it trains: a random moment after this run's first new step
-                done = max([0, *(r["step"] for r in progress_records(tmp_path) if "step" in r)])
+                done = max([0, *(r["step"] for r in volume_progress_records(tmp_path) if "step" in r)])
                 wait_until(f"cycle {cycle}: a step after {done}", lambda done=done: max(
-                    [0, *(r["step"] for r in progress_records(tmp_path) if "step" in r)]) > done, timeout=300)
+                    [0, *(r["step"] for r in volume_progress_records(tmp_path) if "step" in r)]) > done, timeout=300)
                 time.sleep(rng.uniform(0.0, 3.0))
             kubectl.run(*suspend, json.dumps({"spec": {"suspend": True}}))
             wait_status(kubectl, namespace, lambda s: s.get("phase") == "Suspended", 60, chart_operator, runner)
@@ -233,7 +234,7 @@ def test_suspending_a_two_node_job_at_random_moments_never_crashes_or_redoes_a_s
             kubectl.run(*suspend, json.dumps({"spec": {"suspend": False}}))
         st = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", 180, chart_operator, runner)
     assert (st["attempt"], st["restarts"]) == (1, 0), st  # a suspend is not a failure
-    steps = [r["step"] for r in progress_records(tmp_path) if "step" in r]
+    steps = [r["step"] for r in volume_progress_records(tmp_path) if "step" in r]
     # One run of steps, each done once: every stop saved the step it stopped at and the next start resumed there.
     assert steps == sorted(set(steps)) and len(steps) >= 3, steps  # at least one per cycle that trained
     stops = [json.loads((tmp_path / "pods" / n / "termination-log").read_text()) for n in stopped
