@@ -46,13 +46,9 @@ def _lease_writes(cp, user: str, start: float) -> list[float]:
 
 
 def _takeover(cp, user: str, since: float, timeout: float = 20.0) -> float:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = _lease_writes(cp, user, since)
-        if found:
-            return found[0]
-        time.sleep(0.2)
-    raise RuntimeError(f"no Lease write by {user} in the audit log since {since}")
+    """When `user` first wrote the Lease after `since` (the audit log's time)."""
+    return wait_until(f"a Lease write by {user} in the audit log since {since}",
+                      lambda: _lease_writes(cp, user, since), timeout)[0]
 
 
 def wait(what: str, predicate, timeout: float = 120.0, every: float = 0.1):
