@@ -9,13 +9,13 @@ Collected by test_cluster_grpo_containers.py (our images as podman containers) a
 
 import json
 import shutil
-import time
 
 import yaml
 
 from tests.conftest import ROOT
 from tests.e2e.cluster_training import pod_runner, shared_volume, volume_progress_records, wait_status
 from tests.support.controlplane import free_port
+from tests.support.polling import wait_for_run
 
 JOB = "tiny-cpu-grpo"
 STEPS, SAVE_STEPS = 40, 10
@@ -63,11 +63,13 @@ def test_a_killed_grpo_gang_restarts_and_resumes_exactly(runtime, chart_operator
         # the restarted gang must redo those steps, and get them the same. Read from the claim, not the status
         # (whose progress is reported every few seconds).
         marker = tmp_path / "pvc" / "shared" / JOB / f"checkpoint-{SAVE_STEPS}" / "FINETUNE_COMPLETE"
-        deadline = time.monotonic() + 400
-        while not (marker.exists() and max([0, *(r.get("step") or 0 for r in volume_progress_records(tmp_path))])
-                   >= SAVE_STEPS + 2):
-            assert time.monotonic() < deadline and not runner.errors, (runner.errors, volume_progress_records(tmp_path))
-            time.sleep(0.05)
+        def past_the_checkpoint() -> bool:
+            assert not runner.errors, runner.errors
+            return marker.exists() and max([0, *(r.get("step") or 0 for r in volume_progress_records(tmp_path))]
+                                            ) >= SAVE_STEPS + 2
+
+        wait_for_run(f"step {SAVE_STEPS + 2}, past checkpoint {SAVE_STEPS}", past_the_checkpoint, tmp_path,
+                     tail=lambda: str(volume_progress_records(tmp_path)[-3:]))
         victim = next(n for n in runner.processes if "-a1-1-" in n)
         runner.kill(victim)
         st = wait_status(kubectl, namespace, lambda s: s.get("attempt") == 2, 120, chart_operator, runner, name=JOB)

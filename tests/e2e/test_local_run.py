@@ -14,6 +14,7 @@ import pytest
 from finetune_operator.api import exit_codes
 from finetune_operator.cli.processes import kill_tree
 from tests.conftest import ROOT
+from tests.support.polling import wait_for_run, wait_until
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
 
@@ -73,9 +74,8 @@ def test_ctrl_c_leaves_a_checkpoint_and_the_same_command_resumes(tiny_model_dir,
             "--output", str(tmp_path)]
     proc = finetune(*args, "--set", "spec.training.maxSteps=100000")
     progress = tmp_path / "output" / "progress.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (progress.exists() and progress.read_text().count('"step"') >= 20):
-        time.sleep(0.2)
+    wait_for_run("20 steps", lambda: progress.exists() and progress.read_text().count('"step"') >= 20, tmp_path,
+                 alive=lambda: proc.poll() is None)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == exit_codes.INTERRUPTED, out
@@ -154,9 +154,7 @@ def test_a_stop_before_training_starts_exits_143_without_a_traceback(tiny_model_
     """Ctrl-C while the model loads or the data is tokenized: nothing to save yet, so a clean Interrupted (143,
     resumable), never exit 1 with a traceback."""
     proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--output", str(tmp_path))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list((tmp_path / "logs").glob("node-0.log")):
-        time.sleep(0.05)
+    wait_until("the node's log", lambda: list((tmp_path / "logs").glob("node-0.log")), timeout=600, every=0.05)
     time.sleep(1.0)  # the trainer is starting: importing torch, loading the tokenizer
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -247,9 +245,8 @@ def test_nothing_outlives_a_killed_cli_and_a_second_run_on_its_output_is_refused
             "--output", str(tmp_path))
     first = finetune(*args)
     progress = tmp_path / "output" / "progress.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (progress.exists() and progress.read_text().count('"step"') >= 3):
-        time.sleep(0.2)
+    wait_for_run("3 steps", lambda: progress.exists() and progress.read_text().count('"step"') >= 3, tmp_path,
+                 alive=lambda: first.poll() is None)
     second = finetune(*args)
     out, _ = second.communicate(timeout=120)
     assert second.returncode == exit_codes.CONFIG_ERROR, out

@@ -5,7 +5,6 @@ directory from the bucket alone; refusals before training; the store going away 
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -15,18 +14,18 @@ from finetune_operator.cli.processes import kill_tree
 from finetune_trainer import errors, objectstore
 from finetune_trainer.outputs import bucket, remote_output, uploads
 from tests.support.bucket_runs import ROWS, finetune_run, job_doc, put_tree
+from tests.support.polling import wait_for_run
 
 
 def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket_alone(minio, uploaded, tmp_path):
     doc = job_doc(minio, uploaded, training={"maxSteps": 400}, checkpoints={"saveSteps": 20, "keep": 2})
     first = finetune_run(doc, tmp_path / "laptop-1", minio.env)
     try:
-        deadline = time.monotonic() + 300
         # Stopped once it has saved a checkpoint, long before its last step (a wait for the bucket's copy let a fast
         # run on a loaded machine reach step 400 first); the stop itself must reach the bucket before the exit.
-        while not list((tmp_path / "laptop-1/run/output").glob("checkpoint-*")):
-            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read() if first.poll() else ""
-            time.sleep(0.2)
+        wait_for_run("a checkpoint", lambda: list((tmp_path / "laptop-1/run/output").glob("checkpoint-*")),
+                     tmp_path / "laptop-1", alive=lambda: first.poll() is None,
+                     tail=lambda: first.stdout.read() if first.poll() is not None else "")
         first.send_signal(signal.SIGINT)
         out, _ = first.communicate(timeout=300)
     finally:
@@ -106,16 +105,13 @@ def test_training_goes_on_while_the_store_is_down_and_uploads_catch_up(minio, up
     proc = finetune_run(doc, tmp_path, minio.env)
     progress = tmp_path / "run/output/progress.jsonl"
     try:
-        deadline = time.monotonic() + 300
-        while not (progress.exists() and any(json.loads(line).get("step", 0) >= 5
-                                             for line in progress.read_text().splitlines())):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.3)
+        wait_for_run("step 5", lambda: progress.exists() and any(json.loads(line).get("step", 0) >= 5
+                                                                 for line in progress.read_text().splitlines()),
+                     tmp_path, alive=lambda: proc.poll() is None)
         minio.stop()  # the store goes away while the run trains and saves
-        while not any((json.loads(line).get("upload") or {}).get("pending", 0) >= 2
-                      for line in progress.read_text().splitlines()):
-            assert proc.poll() is None and time.monotonic() < deadline, "no upload fell behind"
-            time.sleep(0.3)
+        wait_for_run("two uploads behind", lambda: any((json.loads(line).get("upload") or {}).get("pending", 0) >= 2
+                                                       for line in progress.read_text().splitlines()),
+                     tmp_path, alive=lambda: proc.poll() is None)
         minio.start(port=minio.port)  # back, with its data
         out, _ = proc.communicate(timeout=600)
     finally:

@@ -17,6 +17,7 @@ from finetune_trainer.errors import ConfigError
 from finetune_trainer.outputs import bucket, checkpoints, owner, uploads
 from finetune_trainer.outputs.uploads import CheckpointUploader, NodeLayout
 from tests.support.bucket_runs import finetune_run, job_doc
+from tests.support.polling import wait_for_run
 
 
 def local_checkpoint(out: Path, step: int) -> Path:
@@ -89,10 +90,9 @@ def test_a_second_run_on_the_prefix_is_refused_while_the_first_writes_and_takes_
     first = finetune_run(doc, tmp_path / "first", minio.env)
     procs = [first]
     try:
-        deadline = time.monotonic() + 300
-        while bucket.newest_remote(run) is None:
-            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read() if first.poll() else ""
-            time.sleep(0.3)
+        wait_for_run("a checkpoint in the bucket", lambda: bucket.newest_remote(run) is not None, tmp_path / "first",
+                     alive=lambda: first.poll() is None,
+                     tail=lambda: first.stdout.read() if first.poll() is not None else "")
         second = finetune_run(doc, tmp_path / "second", minio.env)
         procs.append(second)
         out, _ = second.communicate(timeout=300)

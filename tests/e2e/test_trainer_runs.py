@@ -13,6 +13,7 @@ import pytest
 from finetune_operator.api import exit_codes
 from finetune_trainer.training.throughput import parameter_counts
 from tests.builders import make_job
+from tests.support.polling import wait_for_run
 from tests.support.trainer_run import run_nodes
 
 ROWS = [{"instruction": f"What is {a} plus {b}?", "output": f"{a} plus {b} is {a + b}."}
@@ -240,10 +241,9 @@ def test_a_stop_signal_on_one_node_stops_every_rank_at_the_same_step_with_one_ch
     try:
         progress_file = tmp_path / "output" / "progress.jsonl"
         wanted = 3 + random.Random(repeat).randrange(6)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not (
-                progress_file.exists() and progress_file.read_text().count('"step"') >= wanted):
-            time.sleep(0.1)
+        wait_for_run(f"{wanted} steps", lambda: progress_file.exists()
+                     and progress_file.read_text().count('"step"') >= wanted, tmp_path,
+                     alive=lambda: all(n.process.poll() is None for n in nodes))
         time.sleep(random.Random(repeat).random() * 0.3)  # anywhere within a step
         nodes[1].process.send_signal(signal.SIGTERM)
         codes = [n.process.wait(timeout=300) for n in nodes]
