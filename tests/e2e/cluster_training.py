@@ -25,7 +25,7 @@ from tests.support.controlplane import free_port
 from tests.support.events import wait_events
 from tests.support.hub_server import StandInHub
 from tests.support.pod_runner import PodRunner
-from tests.support.polling import NotWithin, wait_until
+from tests.support.polling import NotWithin, tree_bytes, wait_until
 
 RELEASE, SYSTEM_NS = "ftj-e2e", "finetunejob-e2e"
 # The killed-node cases kill a node once a checkpoint at step >= 20 is seen: the remaining steps are the margin for
@@ -98,21 +98,23 @@ def tiny_two_node_job(model_dir, workdir, preflight=False, **training):
 
 def wait_status(kubectl, namespace, predicate, timeout, op, runner, name="tiny-cpu-sft"):
     """The status once `predicate` holds. `timeout` counts from the last change of the status (a new step, phase or
-    node count), up to 4 x `timeout` in all: a loaded machine makes a job slow, which is no failure; a status that
-    stands still for `timeout` seconds is one."""
+    node count) or of what the job's pods wrote (their logs, the claims: a pod loading its model on a loaded
+    machine says nothing in the status for minutes), up to 4 x `timeout` in all: a loaded machine makes a job slow,
+    which is no failure; a job that stands still for `timeout` seconds is one."""
     started = changed = time.monotonic()
-    st = seen = {}
+    st, seen = {}, None
     while True:
         st = kubectl.json("get", "ftj", name, "-n", namespace).get("status", {})
         if predicate(st):
             return st
         assert not runner.errors, runner.errors
         now = time.monotonic()
-        if st != seen:
-            seen, changed = st, now
+        moved = (st, tree_bytes(runner.workdir / "pods", runner.workdir / "pvc"))
+        if moved != seen:
+            seen, changed = moved, now
         if now - changed > timeout or now - started > 4 * timeout:
-            raise AssertionError(f"status not reached ({now - changed:.0f} s unchanged, {now - started:.0f} s in "
-                                 f"all): {st}\n{op.log_tail(30)}")
+            raise AssertionError(f"status not reached ({now - changed:.0f} s with nothing new, {now - started:.0f} s "
+                                 f"in all): {st}\n{op.log_tail(30)}")
         time.sleep(0.5)
 
 
