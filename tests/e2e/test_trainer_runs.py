@@ -114,6 +114,30 @@ def test_overlapped_checkpoints_hold_what_synchronous_ones_do(tiny_model_dir, tm
         assert 0 <= marker["stallSeconds"] <= marker["saveSeconds"], marker
 
 
+def test_the_best_checkpoint_is_kept_and_loaded_whether_saves_are_overlapped_or_not(tiny_model_dir, tmp_path):
+    """Best-model tracking without early stopping (extraArgs; here the best is the highest validation loss, the
+    first evaluation's, so that it is not the last checkpoint): the final model is the best checkpoint's and, with
+    keep 1, that checkpoint is the one left, as with synchronous saves. The last checkpoint is still being written
+    when training ends: the end's loading of the best and removal of the others must wait for it."""
+    import torch
+    from safetensors.torch import load_file
+
+    for overlap in (True, False):
+        doc = job(tiny_model_dir, **{
+            "spec.data": {"format": "alpaca", "maxLength": 64, "train": [{"inline": ROWS}],
+                          "validation": [{"inline": ROWS[:4]}]},
+            "spec.training.evalStrategy": "steps", "spec.training.evalSteps": 4,
+            "spec.training.extraArgs": {"load_best_model_at_end": True, "metric_for_best_model": "eval_loss",
+                                        "greater_is_better": True},
+            "spec.checkpoints": {"saveSteps": 4, "keep": 1, "overlap": overlap}})
+        ok(run_nodes(doc, tmp_path / str(overlap)))
+    for overlap in (True, False):
+        out = tmp_path / str(overlap) / "output"
+        assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-4"], overlap
+        best, final = (load_file(d / "model.safetensors") for d in (out / "checkpoint-4", out / "final"))
+        assert all(torch.equal(best[k], final[k]) for k in best), overlap
+
+
 def test_lora_adapter_merge_and_reload_give_the_same_outputs(tiny_model_dir, tmp_path):
     import torch
     from peft import PeftModel

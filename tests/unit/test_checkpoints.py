@@ -302,3 +302,46 @@ def test_an_overlapped_copy_saves_the_trained_adapter_while_the_next_step_runs_t
     assert {"python", "numpy", "cpu"} <= set(rng) and (tmp_path / "out" / "checkpoint-5" / "FINETUNE_COMPLETE").exists()
     wrong = [k for k, v in trained.items() if not torch.equal(saved.get(k.replace(".default", ""), v + 1), v)]
     assert not wrong, f"the checkpoint's adapter is not the trained one at {wrong[:2]}; it holds {sorted(saved)[:2]}"
+
+
+# Each way transformers comes to track a best checkpoint, with the best first, in the middle, and tied late.
+@pytest.mark.parametrize(("tracking", "losses"), [
+    ({"metric_for_best_model": "loss"}, (1.0, 2.0, 3.0, 4.0)),
+    ({"load_best_model_at_end": True}, (3.0, 2.0, 1.0, 4.0)),
+    ({"lr_scheduler_type": "reduce_lr_on_plateau"}, (2.0, 2.0, 1.0, 1.0)),
+])
+def test_an_overlapped_save_keeps_the_best_checkpoint_as_the_synchronous_one_does(tiny_model_dir, tmp_path, tracking,
+                                                                                    losses):
+    """Where transformers tracks a best checkpoint (metric_for_best_model, load_best_model_at_end or a plateau
+    scheduler, none of which needs early stopping), its save records it in the trainer state (a resume, the
+    final model and the summary read it there) and never rotates it out: an overlapped save must too. An evaluation
+    before every save."""
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter, save_in_background
+    from finetune_trainer.training.callbacks import CheckpointMarkerCallback
+
+    kept, states = {}, {}
+    for overlap in (False, True):
+        out = tmp_path / str(overlap)
+        args = TrainingArguments(output_dir=str(out), use_cpu=True, report_to=[], save_strategy="steps",
+                                 save_steps=2, eval_strategy="steps", eval_steps=2, save_total_limit=1, **tracking)
+        trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args,
+                          eval_dataset=[{"input_ids": [1, 2]}])  # never read: the evaluations' losses are given
+        trainer.create_optimizer_and_scheduler(num_training_steps=10)
+        writer = CheckpointWriter()
+        marked = CheckpointMarkerCallback(out, None, {}, deferred=True)
+        for i, loss in enumerate(losses):
+            trainer.state.global_step = 2 * (i + 1)
+            trainer._determine_best_metric({"eval_loss": loss}, None)  # the evaluation before the save
+            if overlap:
+                save_in_background(trainer, writer, marked, None)
+            else:
+                trainer._save_checkpoint(trainer.model, None)
+        writer.wait()
+        kept[overlap] = sorted(p.name for p in out.glob("checkpoint-*"))
+        states[overlap] = [json.loads((out / name / "trainer_state.json").read_text()) for name in kept[overlap]]
+        for state in states[overlap]:
+            state["best_model_checkpoint"] = Path(state["best_model_checkpoint"] or "").name
+    assert kept[True] == kept[False]
+    assert states[True] == states[False]

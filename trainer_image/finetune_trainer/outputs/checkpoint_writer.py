@@ -12,8 +12,10 @@ wait is stall too). Training's end, a stop and a crash all wait for the write in
 says anything about its checkpoints.
 
 Used where the Trainer's save is rank 0's alone (DDP, one process); sharded states (FSDP, DeepSpeed), object
-storage uploads (output.uri has its own background upload), checkpoint pushes and best-model tracking keep the
-synchronous save.
+storage uploads (output.uri has its own background upload), checkpoint pushes and early stopping keep the
+synchronous save. A best checkpoint tracked without early stopping (extraArgs.metric_for_best_model,
+load_best_model_at_end, a plateau scheduler) is recorded as the Trainer's save records it (best_checkpoint), and the
+end of training, which loads it and removes the others, waits for the write in flight.
 """
 
 import os
@@ -202,6 +204,19 @@ def rng_states(trainer: Any) -> dict[str, Any]:
     return states
 
 
+def best_checkpoint(trainer: Any, run_dir: str, step: int) -> str | None:
+    """The best checkpoint as transformers' _save_checkpoint records it at a save (state.best_model_checkpoint: the
+    final model with load_best_model_at_end, a resume, the summary read it, and rotation keeps it): the checkpoint
+    of the best evaluation's step, once saved. Tracked wherever metric_for_best_model is set (extraArgs, or
+    transformers' own "loss" for load_best_model_at_end or a plateau scheduler), early stopping or not. The save
+    being made now counts: every rank knows the step rank 0 is writing. None: unchanged."""
+    best_step = trainer.state.best_global_step
+    if not best_step or trainer.args.save_strategy not in ("steps", "epoch", "best"):
+        return None
+    path = os.path.join(run_dir, f"checkpoint-{best_step}")
+    return path if best_step == step or os.path.isdir(path) else None
+
+
 def rng_file_name(trainer: Any) -> str:
     """The Trainer's name for this process's RNG file in a checkpoint (what its resume reads)."""
     return "rng_state.pth" if trainer.args.world_size <= 1 else f"rng_state_{trainer.args.process_index}.pth"
@@ -225,6 +240,7 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     step = trainer.state.global_step
     output_dir = os.path.join(run_dir, f"checkpoint-{step}")
     trainer.store_flos()
+    trainer.state.best_model_checkpoint = best_checkpoint(trainer, run_dir, step) or trainer.state.best_model_checkpoint
     if not trainer.args.should_save:
         trainer._save_rng_state(output_dir)  # the other ranks' own RNG files, at once as the Trainer writes them
         return

@@ -146,6 +146,13 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
                 writer.drain()
             return result
 
+        def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
+            # The end of training loads the best checkpoint (load_best_model_at_end) and, with keep 1, removes the
+            # others: from the disk, so the last checkpoint must be written first.
+            if writer is not None:
+                writer.drain()
+            return super()._finalize_training(*args, **kwargs)
+
         def _save_checkpoint(self, model: Any, trial: Any) -> None:
             marked.save_started = time.monotonic()
             if writer is None:
