@@ -208,6 +208,54 @@ def test_a_round_joined_while_a_sweep_is_stuck_starts_its_workers_without_the_kn
     assert returned == ["joined"], "the join waited for a sweep stuck in a store call"
 
 
+def test_a_sweeper_that_waited_for_a_stuck_sweep_does_not_sweep_after_the_round_formed(sweeping, monkeypatch):
+    """The sweeper of this join waits for the state held by a stuck sweep (one left over from an earlier join); the
+    round forms meanwhile and torch forks the workers. When the stuck sweep lets go, that sweeper must end, not
+    begin a sweep (store calls, lookups, connects) in the window where the workers are forked."""
+    import threading
+
+    presence, member, state = sweeping
+
+    class Watched:  # the presence's lock, saying when the sweeper asks for it
+        def __init__(self):
+            self.inner, self.wanted = threading.Lock(), threading.Event()
+
+        def acquire(self, blocking=True, timeout=-1):
+            if threading.current_thread().name == "finetune-presence-sweep":
+                self.wanted.set()
+            return self.inner.acquire(blocking, timeout)
+
+        def release(self):
+            self.inner.release()
+
+        def __enter__(self):
+            self.acquire()
+
+        def __exit__(self, *_):
+            self.release()
+
+    lock = Watched()
+    monkeypatch.setattr(presence, "_lock", lock)
+    stuck, release = threading.Event(), threading.Event()
+
+    def stuck_sweep():
+        with lock:
+            stuck.set()
+            release.wait(300)
+
+    threading.Thread(target=stuck_sweep, daemon=True).start()
+    assert stuck.wait(30)
+    monkeypatch.setattr(presence, "_next", lambda: lock.wanted.wait(60) and "joined")  # formed once it waits
+    before = presence.sweeps
+    assert presence.next_rendezvous() == "joined"
+    (sweeper,) = [t for t in threading.enumerate() if t.name == "finetune-presence-sweep"]
+    release.set()
+    sweeper.join(60)
+    assert not sweeper.is_alive()
+    assert presence.sweeps == before, "the sweeper swept after the round formed"
+    assert member in state().participants
+
+
 def test_a_keep_alive_written_after_the_knock_keeps_its_member(sweeping, monkeypatch):
     """The member's keep-alive lands between this agent's read of the state and its write (the compare-and-set
     then fails): that keep-alive is newer than the knock, so the member stays, whatever the knock said."""

@@ -118,7 +118,9 @@ class Presence:
         try:
             joined = self._next()
         finally:
-            joining.set()  # the sweeper ends after its current sweep (each knock in it is bounded)
+            # The sweeper ends after its current sweep (each knock in it is bounded) and starts none after this;
+            # one stuck longer in a store call (node 0 starved) is left to end on its own, in its store call.
+            joining.set()
             sweeper.join(timeout=3 * KNOCK_SECONDS)
         # Here, not in a thread: torch forks the workers next, and a thread of ours caught inside a lookup or a
         # connect would leave its locks held in every worker. A round of live members answers in milliseconds.
@@ -189,7 +191,10 @@ class Presence:
         said = False
         while not done.wait(EVERY_SECONDS):
             try:
-                self.sweep()
+                with self._lock:
+                    if done.is_set():  # the round formed while a stuck sweep held the state: the workers fork now
+                        return
+                    self._sweep()
             except Exception as exc:  # the store slow or gone: tried again at the next sweep; the keep-alives decide
                 if not said:
                     print(f"finetune agent: a presence sweep failed ({exc!r}); trying again every "
