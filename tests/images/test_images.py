@@ -24,7 +24,8 @@ def run(image: str, *argv: str, entrypoint: str = "python", user: str | None = N
              "--entrypoint", entrypoint, *(["--tmpfs", "/tmp:rw,mode=1777"] if tmp else [])]
     if user:
         flags += ["--user", user]
-    return podman("run", *flags, image, *argv, timeout=300).stdout
+    # A hang's backstop, not a measure: importing the trainer's stack took over 300 s at load 26 (beside CPU hogs).
+    return podman("run", *flags, image, *argv, timeout=1200).stdout
 
 
 def test_sizes_and_users_are_what_the_pods_expect(images):
