@@ -18,6 +18,7 @@ load_best_model_at_end, a plateau scheduler) is recorded as the Trainer's save r
 end of training, which loads it and removes the others, waits for the write in flight.
 """
 
+import copy
 import os
 import threading
 import time
@@ -85,8 +86,6 @@ def trainer_state_copy(state: Any) -> Any:
     copy whose containers are copied too. The loop only appends to the log history (a callback may still add a key
     to its last entry), so each entry is copied, not the values in it; a deep copy and the JSON of a log history that
     grows with every logged step would be stall."""
-    import copy
-
     taken = copy.copy(state)
     taken.log_history = [dict(entry) for entry in state.log_history]
     taken.stateful_callbacks = copy.deepcopy(state.stateful_callbacks)
@@ -228,8 +227,6 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     and optimizer states copied by the writer's thread before the next optimizer step (CopyBeforeStep), then
     written with rank 0's RNG file, marked complete (`marked`: CheckpointMarkerCallback) and rotated. Rank 0 writes
     the checkpoint."""
-    import copy
-
     import torch
     from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, ExportableState
     from transformers.trainer_utils import rotate_checkpoints
