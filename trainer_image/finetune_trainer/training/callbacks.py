@@ -143,8 +143,7 @@ class ProgressCallback(TrainerCallback):
             if self.reporter is not None:
                 progress = {"progress": {**status_progress(self.last_record), "message": None}} if (
                     "checkpoint" in status and self.last_record) else {}
-                if self.reporter.report({**progress, **status}, force=True) and "checkpoint" in status:
-                    self.sent_checkpoint = self.checkpoint
+                self._send({**progress, **status}, force=True)
 
     def report_restored(self, step: int, path: str, source: str) -> None:
         """The checkpoint this attempt resumed from (status.checkpoint.restoredFrom, `source`: its bucket copy with
@@ -175,8 +174,12 @@ class ProgressCallback(TrainerCallback):
             status: dict[str, Any] = {"progress": {**status_progress(record), "message": None}}
             if self.checkpoint is not None:
                 status["checkpoint"] = self.checkpoint
-            if self.reporter.report(status, force=force) and self.checkpoint is not None:
-                self.sent_checkpoint = self.checkpoint
+            self._send(status, force=force)
+
+    def _send(self, status: dict[str, Any], force: bool) -> None:
+        """One patch (under _reporting); the checkpoint it carried is then the status's."""
+        if self.reporter is not None and self.reporter.report(status, force=force) and "checkpoint" in status:
+            self.sent_checkpoint = status["checkpoint"]
 
 
 def _significant(value: float | None, digits: int = 4) -> float | None:
