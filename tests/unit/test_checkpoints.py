@@ -345,3 +345,42 @@ def test_an_overlapped_save_keeps_the_best_checkpoint_as_the_synchronous_one_doe
             state["best_model_checkpoint"] = Path(state["best_model_checkpoint"] or "").name
     assert kept[True] == kept[False]
     assert states[True] == states[False]
+
+
+# The Trainer's save writes these by its arguments and mixed precision; an overlapped one must write the same.
+@pytest.mark.parametrize("model_only", [False, True])
+@pytest.mark.parametrize("loss_scaler", [False, True])
+def test_an_overlapped_save_writes_the_files_the_synchronous_one_does(tiny_model_dir, tmp_path, model_only,
+                                                                     loss_scaler):
+    """save_only_model (extraArgs) leaves out the optimizer, scheduler, scaler and RNG files; fp16 adds the loss
+    scaler's state, without which a resume starts its loss scale over. The loss scaler is torch's own, on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter, save_in_background
+    from finetune_trainer.training.callbacks import CheckpointMarkerCallback
+
+    files, scales = {}, {}
+    for overlap in (False, True):
+        out = tmp_path / str(overlap)
+        args = TrainingArguments(output_dir=str(out), use_cpu=True, report_to=[], save_only_model=model_only)
+        trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args)
+        trainer.create_optimizer_and_scheduler(num_training_steps=10)
+        if loss_scaler:
+            trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+            trainer.accelerator.scaler.scale(torch.tensor(1.0))  # its first step makes its state
+            trainer.accelerator.scaler.update(new_scale=512.0)  # moved away from its initial scale
+        trainer.state.global_step = 3
+        if overlap:
+            writer = CheckpointWriter()
+            save_in_background(trainer, writer, CheckpointMarkerCallback(out, None, {}, deferred=True), None)
+            writer.wait()
+        else:
+            trainer._save_checkpoint(trainer.model, None)
+        saved = out / "checkpoint-3"
+        files[overlap] = sorted(p.name for p in saved.iterdir() if p.name != "FINETUNE_COMPLETE")
+        scaler_file = saved / "scaler.pt"
+        scales[overlap] = torch.load(scaler_file)["scale"] if scaler_file.exists() else None
+    assert files[True] == files[False]
+    assert scales[True] == scales[False] == (512.0 if loss_scaler and not model_only else None)
+    assert ("optimizer.pt" in files[True]) is not model_only

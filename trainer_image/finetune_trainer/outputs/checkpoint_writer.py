@@ -226,9 +226,10 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     scheduler and trainer states; the other ranks write their RNG files at once, as the Trainer does); the weights
     and optimizer states copied by the writer's thread before the next optimizer step (CopyBeforeStep), then
     written with rank 0's RNG file, marked complete (`marked`: CheckpointMarkerCallback) and rotated. Rank 0 writes
-    the checkpoint."""
+    the checkpoint. The same files as the Trainer's save: the fp16 loss scaler's state too, and with
+    save_only_model (extraArgs) the weights and the trainer state alone."""
     import torch
-    from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, ExportableState
+    from transformers.trainer import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, ExportableState
     from transformers.trainer_utils import rotate_checkpoints
 
     started = marked.save_started or time.monotonic()
@@ -238,11 +239,15 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     output_dir = os.path.join(run_dir, f"checkpoint-{step}")
     trainer.store_flos()
     trainer.state.best_model_checkpoint = best_checkpoint(trainer, run_dir, step) or trainer.state.best_model_checkpoint
+    model_only = trainer.args.save_only_model  # no optimizer, scheduler, scaler or RNG files (transformers' save)
     if not trainer.args.should_save:
-        trainer._save_rng_state(output_dir)  # the other ranks' own RNG files, at once as the Trainer writes them
+        if not model_only:
+            trainer._save_rng_state(output_dir)  # the other ranks' own RNG files, at once as the Trainer writes them
         return
     rng, rng_file = rng_states(trainer), os.path.join(output_dir, rng_file_name(trainer))
     scheduler = copy.deepcopy(trainer.lr_scheduler.state_dict())
+    scaler = getattr(trainer.accelerator, "scaler", None)  # fp16's loss scale: a resume without it starts over
+    scaler = copy.deepcopy(scaler.state_dict()) if scaler is not None else None
     for cb in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
         name, state = type(cb).__name__, cb.state()
         if isinstance(trainer.state.stateful_callbacks.get(name), list):
@@ -254,21 +259,25 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     # Which tensors, and the optimizer's groups (learning rates included: an evaluation may step a plateau
     # scheduler before the next optimizer step), fixed now; their contents copied in the background.
     weights = saved_state(trainer.model, buffers.get("weights"))
-    optimizer = trainer.optimizer.state_dict()
+    optimizer = None if model_only else trainer.optimizer.state_dict()
     writer.hold = hold = CopyBeforeStep(trainer.optimizer)
     in_loop = time.monotonic() - started
     limit, best = trainer.args.save_total_limit, trainer.state.best_model_checkpoint
 
     def take_copy() -> None:
         buffers["weights"] = snapshot(weights, buffers.get("weights"))
-        buffers["optimizer"] = snapshot(optimizer, buffers.get("optimizer"))
+        if optimizer is not None:
+            buffers["optimizer"] = snapshot(optimizer, buffers.get("optimizer"))
 
     def write() -> None:
         os.makedirs(output_dir, exist_ok=True)
-        torch.save(rng, rng_file)
         trainer._save(output_dir, state_dict=buffers["weights"])
-        torch.save(buffers["optimizer"], os.path.join(output_dir, OPTIMIZER_NAME))
-        torch.save(scheduler, os.path.join(output_dir, SCHEDULER_NAME))
+        if not model_only:
+            torch.save(rng, rng_file)
+            torch.save(buffers["optimizer"], os.path.join(output_dir, OPTIMIZER_NAME))
+            torch.save(scheduler, os.path.join(output_dir, SCHEDULER_NAME))
+            if scaler is not None:
+                torch.save(scaler, os.path.join(output_dir, SCALER_NAME))
         trainer_state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
         marked.complete(step, Path(output_dir), stall=in_loop + hold.stall(), save=time.monotonic() - started)
         rotate_checkpoints(output_dir=run_dir, save_total_limit=limit, best_model_checkpoint=best)
