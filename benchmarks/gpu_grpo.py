@@ -53,6 +53,8 @@ def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
     # on our side but for one of 30 s; TRL's steps were not timed. The medians after the warm-up step say which.
     our_steps, trl_steps = step_seconds(records), [h.get("stepSeconds") for h in theirs]
     steady_ours, steady_trl = median_after_first(our_steps), median_after_first(trl_steps)
+    logged = [r for r in records if r.get("loss") is not None]  # the steps' logs (not a checkpoint's record)
+    apart = first_step_apart(logged, theirs)
     measured = summary.get("peakMemoryGiB")
     predicted = suite.predicted_peak_gib(doc, model)
     return {"secondsPerStep": round(ours, 3), "trlSecondsPerStep": round(trl, 3), "vsTrl": round(trl / ours, 3),
@@ -61,8 +63,12 @@ def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
             "predictedOverMeasured": round(predicted / measured, 3) if measured and predicted else None,
             "loss": summary.get("finalLoss"), "reward": summary.get("reward"),
             "completionLength": summary.get("completionLength"),
-            "sameRunAsTrl": abs(records[-1]["loss"] - theirs[-1]["loss"]) < 1e-3
-            and abs(records[-1]["reward"] - theirs[-1]["reward"]) < 1e-3,
+            "sameRunAsTrl": apart is None,
+            # Where the two runs part says why they do: at step 1 the first generation already differed (set-up,
+            # random state); later, the updates drifted apart (bf16 kernels) until a sampled token flipped.
+            "firstStepApart": apart,
+            "lossAndRewardPerStep": [[r.get("step"), r.get("loss"), t.get("loss"), r.get("reward"), t.get("reward")]
+                                     for r, t in zip(logged, theirs, strict=False)],
             "secondsToFirstStep": round(first, 1),
             "steadySecondsPerStep": steady_ours, "trlSteadySecondsPerStep": steady_trl,
             "steadyVsTrl": round(steady_trl / steady_ours, 3) if steady_ours and steady_trl else None,
@@ -81,6 +87,18 @@ def step_seconds(records: list[dict]) -> list[float | None]:
         seen = tokens if tokens is not None else seen
         last_step = step if isinstance(step, int) else last_step
     return out
+
+
+def first_step_apart(ours: list[dict], theirs: list[dict], tolerance: float = 1e-3) -> int | None:
+    """The first logged step whose loss or mean reward differs between our records and TRL's logs (step by step, each
+    a dict with step, loss and reward), or where one run logged a step the other did not; None: the same run."""
+    by_step = {t.get("step"): t for t in theirs}
+    for r in ours:
+        t = by_step.pop(r.get("step"), None)
+        if t is None or any(r.get(k) is None or t.get(k) is None or abs(r[k] - t[k]) >= tolerance
+                            for k in ("loss", "reward")):
+            return r.get("step")
+    return min(by_step) if by_step else None
 
 
 def median_after_first(seconds: list[float | None]) -> float | None:

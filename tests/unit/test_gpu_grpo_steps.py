@@ -5,7 +5,9 @@ import json
 import time
 from types import SimpleNamespace
 
-from benchmarks.gpu_grpo import median_after_first, step_seconds
+import pytest
+
+from benchmarks.gpu_grpo import first_step_apart, median_after_first, step_seconds
 
 
 def records_of_a_run(tmp_path, pauses: list[float]) -> tuple[list[dict], list[float]]:
@@ -45,3 +47,20 @@ def test_a_step_whose_record_before_it_is_missing_has_no_time(tmp_path):
     derived = step_seconds([records[0], *records[2:]])
     assert derived[1] is None, (derived, measured)
     assert abs(derived[2] - measured[3]) < 0.04, (derived, measured)
+
+
+def run(*values: tuple[float, float]) -> list[dict]:
+    return [{"step": i, "loss": loss, "reward": reward} for i, (loss, reward) in enumerate(values, start=1)]
+
+
+@pytest.mark.parametrize(("theirs", "apart"), [
+    (run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5)), None),  # the same run
+    (run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5004)), None),  # within the tolerance
+    (run((0.5, 1.1), (0.4, 1.2), (0.3, 1.5)), 1),  # the first generation differed already
+    (run((0.5, 1.0), (0.41, 1.2), (0.3, 1.5)), 2),  # the loss drifted first
+    (run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5), (0.2, 1.6)), 4),  # TRL logged a step we did not
+    (run((0.5, 1.0), (0.4, 1.2)), 3),  # we logged a step TRL did not
+    ([{"step": 1, "loss": 0.5, "reward": None}, *run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5))[1:]], 1),  # no reward
+])
+def test_the_first_step_where_our_grpo_run_and_trls_part(theirs, apart):
+    assert first_step_apart(run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5)), theirs) == apart
