@@ -58,6 +58,8 @@ BAD_INPUTS = [
      "not a TrainingArguments field"),
     ("extra-arg-managed", {"spec.training.extraArgs": {"output_dir": "/x"}}, "spec.training.extraArgs.output_dir",
      "managed by the operator"),
+    ("extra-arg-weights-only-checkpoints", {"spec.training.extraArgs": {"save_only_model": True}},
+     "spec.training.extraArgs.save_only_model", "managed by the operator"),
     ("extra-arg-duplicates-field", {"spec.training.extraArgs": {"learning_rate": 1}},
      "spec.training.extraArgs.learning_rate", "managed by the operator"),
     ("num-nodes-zero", {"spec.distributed.numNodes": 0}, "spec.distributed.numNodes", "greater than or equal to 1"),

@@ -38,6 +38,10 @@ MANAGED_TRAINING_ARGUMENTS: dict[str, str] = {
     "save_strategy": "spec.checkpoints.saveStrategy",
     "save_steps": "spec.checkpoints.saveSteps",
     "save_total_limit": "spec.checkpoints.keep",
+    # A weights-only checkpoint would be resumed by the next attempt (a restart, a suspension, an elastic change) with
+    # a fresh optimizer, scheduler and data order: a different run, silently.
+    "save_only_model": "spec.checkpoints: a checkpoint always holds the optimizer, scheduler and RNG states that "
+                       "a restart resumes from; keep fewer with spec.checkpoints.keep, or none with saveStrategy: no",
     "neftune_noise_alpha": "spec.method.neftuneNoiseAlpha",
     "report_to": "spec.tracking.reportTo (TensorBoard is always written)",
     "run_name": "spec.tracking.runName",
