@@ -67,8 +67,7 @@ def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
             # Where the two runs part says why they do: at step 1 the first generation already differed (set-up,
             # random state); later, the updates drifted apart (bf16 kernels) until a sampled token flipped.
             "firstStepApart": apart,
-            "lossAndRewardPerStep": [[r.get("step"), r.get("loss"), t.get("loss"), r.get("reward"), t.get("reward")]
-                                     for r, t in zip(logged, theirs, strict=False)],
+            "lossAndRewardPerStep": per_step(logged, theirs),
             "secondsToFirstStep": round(first, 1),
             "steadySecondsPerStep": steady_ours, "trlSteadySecondsPerStep": steady_trl,
             "steadyVsTrl": round(steady_trl / steady_ours, 3) if steady_ours and steady_trl else None,
@@ -91,14 +90,25 @@ def step_seconds(records: list[dict]) -> list[float | None]:
 
 def first_step_apart(ours: list[dict], theirs: list[dict], tolerance: float = 1e-3) -> int | None:
     """The first logged step whose loss or mean reward differs between our records and TRL's logs (step by step, each
-    a dict with step, loss and reward), or where one run logged a step the other did not; None: the same run."""
-    by_step = {t.get("step"): t for t in theirs}
-    for r in ours:
-        t = by_step.pop(r.get("step"), None)
-        if t is None or any(r.get(k) is None or t.get(k) is None or abs(r[k] - t[k]) >= tolerance
-                            for k in ("loss", "reward")):
-            return r.get("step")
-    return min(by_step) if by_step else None
+    a dict with step, loss and reward; a NaN differs from anything), or where one run logged a step the other did
+    not; None: the same run."""
+    for step, r, t in _by_step(ours, theirs):
+        if r is None or t is None or not all(
+                r.get(k) is not None and t.get(k) is not None and abs(r[k] - t[k]) < tolerance
+                for k in ("loss", "reward")):
+            return step
+    return None
+
+
+def per_step(ours: list[dict], theirs: list[dict]) -> list[list]:
+    """[step, our loss, TRL's loss, our reward, TRL's reward] for every step either side logged, paired by step."""
+    return [[step, *((side or {}).get(k) for k in ("loss", "reward") for side in (r, t))]
+            for step, r, t in _by_step(ours, theirs)]
+
+
+def _by_step(ours: list[dict], theirs: list[dict]) -> list[tuple[int, dict | None, dict | None]]:
+    mine, trl = {r.get("step"): r for r in ours}, {t.get("step"): t for t in theirs}
+    return [(step, mine.get(step), trl.get(step)) for step in sorted(mine.keys() | trl.keys())]
 
 
 def median_after_first(seconds: list[float | None]) -> float | None:

@@ -384,3 +384,40 @@ def test_an_overlapped_save_writes_the_files_the_synchronous_one_does(tiny_model
     assert files[True] == files[False]
     assert scales[True] == scales[False] == (512.0 if loss_scaler and not model_only else None)
     assert ("optimizer.pt" in files[True]) is not model_only
+
+
+@pytest.mark.parametrize("model_only", [False, True])
+def test_resuming_a_weights_only_checkpoint_says_the_optimizer_and_the_schedule_start_over(tiny_model_dir, tmp_path,
+                                                                                          model_only):
+    """transformers resumes a save_only_model checkpoint with a new optimizer and its learning-rate schedule from
+    step 0 (warmup again) at the checkpoint's step, silently; a gang restart resumes such checkpoints on its own."""
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from finetune_trainer.outputs.checkpoint_writer import CheckpointWriter, save_in_background
+    from finetune_trainer.training import advice
+    from finetune_trainer.training.callbacks import CheckpointMarkerCallback
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_only_model=model_only)
+    trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    trainer.state.global_step = 3
+    writer = CheckpointWriter()
+    save_in_background(trainer, writer, CheckpointMarkerCallback(tmp_path, None, {}, deferred=True), None)
+    writer.wait()
+    said: list[tuple[str, str]] = []
+    advice.weights_only(tmp_path / "checkpoint-3", args, lambda *w: said.append(w))
+    assert [reason for reason, _ in said] == (["WeightsOnlyCheckpoint"] if model_only else [])
+    if model_only:
+        assert "learning-rate schedule" in said[0][1] and "save_only_model" in said[0][1]
+
+
+def test_a_deepspeed_checkpoint_keeps_its_optimizer_state_in_its_own_folder(tmp_path):
+    from types import SimpleNamespace
+
+    from finetune_trainer.training import advice
+
+    (tmp_path / "checkpoint-3" / "global_step3").mkdir(parents=True)  # DeepSpeed's own scheduler: no scheduler.pt
+    said: list[tuple[str, str]] = []
+    advice.weights_only(tmp_path / "checkpoint-3", SimpleNamespace(lr_scheduler_type="linear"),
+                        lambda *w: said.append(w))
+    assert said == []

@@ -64,3 +64,26 @@ def run(*values: tuple[float, float]) -> list[dict]:
 ])
 def test_the_first_step_where_our_grpo_run_and_trls_part(theirs, apart):
     assert first_step_apart(run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5)), theirs) == apart
+
+
+@pytest.mark.parametrize(("ours", "theirs", "apart"), [
+    # A NaN is never the same run (the old sameRunAsTrl's `abs(a - b) < 1e-3` said so too): the loss of one side
+    # only, and of both.
+    (run((0.5, 1.0), (float("nan"), 1.2), (0.3, 1.5)), run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5)), 2),
+    (run((0.5, 1.0), (float("nan"), 1.2)), run((0.5, 1.0), (float("nan"), 1.2)), 2),
+    # The first step apart is the first either way: a step TRL logged and we did not (2) comes before one of ours
+    # whose loss differs (3).
+    ([r for r in run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5)) if r["step"] != 2],
+     run((0.5, 1.0), (0.4, 1.2), (0.35, 1.5)), 2),
+])
+def test_a_nan_or_a_missing_step_before_a_difference_is_where_the_runs_part(ours, theirs, apart):
+    assert first_step_apart(ours, theirs) == apart
+
+
+def test_each_steps_loss_and_reward_are_paired_by_step():
+    """A step one side did not log must not shift the other side's steps onto the wrong rows."""
+    from benchmarks.gpu_grpo import per_step
+
+    ours = [r for r in run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5)) if r["step"] != 2]
+    assert per_step(ours, run((0.5, 1.0), (0.4, 1.2), (0.3, 1.5))) == [
+        [1, 0.5, 0.5, 1.0, 1.0], [2, None, 0.4, None, 1.2], [3, 0.3, 0.3, 1.5, 1.5]]

@@ -122,6 +122,8 @@ TRAINER_NOTICES: Final = {
                    "reply",
     "PairsDropped": "preference pairs too long for data.maxLength were left out",
     "RowsRepeated": "several processes: the last batch of an epoch is filled up with rows repeated from its start",
+    "WeightsOnlyCheckpoint": "the run resumed a weights-only checkpoint (checkpoints.resume naming one saved with "
+                             "save_only_model elsewhere): a new optimizer, the learning-rate schedule from its start",
 }
 
 # CamelCase words the operator reads from Kubernetes and Kueue (pod, Job and Workload conditions and reasons,

@@ -1,5 +1,6 @@
 """What the trainer tells the user about a run that a loss curve would not: why it stopped diverged and which
-checkpoint is still good, a resume that changed the global batch, system prompts a template could not render."""
+checkpoint is still good, a resume that changed the global batch or starts the optimizer over, system prompts a
+template could not render."""
 
 import json
 from collections.abc import Callable
@@ -54,6 +55,20 @@ def batch_changed(checkpoint: Path, args: Any, warn: Warn) -> None:
          f"step takes {now['globalBatchSize'] / before['globalBatchSize']:.3g}x the samples and an epoch has "
          "fewer (or more) steps; keep numNodes x gpusPerNode x perDeviceTrainBatchSize x gradientAccumulationSteps "
          "the same to resume the run unchanged")
+
+
+def weights_only(checkpoint: Path, args: Any, warn: Warn) -> None:
+    """A checkpoint saved with save_only_model (by another run: a job's extraArgs may not set it) holds no
+    optimizer, scheduler or RNG state: transformers resumes it with a new optimizer and the learning-rate schedule
+    from its start at the checkpoint's step, without a word. Every other checkpoint has the scheduler's file
+    (scheduler.pt), or DeepSpeed's folder (global_step*) where DeepSpeed keeps the states itself."""
+    if (checkpoint / "scheduler.pt").exists() or any(checkpoint.glob("global_step*")):
+        return
+    warn("WeightsOnlyCheckpoint",
+         f"resuming {checkpoint.name}, which holds the weights but no optimizer, learning-rate scheduler or random "
+         "state (saved with save_only_model): training goes on from its step with a new optimizer (Adam's "
+         f"moments at zero) and the {args.lr_scheduler_type} learning-rate schedule from its start (its warmup "
+         "again); name a checkpoint that holds them (optimizer.pt, scheduler.pt) to resume the run unchanged")
 
 
 def folded_system(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
