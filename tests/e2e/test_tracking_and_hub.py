@@ -53,7 +53,9 @@ def test_mlflow_and_wandb_receive_the_run_and_a_resumed_job_continues_the_same_r
     assert client.get_experiment(run.info.experiment_id).name == "tiny-experiments"
     assert run.info.run_name == "tiny-cpu-sft" and run.data.tags["finetunejob.name"] == "tiny-cpu-sft"
     assert run.data.params["learning_rate"] == "0.005"  # TrainingArguments, logged once
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
+    # transformers logs to MLflow asynchronously (synchronous=False): on a loaded machine a step's line can land after
+    # the next one's, and the history comes back in the order written. Each step once is what counts.
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4]
     # TensorBoard stays on beside them.
     assert list((output / "runs").rglob("events.out.tfevents.*"))
 
@@ -67,7 +69,7 @@ def test_mlflow_and_wandb_receive_the_run_and_a_resumed_job_continues_the_same_r
     assert "resumed:    from" in out
     assert json.loads((output / "tracking.json").read_text()) == runs
     history = client.get_metric_history(runs["mlflow"], "loss")
-    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
     assert len(list((output / "wandb").glob(f"offline-run-*-{runs['wandb']}"))) == 2  # one per attempt, one id
 
 
