@@ -53,8 +53,7 @@ def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
     # on our side but for one of 30 s; TRL's steps were not timed. The medians after the warm-up step say which.
     our_steps, trl_steps = step_seconds(records), [h.get("stepSeconds") for h in theirs]
     steady_ours, steady_trl = median_after_first(our_steps), median_after_first(trl_steps)
-    logged = [r for r in records if r.get("loss") is not None]  # the steps' logs (not a checkpoint's record)
-    apart = first_step_apart(logged, theirs)
+    apart = first_step_apart(records, theirs)
     measured = summary.get("peakMemoryGiB")
     predicted = suite.predicted_peak_gib(doc, model)
     return {"secondsPerStep": round(ours, 3), "trlSecondsPerStep": round(trl, 3), "vsTrl": round(trl / ours, 3),
@@ -67,7 +66,7 @@ def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
             # Where the two runs part says why they do: at step 1 the first generation already differed (set-up,
             # random state); later, the updates drifted apart (bf16 kernels) until a sampled token flipped.
             "firstStepApart": apart,
-            "lossAndRewardPerStep": per_step(logged, theirs),
+            "lossAndRewardPerStep": per_step(records, theirs),
             "secondsToFirstStep": round(first, 1),
             "steadySecondsPerStep": steady_ours, "trlSteadySecondsPerStep": steady_trl,
             "steadyVsTrl": round(steady_trl / steady_ours, 3) if steady_ours and steady_trl else None,
