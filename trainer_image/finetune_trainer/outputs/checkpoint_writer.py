@@ -227,7 +227,7 @@ def save_in_background(trainer: Any, writer: CheckpointWriter, marked: Any, tria
     and optimizer states copied by the writer's thread before the next optimizer step (CopyBeforeStep), then
     written with rank 0's RNG file, marked complete (`marked`: CheckpointMarkerCallback) and rotated. Rank 0 writes
     the checkpoint. The same files as the Trainer's save: the fp16 loss scaler's state too, and with
-    save_only_model (extraArgs) the weights and the trainer state alone."""
+    transformers' save_only_model (which a job's extraArgs may not set) the weights and the trainer state alone."""
     import torch
     from transformers.trainer import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, ExportableState
     from transformers.trainer_utils import rotate_checkpoints
