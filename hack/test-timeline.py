@@ -1,5 +1,6 @@
 """Where a test run's time went, from FINETUNE_TEST_TIMELINE's records (tests/conftest.py): each worker's busy
-time and its files in the order it ran them, the idle tail (workers done while another still ran), the load.
+time and its files in the order it ran them, the idle tail (workers done while another still ran), the files that
+used the most CPU, the load.
 Usage: FINETUNE_TEST_TIMELINE=/tmp/t.jsonl ./hack/test.sh; .venv/bin/python hack/test-timeline.py /tmp/t.jsonl"""
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def main(path: Path) -> None:
                 print(f"  {first:6.0f} {last:6.0f} {last - first:5.0f}  {file}")
     failed = [r["test"] for r in records if r.get("outcome") == "failed"]
     print(f"\n{len(failed)} failed" + "".join(f"\n  {test}" for test in failed))
+    cpu: dict[str, float] = defaultdict(float)
+    for r in records:
+        if "cpu" in r:  # older records have none
+            cpu[r["test"].split("::")[0]] += r["cpu"]
+    if cpu:
+        total = sum(cpu.values())
+        print(f"\nCPU seconds of the workers and the processes they waited for: {total:.0f} in all; the most:")
+        for file, seconds in sorted(cpu.items(), key=lambda kv: -kv[1])[:15]:
+            print(f"  {seconds:6.0f} {100 * seconds / total:4.1f}%  {file}")
     loads = [r["load"] for r in records]
     print(f"\nload average at test ends: median {sorted(loads)[len(loads) // 2]:.1f}, max {max(loads):.1f}")
 

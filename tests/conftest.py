@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -65,8 +66,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank[Path(str(item.fspath)).relative_to(ROOT).as_posix()])
 
 
-# FINETUNE_TEST_TIMELINE=FILE: one JSON line per test (worker, test, start and end, wall clock, and the load average
-# at its end), to see where a run's time went and which worker ran what when (hack/test-timeline.py summarizes).
+# FINETUNE_TEST_TIMELINE=FILE: one JSON line per test (worker, test, start and end, wall clock, the load average at
+# its end, and the CPU seconds it used), to see where a run's time went and which worker ran what when
+# (hack/test-timeline.py summarizes). On a CPU-bound run only less CPU work shortens it: "cpu" is this worker's and
+# the processes it started and waited for (a trainer run, a benchmark); not the control plane's, nor a container's
+# (podman's conmon is not our child), nor a process still running at the test's end.
 TIMELINE = os.environ.get("FINETUNE_TEST_TIMELINE")
 
 
@@ -84,14 +88,20 @@ _OUTCOME = pytest.StashKey[str]()
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """Runs where the test runs (a worker), not where xdist's controller hears of it."""
-    started = time.time()
+    started, cpu = time.time(), _cpu_seconds()
     yield
     if TIMELINE:
         record = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid,
                   "start": round(started, 1), "end": round(time.time(), 1), "load": os.getloadavg()[0],
-                  "outcome": item.stash.get(_OUTCOME, "skipped")}
+                  "cpu": round(_cpu_seconds() - cpu, 1), "outcome": item.stash.get(_OUTCOME, "skipped")}
         with open(TIMELINE, "a") as out:
             out.write(json.dumps(record) + "\n")
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU of this process and of its children that ended and were waited for."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 class Kubectl:
