@@ -17,13 +17,16 @@ def inspect(image: str) -> dict:
     return json.loads(podman("image", "inspect", image).stdout)[0]
 
 
-def run(image: str, *argv: str, entrypoint: str = "python", user: str | None = None, tmp: bool = False) -> str:
+def run(image: str, *argv: str, entrypoint: str = "python", user: str | None = None, tmp: bool = False,
+        cpus: float | None = None) -> str:
     """As a pod runs it: read-only root, no capabilities, the image's own user unless one is given; /tmp only where
     the pod mounts one (the trainer pods' emptyDir)."""
     flags = ["--rm", "--read-only", "--read-only-tmpfs=false", "--cap-drop", "all", "--network", "none",
              "--entrypoint", entrypoint, *(["--tmpfs", "/tmp:rw,mode=1777"] if tmp else [])]
     if user:
         flags += ["--user", user]
+    if cpus:  # a pod's CPU limit: the container's CFS quota
+        flags += ["--cpus", str(cpus)]
     # A hang's backstop, not a measure: importing the trainer's stack took over 300 s at load 26 (beside CPU hogs).
     return podman("run", *flags, image, *argv, timeout=1200).stdout
 
@@ -67,6 +70,24 @@ print(json.dumps({"uid": os.getuid(), "python": list(sys.version_info[:2]), "tor
     # The CPU variant: what DeepSpeed's CPU accelerator loads, compiled at build time, not in every pod.
     assert {"cpu_adam", "deepspeed_shm_comm"} <= set(facts["ops"]), facts
     assert facts["flash_attn"] is False  # so the trainer refuses flash_attention_2 (tests/unit: check_attention)
+
+
+@pytest.mark.parametrize(("cpus", "processes", "threads"), [(1.5, "1", 1), (2.5, "1", 2), (2.0, "2", 1)])
+def test_each_training_process_of_a_limited_container_runs_the_threads_of_its_share(images, cpus, processes, threads):
+    """In a container whose CPU limit is below the machine's cores (a pod on a bigger node), the launcher reads the
+    limit from the container's own cgroup and torch in the process it starts runs that many threads."""
+    _, trainer_image = images
+    out = run(trainer_image, "-c", f"""
+import json, os, subprocess, sys
+from finetune_trainer.cpu_threads import cpu_limit, thread_env
+env = {{**os.environ, "PET_NPROC_PER_NODE": "{processes}"}}
+env.update(thread_env(env, cpu_limit()))
+torch = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                       capture_output=True, text=True, check=True).stdout
+print(json.dumps({{"limit": cpu_limit(), "omp": env.get("OMP_NUM_THREADS"), "torch": int(torch)}}))
+""", tmp=True, cpus=cpus)
+    facts = json.loads(out.strip().splitlines()[-1])
+    assert facts == {"limit": cpus, "omp": str(threads), "torch": threads}, facts
 
 
 def test_trainer_image_runs_the_trackers_with_the_trainers_own_environment(images):

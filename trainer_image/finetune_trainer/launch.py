@@ -7,6 +7,8 @@
   most telling code and writes the summary to the container's termination message.
 - torchrun reads PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT from the env the
   operator rendered, so the argv carries no topology.
+- Each training process gets its share of the container's CPU limit as OMP_NUM_THREADS (cpu_threads.py), not the
+  node's cores.
 - A job of one node and one process (CPU jobs, one GPU) runs the trainer without torchrun: its agent has nothing
   to coordinate there, and its start-up cost every attempt seconds of CPU. The trainer gets the same variables.
 - An attempt that restarts in place (PET_RDZV_BACKEND=c10d) runs torchrun's elastic agent (agent.py: the same
@@ -29,11 +31,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
+from finetune_trainer.cpu_threads import cpu_limit, thread_env
 from finetune_trainer.errors import stop_cause
 
 MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
@@ -290,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"finetune launch: {exc}", file=sys.stderr)
             return EXIT_DNS_TIMEOUT
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
-    return supervise(worker_command(args.config, os.environ), worker_required=restarts_in_place(os.environ))
+    child = worker_command(args.config, os.environ)
+    child = replace(child, env={**thread_env(os.environ, cpu_limit()), **child.env})  # the pod's CPUs, not the node's
+    return supervise(child, worker_required=restarts_in_place(os.environ))
 
 
 def supervise(child: Child, worker_required: bool) -> int:

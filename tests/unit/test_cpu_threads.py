@@ -1,0 +1,60 @@
+"""Each training process's threads come from the container's CPU limit (cgroup v2 or v1), divided among the node's
+processes; a value already set, or no limit at all, leaves the environment alone."""
+
+import pytest
+
+from finetune_trainer.cpu_threads import cpu_limit, thread_env
+from finetune_trainer.launch import Child
+
+
+def cgroup(tmp_path, files: dict[str, str]):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("files", "limit"), [
+    ({"cpu.max": "250000 100000\n"}, 2.5),
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.5),
+    ({"cpu,cpuacct/cpu.cfs_quota_us": "400000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 4.0),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({"cpu.max": "garbage\n"}, None),
+    ({}, None),
+])
+def test_the_limit_is_read_from_either_cgroup_version(tmp_path, files, limit):
+    assert cpu_limit(cgroup(tmp_path, files)) == limit
+
+
+@pytest.mark.parametrize(("env", "limit", "threads"), [
+    ({}, 2.0, "2"),
+    ({}, 2.5, "2"),  # a fraction of a CPU would be throttled: floor
+    ({}, 0.5, "1"),
+    ({"PET_NPROC_PER_NODE": "4"}, 8.0, "2"),
+    ({"PET_NPROC_PER_NODE": "4"}, 2.0, "1"),
+    ({"PET_NPROC_PER_NODE": "8"}, 96.0, "12"),
+    ({}, None, None),  # no limit: torch's own choice
+    ({"OMP_NUM_THREADS": "6"}, 2.0, None),  # the user's (spec env) is kept
+    ({"PET_NPROC_PER_NODE": "auto"}, 8.0, None),
+])
+def test_each_process_gets_its_share_of_the_limit(env, limit, threads):
+    assert thread_env(env, limit) == ({} if threads is None else {"OMP_NUM_THREADS": threads})
+
+
+def test_the_launcher_gives_its_child_the_threads_and_keeps_the_childs_own_variables(monkeypatch, tmp_path):
+    """main() builds the child's environment from both: what the launcher worked out wins over nothing, never over
+    a variable the child needs (a single process's ranks)."""
+    import finetune_trainer.launch as launch
+
+    seen: list[Child] = []
+    monkeypatch.setattr(launch, "cpu_limit", lambda: 3.0)
+    monkeypatch.setattr(launch, "supervise", lambda child, worker_required: seen.append(child) or 0)
+    for name in ("OMP_NUM_THREADS", "PET_MASTER_ADDR", "PET_NNODES", "PET_NPROC_PER_NODE", "PET_RDZV_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch.main(["--config", str(tmp_path / "trainer.json")]) == 0
+    assert seen[0].env["OMP_NUM_THREADS"] == "3" and seen[0].env["WORLD_SIZE"] == "1"
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "2")
+    launch.main(["--config", str(tmp_path / "trainer.json")])
+    assert seen[1].env["OMP_NUM_THREADS"] == "1" and seen[1].name == "torchrun"
+
