@@ -15,12 +15,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from finetune_operator.cli.ports import free_port
+from tests.support.port_retry import start_on_free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "finetunejob-test-admin-token"
@@ -157,7 +159,25 @@ class ControlPlane:
         self.procs[name] = proc
         return proc
 
+    def _forget(self, name: str, *paths: Path) -> Callable[[], None]:
+        """Clears a component that could not start, for another start on other ports: its process, its data, and
+        its log (kept aside: the next start's log says only its own story)."""
+        def forget() -> None:
+            proc = self.procs.pop(name, None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log = self.work / f"{name}.log"
+            if log.exists():
+                log.rename(log.with_suffix(f".port-taken-{time.time_ns()}.log"))
+            for path in paths:
+                shutil.rmtree(path, ignore_errors=True)
+        return forget
+
     def _start_etcd(self) -> None:
+        start_on_free_ports(self._start_etcd_once, self._forget("etcd", self.work / "etcd"))
+
+    def _start_etcd_once(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
         self._start("etcd", [
@@ -170,6 +190,9 @@ class ControlPlane:
         self._wait("etcd", lambda: _http_ok(f"{self.etcd_url}/health"), timeout=60)
 
     def _start_apiserver(self) -> None:
+        start_on_free_ports(self._start_apiserver_once, self._forget("kube-apiserver", self.work / "certs"))
+
+    def _start_apiserver_once(self) -> None:
         self.api_port = free_port()
         sa_key = self.work / "sa.key"
         subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)

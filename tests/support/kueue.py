@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from tests.support.controlplane import ControlPlane, free_port
+from tests.support.port_retry import start_on_free_ports
 
 API = "kueue.x-k8s.io/v1beta2"
 NAMESPACE = "kueue-system"
@@ -72,6 +73,19 @@ class Kueue:
         METRICS_CERTS.mkdir(parents=True, exist_ok=True)
         for name in ("tls.crt", "tls.key"):
             shutil.copy(self.work / "certs" / name, METRICS_CERTS / name)
+        start_on_free_ports(self._start_manager, self._forget)
+        self._register_webhooks(ca)
+        return self
+
+    def _forget(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        log = self.work / "kueue.log"
+        if log.exists():
+            log.rename(log.with_suffix(f".port-taken-{time.time_ns()}.log"))
+
+    def _start_manager(self) -> None:
         self.webhook_port, self.health_port = free_port(), free_port()
         config = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": NAMESPACE,
@@ -95,8 +109,6 @@ class Kueue:
                                      env={"KUBECONFIG": str(self.cp.kubeconfig), "PATH": "/usr/bin:/bin"},
                                      stdout=log, stderr=log)
         self._wait_ready()
-        self._register_webhooks(ca)
-        return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 120

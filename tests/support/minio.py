@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.controlplane import ROOT, free_port
+from tests.support.port_retry import start_on_free_ports
 
 ACCESS_KEY, SECRET_KEY = "finetune-test", "finetune-test-secret-key"
 
@@ -45,7 +46,18 @@ class MinIO:
 
     def start(self, port: int | None = None) -> MinIO:
         """Starts the server (again, on the same port and data, after stop())."""
-        self.port = port or free_port()
+        if port is not None:
+            return self._start(port)
+        return start_on_free_ports(lambda: self._start(free_port()), self._forget)
+
+    def _forget(self) -> None:
+        self.stop()
+        log = self.work / "minio.log"
+        if log.exists():
+            log.rename(log.with_suffix(f".port-taken-{time.time_ns()}.log"))
+
+    def _start(self, port: int) -> MinIO:
+        self.port = port
         self.work.mkdir(parents=True, exist_ok=True)
         log = (self.work / "minio.log").open("ab")
         env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
