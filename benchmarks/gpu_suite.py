@@ -429,29 +429,64 @@ SMOKE_SKIPS = {"compile": "torch.compile is measured on a GPU only (inductor's C
 
 # --- the driver -------------------------------------------------------------------------------------------------
 def run_case(name: str, work: Path, smoke: bool, sharing: int = 1) -> dict:
-    """In a process of its own, bounded in time; whatever happens, a result. `sharing`: how many cases ran at once."""
+    """In a process of its own, bounded in time; whatever happens, a result. `sharing`: how many cases ran at once.
+    On a GPU a case gets twice its expected time. In smoke mode (a test, on a CPU other work may keep busy) it runs
+    as long as it makes progress: it is stopped once nothing under `work` (its runs' logs, progress, outputs, its
+    own output) changed for SMOKE_SECONDS x 2, or after SMOKE_SECONDS x 20 in all."""
     if smoke and name in SMOKE_SKIPS:
         return {"case": name, "status": "skipped", "why": SMOKE_SKIPS[name]}
     out = work / f"{name}.json"
     argv = [sys.executable, __file__, "--case", name, "--work", str(work), "--result", str(out)]
     started = time.monotonic()
-    limit = (SMOKE_SECONDS if smoke else CASE_SECONDS[name]) * (4 if smoke else 2)
+    limit = SMOKE_SECONDS * 20 if smoke else CASE_SECONDS[name] * 2
+    log = work / f"{name}.log"
     # A session of its own, killed whole at the limit: a case's `finetune run` and TRL's run are its children, and
     # left running they would hold the GPU under the next case's figures.
-    proc = subprocess.Popen([*argv, *(["--smoke"] if smoke else [])], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
+    with log.open("w") as output:
+        proc = subprocess.Popen([*argv, *(["--smoke"] if smoke else [])], stdout=output, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        why = wait_for_case(proc, work, limit, SMOKE_SECONDS * 2 if smoke else None)
+    if why is not None:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"case": name, "status": "failed", "error": f"timed out after {limit} s"}
+        proc.wait()
+        return {"case": name, "status": "failed", "error": why}
     result = json.loads(out.read_text()) if out.exists() else {
-        "case": name, "status": "failed", "error": f"exited {proc.returncode}: {output[-1500:]}"}
+        "case": name, "status": "failed",
+        "error": f"exited {proc.returncode}: {log.read_text(errors='replace')[-1500:]}"}
     result["seconds"] = round(time.monotonic() - started, 1)
     if sharing > 1:
         result["sharedDevice"] = sharing
     return result
+
+
+def wait_for_case(proc: subprocess.Popen, work: Path, limit: float, stall: float | None) -> str | None:
+    """None once the case exits; else why it is to be stopped: past `limit`, or silent for `stall` seconds."""
+    started = last = time.monotonic()
+    seen = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - started > limit:
+            return f"timed out after {limit} s"
+        if stall is not None:
+            mark = _progress(work)
+            if mark != seen:
+                seen, last = mark, now
+            elif now - last > stall:
+                return f"timed out: nothing under {work} changed for {stall} s"
+        time.sleep(1)
+    return None
+
+
+def _progress(work: Path) -> tuple[int, int]:
+    """The newest change and the total size of the files under `work`."""
+    newest = total = 0
+    for path in work.rglob("*"):
+        try:
+            stat = path.stat()
+        except OSError:  # removed while we looked (a checkpoint rotated, a partial file renamed)
+            continue
+        newest, total = max(newest, stat.st_mtime_ns), total + stat.st_size
+    return newest, total
 
 
 def one_case(name: str, work: Path, smoke: bool, result: Path) -> None:
