@@ -24,6 +24,7 @@ from tests.builders import make_job
 from tests.cluster.test_operator import status, wait_for, wait_phase
 from tests.support import audit
 from tests.support.operator_process import OperatorProcess
+from tests.support.polling import wait_until
 
 FAIL_ATTEMPTS, FAIL_EXIT_CODE = "test.finetunejob.dev/fail-attempts", "test.finetunejob.dev/fail-exit-code"
 
@@ -194,9 +195,15 @@ def test_stale_cache_gets_409_and_replans_without_lost_updates(kubectl, control_
     assert done.plan.create_attempt == 1
     st = status(kubectl, namespace, "racy")
     assert st["attempt"] == 1 and st["progress"] == {"step": 7}  # ours written, the trainer's kept
-    time.sleep(1.5)  # the audit log is written asynchronously
-    asked = audit.requests(control_plane.audit_log, start=since, namespace=namespace)
-    assert asked[("patch", "finetunejobs/status")] == 2 and asked[("get", "finetunejobs")] == 1  # 409, re-read
+    # The audit log is written asynchronously: read until both requests are there, then count exactly.
+    expected = {("patch", "finetunejobs/status"): 2, ("get", "finetunejobs"): 1}  # the 409, then the re-read
+
+    def all_there() -> Counter | None:
+        asked = audit.requests(control_plane.audit_log, start=since, namespace=namespace)
+        return asked if all(asked[k] >= n for k, n in expected.items()) else None
+
+    asked = wait_until("the audit log holds the pass's requests", all_there, timeout=60)
+    assert {k: asked[k] for k in expected} == expected, asked
 
     # A pass that saw attempt 1 fail, from a cache that has not seen the restart already written: no second one.
     running = kube.get_finetunejob(namespace, "racy")
