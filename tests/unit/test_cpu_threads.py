@@ -27,19 +27,22 @@ def test_the_limit_is_read_from_either_cgroup_version(tmp_path, files, limit):
     assert cpu_limit(cgroup(tmp_path, files)) == limit
 
 
-@pytest.mark.parametrize(("env", "limit", "threads"), [
-    ({}, 2.0, "2"),
-    ({}, 2.5, "2"),  # a fraction of a CPU would be throttled: floor
-    ({}, 0.5, "1"),
-    ({"PET_NPROC_PER_NODE": "4"}, 8.0, "2"),
-    ({"PET_NPROC_PER_NODE": "4"}, 2.0, "1"),
-    ({"PET_NPROC_PER_NODE": "8"}, 96.0, "12"),
-    ({}, None, None),  # no limit: torch's own choice
-    ({"OMP_NUM_THREADS": "6"}, 2.0, None),  # the user's (spec env) is kept
-    ({"PET_NPROC_PER_NODE": "auto"}, 8.0, None),
+@pytest.mark.parametrize(("env", "limit", "cpus", "threads"), [
+    ({}, 2.0, 64, "2"),
+    ({}, 2.5, 64, "2"),  # a fraction of a CPU would be throttled: floor
+    ({}, 0.5, 64, "1"),
+    ({"PET_NPROC_PER_NODE": "4"}, 8.0, 64, "2"),
+    ({"PET_NPROC_PER_NODE": "4"}, 2.0, 64, "1"),
+    ({"PET_NPROC_PER_NODE": "8"}, 96.0, 128, "12"),
+    ({"PET_NPROC_PER_NODE": "8"}, 16.0, 192, "2"),  # a GPU node: 8 processes in a pod of 16 CPUs
+    ({}, 2.0, 1, "1"),  # a limit above the CPUs it may run on (a cpuset of one): not 2 threads on one core
+    ({"PET_NPROC_PER_NODE": "8"}, 64.0, 16, "2"),  # a limit above the node's cores
+    ({}, None, 64, None),  # no limit: torch's own choice
+    ({"OMP_NUM_THREADS": "6"}, 2.0, 64, None),  # the user's (spec env) is kept
+    ({"PET_NPROC_PER_NODE": "auto"}, 8.0, 64, None),
 ])
-def test_each_process_gets_its_share_of_the_limit(env, limit, threads):
-    assert thread_env(env, limit) == ({} if threads is None else {"OMP_NUM_THREADS": threads})
+def test_each_process_gets_its_share_of_the_limit(env, limit, cpus, threads):
+    assert thread_env(env, limit, cpus) == ({} if threads is None else {"OMP_NUM_THREADS": threads})
 
 
 def test_the_launcher_gives_its_child_the_threads_and_keeps_the_childs_own_variables(monkeypatch, tmp_path):
@@ -49,6 +52,7 @@ def test_the_launcher_gives_its_child_the_threads_and_keeps_the_childs_own_varia
 
     seen: list[Child] = []
     monkeypatch.setattr(launch, "cpu_limit", lambda: 3.0)
+    monkeypatch.setattr(launch, "usable_cpus", lambda: 64)
     monkeypatch.setattr(launch, "supervise", lambda child, worker_required: seen.append(child) or 0)
     for name in ("OMP_NUM_THREADS", "PET_MASTER_ADDR", "PET_NNODES", "PET_NPROC_PER_NODE", "PET_RDZV_BACKEND"):
         monkeypatch.delenv(name, raising=False)
@@ -57,4 +61,3 @@ def test_the_launcher_gives_its_child_the_threads_and_keeps_the_childs_own_varia
     monkeypatch.setenv("PET_NPROC_PER_NODE", "2")
     launch.main(["--config", str(tmp_path / "trainer.json")])
     assert seen[1].env["OMP_NUM_THREADS"] == "1" and seen[1].name == "torchrun"
-
