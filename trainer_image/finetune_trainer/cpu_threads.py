@@ -7,8 +7,9 @@ kept busy), one process of the tiny example took 2.4x the time and 2x the CPU of
 OMP_NUM_THREADS=1 only when a node runs several processes, and a single process runs without torchrun. So the
 launcher gives each process its share of the limit: floor(limit / processes per node), at least 1. A limit above
 the CPUs the process may run on (a pod whose limit is above its node's cores, a container on a cpuset) counts as
-those CPUs: torch's own choice there, and more threads than cores would only take turns. A value the user set
-(spec.pod.env) is kept, and without a limit (a machine, a pod without one) nothing is set."""
+those CPUs: torch's own choice there, and more threads than cores would only take turns. `finetune run` starts
+every node's launcher in one limit (a CI container): each node's processes get their share of it. A value the user
+set (spec.pod.env) is kept, and without a limit (a machine, a pod without one) nothing is set."""
 
 import os
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ def thread_env(env: Mapping[str, str], limit: float | None, cpus: int) -> dict[s
         return {}
     try:
         processes = max(1, int(env.get(c.ENV_PET_NPROC_PER_NODE, "1")))
+        processes *= max(1, int(env.get(c.ENV_NODES_SHARING_CPUS) or "1"))  # `finetune run`: its nodes, one limit
     except ValueError:  # torchrun's "gpu" or "auto" (never rendered by us): no count to divide by
         return {}
     return {"OMP_NUM_THREADS": str(max(1, int(min(limit, cpus) // processes)))}
