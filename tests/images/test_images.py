@@ -79,14 +79,14 @@ def test_each_training_process_of_a_limited_container_runs_the_threads_of_its_sh
     _, trainer_image = images
     out = run(trainer_image, "-c", """
 import json, os, subprocess, sys
-from finetune_trainer.cpu_threads import cpu_limit, thread_env
+from finetune_trainer.cpu_threads import cpu_limit, thread_env, usable_cpus
 def torch_threads(env):
     return int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
                               capture_output=True, text=True, check=True).stdout)
 facts = {"limit": cpu_limit(), "cores": len(os.sched_getaffinity(0))}
 for processes in ("1", "2"):
     env = {**os.environ, "PET_NPROC_PER_NODE": processes}
-    env.update(thread_env(env, cpu_limit()))
+    env.update(thread_env(env, cpu_limit(), usable_cpus()))
     facts[processes] = [env["OMP_NUM_THREADS"], torch_threads(env)]
 print(json.dumps(facts))
 """, tmp=True, cpus=1.5)

@@ -27,19 +27,24 @@ def test_the_limit_is_read_from_either_cgroup_version(tmp_path, files, limit):
     assert cpu_limit(cgroup(tmp_path, files)) == limit
 
 
-@pytest.mark.parametrize(("env", "limit", "threads"), [
-    ({}, 2.0, "2"),
-    ({}, 2.5, "2"),  # a fraction of a CPU would be throttled: floor
-    ({}, 0.5, "1"),
-    ({"PET_NPROC_PER_NODE": "4"}, 8.0, "2"),
-    ({"PET_NPROC_PER_NODE": "4"}, 2.0, "1"),
-    ({"PET_NPROC_PER_NODE": "8"}, 96.0, "12"),
-    ({}, None, None),  # no limit: torch's own choice
-    ({"OMP_NUM_THREADS": "6"}, 2.0, None),  # the user's (spec env) is kept
-    ({"PET_NPROC_PER_NODE": "auto"}, 8.0, None),
+@pytest.mark.parametrize(("env", "limit", "cpus", "threads"), [
+    ({}, 2.0, 64, "2"),
+    ({}, 2.5, 64, "2"),  # a fraction of a CPU would be throttled: floor
+    ({}, 0.5, 64, "1"),
+    ({"PET_NPROC_PER_NODE": "4"}, 8.0, 64, "2"),
+    ({"PET_NPROC_PER_NODE": "4"}, 2.0, 64, "1"),
+    ({"PET_NPROC_PER_NODE": "8"}, 96.0, 128, "12"),
+    ({"PET_NPROC_PER_NODE": "8"}, 16.0, 192, "2"),  # a GPU node: 8 processes in a pod of 16 CPUs
+    ({}, 2.0, 1, "1"),  # a limit above the CPUs it may run on (a cpuset of one): not 2 threads on one core
+    ({"PET_NPROC_PER_NODE": "8"}, 64.0, 16, "2"),  # a limit above the node's cores
+    ({"PET_NPROC_PER_NODE": "2", "FINETUNE_NODES_SHARING_CPUS": "2"}, 8.0, 64, "2"),  # finetune run: 2 nodes here
+    ({"FINETUNE_NODES_SHARING_CPUS": "3"}, 2.0, 64, "1"),
+    ({}, None, 64, None),  # no limit: torch's own choice
+    ({"OMP_NUM_THREADS": "6"}, 2.0, 64, None),  # the user's (spec env) is kept
+    ({"PET_NPROC_PER_NODE": "auto"}, 8.0, 64, None),
 ])
-def test_each_process_gets_its_share_of_the_limit(env, limit, threads):
-    assert thread_env(env, limit) == ({} if threads is None else {"OMP_NUM_THREADS": threads})
+def test_each_process_gets_its_share_of_the_limit(env, limit, cpus, threads):
+    assert thread_env(env, limit, cpus) == ({} if threads is None else {"OMP_NUM_THREADS": threads})
 
 
 def test_the_launcher_gives_its_child_the_threads_and_keeps_the_childs_own_variables(monkeypatch, tmp_path):
@@ -49,6 +54,7 @@ def test_the_launcher_gives_its_child_the_threads_and_keeps_the_childs_own_varia
 
     seen: list[Child] = []
     monkeypatch.setattr(launch, "cpu_limit", lambda: 3.0)
+    monkeypatch.setattr(launch, "usable_cpus", lambda: 64)
     monkeypatch.setattr(launch, "supervise", lambda child, worker_required: seen.append(child) or 0)
     for name in ("OMP_NUM_THREADS", "PET_MASTER_ADDR", "PET_NNODES", "PET_NPROC_PER_NODE", "PET_RDZV_BACKEND"):
         monkeypatch.delenv(name, raising=False)
@@ -58,3 +64,17 @@ def test_the_launcher_gives_its_child_the_threads_and_keeps_the_childs_own_varia
     launch.main(["--config", str(tmp_path / "trainer.json")])
     assert seen[1].env["OMP_NUM_THREADS"] == "1" and seen[1].name == "torchrun"
 
+
+def test_finetune_run_tells_each_nodes_launcher_how_many_share_this_machines_limit(tmp_path, monkeypatch):
+    """Every node of a local run is a launcher on this machine, in the same cgroup: each divides the limit by all."""
+    from finetune_operator.api import constants as c
+    from finetune_operator.api.validation import validate_job
+    from finetune_operator.cli.local_run import node_environment, prepare
+    from tests.builders import make_job
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    job = validate_job(make_job({"spec.distributed": {"numNodes": 2, "gpusPerNode": 0, "cpuProcessesPerNode": 2}}))
+    _, ctx = prepare(job, tmp_path)
+    env = node_environment(job, ctx, tmp_path, rank=1, port=29400)
+    assert (env[c.ENV_NODES_SHARING_CPUS], env[c.ENV_PET_NPROC_PER_NODE]) == ("2", "2")
+    assert thread_env(env, 8.0, 64) == {"OMP_NUM_THREADS": "2"}  # 4 processes in a limit of 8, not 4 each

@@ -5,9 +5,13 @@ every core of the node: a pod limited to 2 CPUs on a 64-core node runs 64 thread
 throttles all of them at every parallel region. Oversubscribed the same way (2 threads on 2 cores that other work
 kept busy), one process of the tiny example took 2.4x the time and 2x the CPU of one with 1 thread. torchrun sets
 OMP_NUM_THREADS=1 only when a node runs several processes, and a single process runs without torchrun. So the
-launcher gives each process its share of the limit: floor(limit / processes per node), at least 1. A value the
-user set (spec.pod.env) is kept, and without a limit (a machine, a pod without one) nothing is set."""
+launcher gives each process its share of the limit: floor(limit / processes per node), at least 1. A limit above
+the CPUs the process may run on (a pod whose limit is above its node's cores, a container on a cpuset) counts as
+those CPUs: torch's own choice there, and more threads than cores would only take turns. `finetune run` starts
+every node's launcher in one limit (a CI container): each node's processes get their share of it. A value the user
+set (spec.pod.env) is kept, and without a limit (a machine, a pod without one) nothing is set."""
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,12 +38,22 @@ def cpu_limit(root: Path = CGROUP) -> float | None:
     return None
 
 
-def thread_env(env: Mapping[str, str], limit: float | None) -> dict[str, str]:
-    """OMP_NUM_THREADS for the training processes of this node, unless set already or there is no limit."""
+def usable_cpus() -> int:
+    """The CPUs this process may be scheduled on (its affinity: a cpuset, else the node's cores)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def thread_env(env: Mapping[str, str], limit: float | None, cpus: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for the training processes of this node from its CPU limit and the `cpus` it may run on,
+    unless set already or there is no limit."""
     if limit is None or any(name in env for name in THREAD_VARIABLES):
         return {}
     try:
         processes = max(1, int(env.get(c.ENV_PET_NPROC_PER_NODE, "1")))
+        processes *= max(1, int(env.get(c.ENV_NODES_SHARING_CPUS) or "1"))  # `finetune run`: its nodes, one limit
     except ValueError:  # torchrun's "gpu" or "auto" (never rendered by us): no count to divide by
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, int(limit // processes)))}
+    return {"OMP_NUM_THREADS": str(max(1, int(min(limit, cpus) // processes)))}

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from finetune_operator.api import constants as c
 from finetune_operator.api import exit_codes
-from finetune_trainer.cpu_threads import cpu_limit, thread_env
+from finetune_trainer.cpu_threads import cpu_limit, thread_env, usable_cpus
 from finetune_trainer.errors import stop_cause
 
 MAX_TERMINATION_MESSAGE = 4000  # the kubelet keeps at most 4096 bytes
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_DNS_TIMEOUT
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
     child = worker_command(args.config, os.environ)
-    child = replace(child, env={**thread_env(os.environ, cpu_limit()), **child.env})  # the pod's CPUs, not the node's
+    child = replace(child, env={**thread_env(os.environ, cpu_limit(), usable_cpus()), **child.env})  # the pod's CPUs
     return supervise(child, worker_required=restarts_in_place(os.environ))
 
 

@@ -156,6 +156,9 @@ ENV_TERMINATION_LOG: Final = "FINETUNE_TERMINATION_LOG"
 # What a SIGTERM means where the trainer runs, in the user's words (`finetune run` sets it: its Ctrl-C); in a pod
 # it is unset, and a SIGTERM is the pod's deletion, preemption, eviction or its node's drain.
 ENV_STOP_CAUSE: Final = "FINETUNE_STOP_CAUSE"
+# How many nodes' launchers share this machine's CPU limit (`finetune run` sets it: every node on one machine); in a
+# pod it is unset, each node a container of its own limit (finetune_trainer/cpu_threads.py divides by it).
+ENV_NODES_SHARING_CPUS: Final = "FINETUNE_NODES_SHARING_CPUS"
 # "1": take the output.uri prefix over from the run that holds it (`finetune run --take-over`; outputs/owner.py).
 ENV_OUTPUT_TAKE_OVER: Final = "FINETUNE_OUTPUT_TAKE_OVER"
 # The ServiceAccount token's directory, when not the standard in-cluster path (local runs, tests).
