@@ -24,7 +24,23 @@ def cgroup(tmp_path, files: dict[str, str]):
     ({}, None),
 ])
 def test_the_limit_is_read_from_either_cgroup_version(tmp_path, files, limit):
-    assert cpu_limit(cgroup(tmp_path, files)) == limit
+    root = cgroup(tmp_path / "sys", files)
+    (tmp_path / "self").write_text("0::/\n")  # a cgroup namespace: the container's own group is the root
+    assert cpu_limit(root, tmp_path / "self") == limit
+
+
+@pytest.mark.parametrize(("files", "limit"), [
+    ({"kubepods/pod1/ctr/cpu.max": "150000 100000\n", "kubepods/pod1/cpu.max": "max 100000\n"}, 1.5),
+    ({"kubepods/pod1/ctr/cpu.max": "max 100000\n", "kubepods/pod1/cpu.max": "100000 100000\n"}, 1.0),  # the pod's
+    ({"kubepods/pod1/ctr/cpu.max": "400000 100000\n", "kubepods/cpu.max": "200000 100000\n"}, 2.0),
+    ({"kubepods/pod1/ctr/cpu.max": "max 100000\n"}, None),
+])
+def test_without_a_cgroup_namespace_the_processs_own_group_and_those_above_it_count(tmp_path, files, limit):
+    """cgroup v2 seen whole (no cgroup namespace): /sys/fs/cgroup is the host's root, which has no cpu.max; the
+    process's group is the line "0::/PATH" of /proc/self/cgroup."""
+    root = cgroup(tmp_path / "sys", files)
+    (tmp_path / "self").write_text("0::/kubepods/pod1/ctr\n")
+    assert cpu_limit(root, tmp_path / "self") == limit
 
 
 @pytest.mark.parametrize(("env", "limit", "cpus", "threads"), [

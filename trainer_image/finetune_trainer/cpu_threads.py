@@ -19,15 +19,20 @@ from finetune_operator.api import constants as c
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS",)  # torch, MKL and OpenBLAS read OpenMP's
 CGROUP = Path("/sys/fs/cgroup")
+SELF_CGROUP = Path("/proc/self/cgroup")
 
 
-def cpu_limit(root: Path = CGROUP) -> float | None:
-    """This container's CPU limit in CPUs (cgroup v2's cpu.max, else v1's CFS quota); None when it has none."""
-    try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
+def cpu_limit(root: Path = CGROUP, membership: Path = SELF_CGROUP) -> float | None:
+    """This container's CPU limit in CPUs (cgroup v2's cpu.max, else v1's CFS quota); None when it has none.
+    With cgroup v2 the process's own group and every group above it count (the smallest limit wins): a container
+    without a cgroup namespace sees the host's hierarchy at `root`, its own group deeper in it."""
+    v2 = _cpu_max(root / "cpu.max")
+    own = _own_v2_group(membership)
+    if own:
+        limits = [_cpu_max(root / Path(*own.parts[:i]) / "cpu.max") for i in range(1, len(own.parts) + 1)]
+        v2 = min((x for x in [v2, *limits] if x is not None), default=None)
+    if v2 is not None or (root / "cpu.max").exists():
+        return v2
     for v1 in (root / "cpu", root / "cpu,cpuacct"):
         try:
             quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
@@ -35,6 +40,27 @@ def cpu_limit(root: Path = CGROUP) -> float | None:
         except (OSError, ValueError):
             continue
         return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    return None
+
+
+def _cpu_max(path: Path) -> float | None:
+    try:
+        quota, period = path.read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _own_v2_group(membership: Path) -> Path | None:
+    """The process's cgroup v2 path below the root ("0::/kubepods/.../cri-containerd-1.scope"), None at the root."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            path = Path(line[3:].strip().lstrip("/"))
+            return path if path.parts else None
     return None
 
 
