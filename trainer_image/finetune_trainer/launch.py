@@ -127,7 +127,7 @@ def worker_command(config: str, env: Mapping[str, str]) -> Child:
     if not single_process(env):
         return Child(torchrun_argv(config))
     return Child([sys.executable, "-u", "-m", "finetune_trainer", "--config", config], {
-        "RANK": "0", c.ENV_LOCAL_RANK: "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+        "RANK": "0", c.ENV_LOCAL_RANK: "0", "WORLD_SIZE": "1", c.ENV_LOCAL_WORLD_SIZE: "1", "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default",
         "MASTER_ADDR": env.get(c.ENV_PET_MASTER_ADDR) or "127.0.0.1",
         "MASTER_PORT": env.get(c.ENV_PET_MASTER_PORT) or "29500",

@@ -168,6 +168,7 @@ SERVICEACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 ENV_RANK: Final = "RANK"
 ENV_WORLD_SIZE: Final = "WORLD_SIZE"
 ENV_LOCAL_RANK: Final = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"  # the processes of this node (torchrun sets it)
 # Hugging Face's cache root (models, tokenizers, datasets downloaded from the Hub), and the other libraries'
 # compile caches: all on a writable volume, the root filesystem being read-only.
 ENV_HF_HOME: Final = "HF_HOME"

@@ -50,7 +50,7 @@ class WorkerGroupReport(TrainerCallback):
     def _report(self, args) -> None:
         world = args.world_size
         # torchrun sets both; a process started without it (a debugger, `python -m finetune_trainer`) is its own group.
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        per_node = int(os.environ.get(c.ENV_LOCAL_WORLD_SIZE) or 1)
         nodes = int(os.environ.get(c.ENV_GROUP_WORLD_SIZE) or max(1, world // max(1, per_node)))
         record: dict[str, Any] = {
             "attempt": self.attempt, "generation": iso(self.marks["started"]), "nodes": nodes, "worldSize": world,
