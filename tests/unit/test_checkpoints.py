@@ -421,3 +421,20 @@ def test_a_deepspeed_checkpoint_keeps_its_optimizer_state_in_its_own_folder(tmp_
     advice.weights_only(tmp_path / "checkpoint-3", SimpleNamespace(lr_scheduler_type="linear"),
                         lambda *w: said.append(w))
     assert said == []
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_resuming_with_ignore_data_skip_says_the_trained_batches_come_again(tmp_path, ignore):
+    """extraArgs.ignore_data_skip makes transformers resume without skipping the epoch's batches already trained on:
+    a gang restart then trains on them again, silently; the job says so on every resume."""
+    from transformers import TrainingArguments
+
+    from finetune_trainer.training import advice
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], ignore_data_skip=ignore)
+    (tmp_path / "checkpoint-7").mkdir()
+    said: list[tuple[str, str]] = []
+    advice.data_not_skipped(tmp_path / "checkpoint-7", args, lambda *w: said.append(w))
+    assert [reason for reason, _ in said] == (["DataSkipIgnored"] if ignore else [])
+    if ignore:
+        assert "step 7" in said[0][1] and "remove ignore_data_skip" in said[0][1]

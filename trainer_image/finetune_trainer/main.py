@@ -222,6 +222,7 @@ def run(config_path: str) -> dict[str, Any]:
         warnings.note(f"resuming from {Path(resume).name} (step {checkpoints.step_of(Path(resume)) or 0}: {source})")
         advice.batch_changed(Path(resume), args, warnings)
         advice.weights_only(Path(resume), args, warnings)
+        advice.data_not_skipped(Path(resume), args, warnings)
     runs = tracking.configure(cfg, resuming=resume is not None, rank=args.process_index)
     trainer.add_callback(tracking.TrackerRunRecorder(cfg.output_dir, runs))
     pusher = None

@@ -124,6 +124,8 @@ TRAINER_NOTICES: Final = {
     "RowsRepeated": "several processes: the last batch of an epoch is filled up with rows repeated from its start",
     "WeightsOnlyCheckpoint": "the run resumed a weights-only checkpoint (checkpoints.resume naming one saved with "
                              "save_only_model elsewhere): a new optimizer, the learning-rate schedule from its start",
+    "DataSkipIgnored": "the run resumed with extraArgs.ignore_data_skip: the epoch's batches it had trained on are "
+                       "trained on again",
 }
 
 # CamelCase words the operator reads from Kubernetes and Kueue (pod, Job and Workload conditions and reasons,

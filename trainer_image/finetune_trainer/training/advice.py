@@ -71,6 +71,19 @@ def weights_only(checkpoint: Path, args: Any, warn: Warn) -> None:
          "again); name a checkpoint that holds them (optimizer.pt, scheduler.pt) to resume the run unchanged")
 
 
+def data_not_skipped(checkpoint: Path, args: Any, warn: Warn) -> None:
+    """extraArgs.ignore_data_skip: transformers resumes without skipping the batches of the epoch the checkpoint
+    had trained on, so they are trained on again and the run goes on on other data than the interrupted one would
+    have; a gang restart resumes on its own, so the job says it each time."""
+    if not getattr(args, "ignore_data_skip", False):
+        return
+    step = checkpoints.step_of(checkpoint) or 0
+    warn("DataSkipIgnored",
+         f"resuming {checkpoint.name} (step {step}) with extraArgs.ignore_data_skip: the epoch's batches start over "
+         "from its first one, not after those the run had trained on, which are trained on again (not the run "
+         "that was interrupted); remove ignore_data_skip to continue the data where it stopped")
+
+
 def folded_system(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
     """Once per run, when the chat template refused a system message and it went into the first user turn."""
     parts = [part for part in stats.values() if isinstance(part, dict)]
