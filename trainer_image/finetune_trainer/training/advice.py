@@ -79,9 +79,10 @@ def data_not_skipped(checkpoint: Path, args: Any, warn: Warn) -> None:
         return
     step = checkpoints.step_of(checkpoint) or 0
     warn("DataSkipIgnored",
-         f"resuming {checkpoint.name} (step {step}) with extraArgs.ignore_data_skip: the epoch's batches start over "
-         "from its first one, not after those the run had trained on, which are trained on again (not the run "
-         "that was interrupted); remove ignore_data_skip to continue the data where it stopped")
+         f"resuming {checkpoint.name} (step {step}) with extraArgs.ignore_data_skip: within its epoch the data "
+         "starts over from the epoch's first batch, so the batches the run had trained on in that epoch are trained "
+         "on again (not the run that was interrupted); remove ignore_data_skip to continue the data where it "
+         "stopped")
 
 
 def folded_system(spec: Any, stats: dict[str, Any], warn: Warn) -> None:
