@@ -79,10 +79,12 @@ def test_the_standby_restarts_a_gang_whose_leader_was_killed_as_it_failed(kubect
     print(f"\nleader SIGKILLed: replica b led {lease_time(spec['acquireTime']) - killed:.1f} s later "
           f"(lease {spec['leaseDurationSeconds']} s), restarted the gang")
 
-    time.sleep(1.5)
-    theirs = writes(control_plane, B, since, namespace)
-    assert theirs and all(audit.received(e) >= killed for e in theirs)  # b wrote only once a was gone
-    assert any(e["verb"] == "create" and e["objectRef"]["resource"] == "jobs" for e in theirs)  # attempt 2
+    def created_attempt_2() -> list[dict] | None:  # in the audit log, which is written asynchronously
+        theirs = writes(control_plane, B, since, namespace)
+        return theirs if any(e["verb"] == "create" and e["objectRef"]["resource"] == "jobs" for e in theirs) else None
+
+    theirs = wait_for(created_attempt_2, 60, "replica b's creation of attempt 2 in the audit log")
+    assert all(audit.received(e) >= killed for e in theirs)  # b wrote only once a was gone
     assert not writes(control_plane, A, killed, namespace)
 
 
