@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from finetune_operator.cli.ports import free_port
-from tests.support.port_retry import start_on_free_ports
+from tests.support.port_retry import set_aside, start_on_free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "finetunejob-test-admin-token"
@@ -167,9 +167,7 @@ class ControlPlane:
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            log = self.work / f"{name}.log"
-            if log.exists():
-                log.rename(log.with_suffix(f".port-taken-{time.time_ns()}.log"))
+            set_aside(self.work / f"{name}.log")
             for path in paths:
                 shutil.rmtree(path, ignore_errors=True)
         return forget

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from tests.support.controlplane import ControlPlane, free_port
-from tests.support.port_retry import start_on_free_ports
+from tests.support.port_retry import set_aside, start_on_free_ports
 
 API = "kueue.x-k8s.io/v1beta2"
 NAMESPACE = "kueue-system"
@@ -81,9 +81,7 @@ class Kueue:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        log = self.work / "kueue.log"
-        if log.exists():
-            log.rename(log.with_suffix(f".port-taken-{time.time_ns()}.log"))
+        set_aside(self.work / "kueue.log")
 
     def _start_manager(self) -> None:
         self.webhook_port, self.health_port = free_port(), free_port()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.controlplane import ROOT, free_port
-from tests.support.port_retry import start_on_free_ports
+from tests.support.port_retry import set_aside, start_on_free_ports
 
 ACCESS_KEY, SECRET_KEY = "finetune-test", "finetune-test-secret-key"
 
@@ -52,9 +52,7 @@ class MinIO:
 
     def _forget(self) -> None:
         self.stop()
-        log = self.work / "minio.log"
-        if log.exists():
-            log.rename(log.with_suffix(f".port-taken-{time.time_ns()}.log"))
+        set_aside(self.work / "minio.log")
 
     def _start(self, port: int) -> MinIO:
         self.port = port

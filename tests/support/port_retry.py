@@ -3,7 +3,9 @@ binds the same number (free_port picks at random below the kernel's ephemeral ra
 the same). A busy run of the suite lost a worker's whole control plane that way (etcd: "bind: address already in
 use") and with it 139 cluster tests. The server is started again on new ports; any other failure is raised."""
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -28,3 +30,9 @@ def start_on_free_ports(start: Callable[[], T], forget: Callable[[], None], atte
                 raise
             forget()
     raise AssertionError("unreachable")
+
+
+def set_aside(log: Path) -> None:
+    """Renames a start's log that lost its port, so the next start's log says only its own story."""
+    if log.exists():
+        log.rename(log.with_suffix(f".port-taken-{time.time_ns()}.log"))
