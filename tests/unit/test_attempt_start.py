@@ -84,6 +84,20 @@ def test_an_edit_of_the_deadline_reaches_the_running_attempts_job_only_when_it_w
         assert p.job_deadline == ("test-job-a1", patched)
 
 
+@pytest.mark.parametrize("since_after_start, patched", [(0, None), (1, None), (2, 600 + 2 + JOB_DEADLINE_GRACE_SECONDS),
+                                                       (30, 600 + 30 + JOB_DEADLINE_GRACE_SECONDS)])
+def test_the_jobs_deadline_is_raised_for_a_later_active_clock_not_for_the_rounding_of_two_whole_seconds(
+        since_after_start, patched):
+    """Created with 605 s. The Job's startTime and the job's activeSince are whole seconds: a Job that started at
+    10.9 s and a job active from 11.1 s read 10 and 11, one second apart with no edit (a warm run's attempt Job went
+    from 605 to 606 this way). A clock that really started later (the Job ran before the job counted as active) is
+    followed, so the Job's own deadline never fires before the operator's."""
+    status = {**running_status(since=T0), "activeSince": ts(T0 + timedelta(seconds=since_after_start))}
+    p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 600}), observe(
+        status, [_running_job(605)], now=T0 + timedelta(seconds=100), pods=[{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]))
+    assert p.job_deadline == (None if patched is None else ("test-job-a1", patched))
+
+
 def test_only_the_queue_priority_and_time_limit_kueue_keys_reach_the_job():
     """Kueue reads more keys than these (priority-boost, admission gates, partial admission, a prebuilt Workload):
     each would be a way around a runtime's locked queue or priority, or around the gang."""

@@ -21,6 +21,9 @@ COUNTED_PHASES = ("Pending", "Running", "Restarting")
 # Beyond what is left of the job's deadline: rounding of the two clocks, and the operator's own look at the
 # deadline coming first when it is up.
 JOB_DEADLINE_GRACE_SECONDS = 5
+# The Job's startTime and the job's activeSince are whole seconds: counted from them, what is left of the same
+# deadline can come out one second apart. Not an edit, and well inside the grace: no reason to touch the Job.
+CLOCK_ROUNDING_SECONDS = 1
 
 
 def active_seconds(status: dict[str, Any], now: datetime) -> float:
@@ -54,10 +57,11 @@ def attempt_deadline(deadline: int | None, status: dict[str, Any], now: datetime
 
 def follow_deadline(p: Plan, obs: Observed, deadline: int | None, workload: dict[str, Any]) -> None:
     """An attempt's Job whose own deadline would end it before the job's (an edit raised or removed the job's) is
-    given the new one. Never otherwise: both clocks run together, so what is left can only shrink."""
+    given the new one. Never otherwise: both clocks run together, so what is left can only shrink (or seem to
+    grow by the rounding of their whole-second starts, which the grace covers)."""
     have = (workload.get("spec") or {}).get("activeDeadlineSeconds")
     if have is None:
         return  # an attempt from an operator that set none: nothing of its own to end it early
     want = attempt_deadline(deadline, p.status, obs.now, parse_time((workload.get("status") or {}).get("startTime")))
-    if want is None or want > have:
+    if want is None or want > have + CLOCK_ROUNDING_SECONDS:
         p.job_deadline = (workload["metadata"]["name"], want)
