@@ -93,8 +93,9 @@ def test_the_jobs_deadline_is_raised_for_a_later_active_clock_not_for_the_roundi
     from 605 to 606 this way). A clock that really started later (the Job ran before the job counted as active) is
     followed, so the Job's own deadline never fires before the operator's."""
     status = {**running_status(since=T0), "activeSince": ts(T0 + timedelta(seconds=since_after_start))}
-    p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 600}), observe(
-        status, [_running_job(605)], now=T0 + timedelta(seconds=100), pods=[{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]))
+    pods = [{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]
+    p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 600}),
+             observe(status, [_running_job(605)], now=T0 + timedelta(seconds=100), pods=pods))
     assert p.job_deadline == (None if patched is None else ("test-job-a1", patched))
 
 
