@@ -1,7 +1,8 @@
 """GPU acceptance in one command: every figure the first time a GPU is lent, each case in its own process (one
 failure hides none of the others), one JSON and one Markdown table in --out.
 
-Cases (GPU sizes; --smoke runs the same code on CPU with a tiny model, sequence 128, in under 2 minutes):
+Cases (GPU sizes; --smoke runs each case's own code on CPU with a tiny model, sequence 128: SMOKE_SKIPS says
+which it leaves out and why):
 1. ours: full fine-tune of a ~1.1B Llama built from a config (random weights), bf16, sequence 4096, packing
    (text blocks), sdpa, through `finetune run`: tokens/s per GPU, MFU as progress.jsonl reports it and as an
    independent count from the model's shape (6N + attention), peak memory, loss.
@@ -138,7 +139,8 @@ def flops_per_token(size: Size, trained_fraction: float = 1.0) -> float:
     return weights + 3 * 2 * size.layers * size.seq * size.hidden
 
 
-def job_spec(model: Path, data: Path, size: Size, gpu: bool, **extra: Any) -> dict:
+def job_spec(model: Path, data: Path, size: Size, gpu: bool, /, **extra: Any) -> dict:
+    """The suite's job; `extra` merges into the spec by top-level key (positional parameters: `model` is one)."""
     spec = {
         "model": {"name": str(model), "dtype": "bfloat16" if gpu else "float32", "attnImplementation": "sdpa"},
         "data": {"format": "text", "blockSize": size.seq, "train": [{"path": str(data)}]},
@@ -214,7 +216,7 @@ def reload(final: Path, adapter: bool = False) -> None:
 
 
 # --- the cases ------------------------------------------------------------------------------------------------
-def case_ours(work: Path, size: Size, gpu: bool, **extra: Any) -> dict:
+def case_ours(work: Path, size: Size, gpu: bool, /, **extra: Any) -> dict:
     model, data = build_model(work, size), write_data(work, size)
     doc = job_spec(model, data, size, gpu, **extra)
     summary, records, first = finetune_run(doc, work / "ours", CASE_SECONDS["ours"] * 3)
@@ -306,18 +308,30 @@ def case_first_step(work: Path, size: Size, gpu: bool) -> dict:
     return {"secondsToFirstStep": round(first, 1)}
 
 
-def _switch(work: Path, size: Size, gpu: bool, name: str, adapter: bool = False, **extra: Any) -> dict:
+def _switch(work: Path, size: Size, gpu: bool, name: str, /, adapter: bool = False, **extra: Any) -> dict:
     figures = case_ours(work / name, size, gpu, **extra)
     reload(work / name / "ours" / "run" / "output" / "final", adapter=adapter)
     return {**figures, "finalReloaded": True}
 
 
+# The spec fields each switch case adds to case_ours' job.
+SWITCHES: dict[str, dict[str, Any]] = {
+    "gradient_checkpointing": {"training": {"gradientCheckpointing": True}},
+    "compile": {"training": {"extraArgs": {"torch_compile": True}}},
+    "liger": {"training": {"extraArgs": {"use_liger_kernel": True}}},
+    "lora_8b_shaped": {"method": {"type": "lora", "lora": {"r": 16, "alpha": 32}}},
+    "qlora": {"method": {"type": "qlora"}, "model": {"quantization": "4bit"}},
+    "fsdp2": {"distributed": {"strategy": "fsdp"}},
+    "zero3": {"distributed": {"strategy": "deepspeed", "deepspeed": {"zeroStage": 3}}},
+}
+
+
 def case_gradient_checkpointing(work: Path, size: Size, gpu: bool) -> dict:
-    return _switch(work, size, gpu, "gc", training={"gradientCheckpointing": True})
+    return _switch(work, size, gpu, "gc", **SWITCHES["gradient_checkpointing"])
 
 
 def case_compile(work: Path, size: Size, gpu: bool) -> dict:
-    return _switch(work, size, gpu, "compile", training={"extraArgs": {"torch_compile": True}})
+    return _switch(work, size, gpu, "compile", **SWITCHES["compile"])
 
 
 def case_liger(work: Path, size: Size, gpu: bool) -> dict:
@@ -325,12 +339,12 @@ def case_liger(work: Path, size: Size, gpu: bool) -> dict:
 
     if importlib.util.find_spec("liger_kernel") is None:
         raise SkipCase("liger-kernel is not installed")
-    return _switch(work, size, gpu, "liger", training={"extraArgs": {"use_liger_kernel": True}})
+    return _switch(work, size, gpu, "liger", **SWITCHES["liger"])
 
 
 def case_lora_8b_shaped(work: Path, size: Size, gpu: bool) -> dict:
     shaped = GPU_8B_SHAPED if gpu else size
-    return _switch(work, shaped, gpu, "lora", adapter=True, method={"type": "lora", "lora": {"r": 16, "alpha": 32}})
+    return _switch(work, shaped, gpu, "lora", adapter=True, **SWITCHES["lora_8b_shaped"])
 
 
 def case_qlora(work: Path, size: Size, gpu: bool) -> dict:
@@ -340,8 +354,7 @@ def case_qlora(work: Path, size: Size, gpu: bool) -> dict:
         raise SkipCase("QLoRA's 4-bit base needs a GPU")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise SkipCase("bitsandbytes is not installed (not carried: 43 MB over the 60 MiB carry)")
-    return _switch(work, size, gpu, "qlora", adapter=True, method={"type": "qlora"},
-                   model={"quantization": "4bit"})
+    return _switch(work, size, gpu, "qlora", adapter=True, **SWITCHES["qlora"])
 
 
 def case_fsdp2(work: Path, size: Size, gpu: bool) -> dict:
@@ -350,9 +363,9 @@ def case_fsdp2(work: Path, size: Size, gpu: bool) -> dict:
     if not gpu:
         raise SkipCase("FSDP through the Trainer needs a GPU")
     saving = {"saveStrategy": "steps", "saveSteps": size.steps // 2}
-    figures = _switch(work, size, gpu, "fsdp2", distributed={"strategy": "fsdp"}, checkpoints=saving)
+    figures = _switch(work, size, gpu, "fsdp2", **SWITCHES["fsdp2"], checkpoints=saving)
     here = work / "fsdp2"  # the model and data that case_ours built there: a resume refuses another model's
-    doc = job_spec(build_model(here, size), write_data(here, size), size, gpu, distributed={"strategy": "fsdp"},
+    doc = job_spec(build_model(here, size), write_data(here, size), size, gpu, **SWITCHES["fsdp2"],
                    checkpoints=saving, training={"maxSteps": size.steps + 2})
     summary, _, _ = finetune_run(doc, here / "ours", CASE_SECONDS["fsdp2"] * 3)
     reload(here / "ours" / "run" / "output" / "final")
@@ -360,7 +373,7 @@ def case_fsdp2(work: Path, size: Size, gpu: bool) -> dict:
 
 
 def case_zero3(work: Path, size: Size, gpu: bool) -> dict:
-    return _switch(work, size, gpu, "zero3", distributed={"strategy": "deepspeed", "deepspeed": {"zeroStage": 3}})
+    return _switch(work, size, gpu, "zero3", **SWITCHES["zero3"])
 
 
 def case_in_place_restart(work: Path, size: Size, gpu: bool) -> dict:
@@ -424,7 +437,14 @@ CASES = {"ours": case_ours, "hf_trainer": case_hf_trainer, "trl": case_trl, "fir
          "lora_8b_shaped": case_lora_8b_shaped, "qlora": case_qlora, "fsdp2": case_fsdp2, "zero3": case_zero3,
          "grpo": case_grpo,
          "in_place_restart": case_in_place_restart}
-SMOKE_SKIPS = {"compile": "torch.compile is measured on a GPU only (inductor's CPU build would take minutes here)"}
+# Smoke mode (a test, on 2 shared cores) runs each case's own code once: the switches below are case_ours with the
+# spec fields in SWITCHES (each validated by tests/unit/test_gpu_suite_specs.py; gradient checkpointing trains end
+# to end in tests/e2e/test_trainer_runs.py::test_two_nodes[ddp], ZeRO-3 in [zero3]), first_step is two more runs of
+# case_ours' job; lora_8b_shaped runs, for the adapter's save and reload.
+SMOKE_SKIPS = {"compile": "torch.compile is measured on a GPU only (inductor's CPU build would take minutes here)",
+               "gradient_checkpointing": "case_ours with its spec field; smoke runs that code in lora_8b_shaped",
+               "zero3": "case_ours with its spec field; smoke runs that code in lora_8b_shaped",
+               "first_step": "two more runs of case_ours' job; a timing, which only a GPU run gives"}
 
 
 # --- the driver -------------------------------------------------------------------------------------------------
