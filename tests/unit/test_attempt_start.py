@@ -64,13 +64,14 @@ def _running_job(deadline_seconds):
     return w
 
 
-@pytest.mark.parametrize("deadline, patched", [(600, None), (300, None),
+@pytest.mark.parametrize("deadline, patched", [(600, None), (300, 100 + 300 - 100 + JOB_DEADLINE_GRACE_SECONDS),
                                                (3600, 100 + 3600 - 100 + JOB_DEADLINE_GRACE_SECONDS),
                                                (None, "removed")])
 def test_an_edit_of_the_deadline_reaches_the_running_attempts_job_only_when_it_would_end_it_early(deadline,
                                                                                                   patched):
-    """The Job was created with 605 s (a 600 s deadline). 100 s later the job's deadline is edited: a lower one is
-    the operator's to keep (it fails the job itself), a higher one or none must not be cut short by the Job's own."""
+    """The Job was created with 605 s (a 600 s deadline). 100 s later the job's deadline is edited: a higher one or
+    none must not be cut short by the Job's own; a lower one reaches the Job too (the operator fails the job itself,
+    and the Job still ends if the operator is down or the job gone)."""
     status = {**running_status(since=T0), "activeSince": ts(T0)}
     overrides = {"spec.runPolicy.activeDeadlineSeconds": deadline} if deadline else {}
     p = plan(job(**overrides), observe(status, [_running_job(605)], now=T0 + timedelta(seconds=100),
@@ -84,18 +85,31 @@ def test_an_edit_of_the_deadline_reaches_the_running_attempts_job_only_when_it_w
         assert p.job_deadline == ("test-job-a1", patched)
 
 
-@pytest.mark.parametrize("since_after_start, patched", [(0, None), (1, None), (2, 600 + 2 + JOB_DEADLINE_GRACE_SECONDS),
-                                                       (30, 600 + 30 + JOB_DEADLINE_GRACE_SECONDS)])
-def test_the_jobs_deadline_is_raised_for_a_later_active_clock_not_for_the_rounding_of_two_whole_seconds(
-        since_after_start, patched):
-    """Created with 605 s. The Job's startTime and the job's activeSince are whole seconds: a Job that started at
-    10.9 s and a job active from 11.1 s read 10 and 11, one second apart with no edit (a warm run's attempt Job went
-    from 605 to 606 this way). A clock that really started later (the Job ran before the job counted as active) is
-    followed, so the Job's own deadline never fires before the operator's."""
-    status = {**running_status(since=T0), "activeSince": ts(T0 + timedelta(seconds=since_after_start))}
+@pytest.mark.parametrize("seconds_on", [0.0, 0.3, 12.7, 99.99, 424.4, 3599.9])  # 424.4: 600.0000000000001 in floats
+def test_a_job_and_its_attempt_started_together_keep_the_deadline_they_were_created_with(seconds_on):
+    """The Job started as the job became active: what is left on its clock is the 600 s it was created with, at any
+    moment (a warm run's attempt Job went from 25 s to 26 with no edit: 12.7 + 20 - 12.7 is 20.000000000000004 in
+    floats, and its ceiling 21)."""
+    status = {**running_status(since=T0), "activeSince": ts(T0)}
     pods = [{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]
     p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 600}),
-             observe(status, [_running_job(605)], now=T0 + timedelta(seconds=100), pods=pods))
+             observe(status, [_running_job(605)], now=T0 + timedelta(seconds=seconds_on), pods=pods))
+    assert p.job_deadline is None
+
+
+@pytest.mark.parametrize("started_after, patched", [(1, None), (5, None), (6, 600 - 6 + JOB_DEADLINE_GRACE_SECONDS),
+                                                    (500, 100 + JOB_DEADLINE_GRACE_SECONDS)])
+def test_a_jobs_clock_started_again_gets_what_is_left_not_its_whole_deadline(started_after, patched):
+    """Kubernetes resets a resumed Job's startTime (a suspend, Kueue's preemption): with the 605 s it was created
+    with, a Job resumed after 500 s of the job's 600 would run 500 s past it were its FineTuneJob gone or its
+    operator down. Lowered to what is left, once it is more than a few seconds off (a Job that started a second
+    after the job's active clock is no reason for a write)."""
+    status = {**running_status(since=T0), "activeSince": ts(T0)}
+    w = _running_job(605)
+    w["status"]["startTime"] = ts(T0 + timedelta(seconds=started_after))
+    pods = [{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]
+    p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 600}),
+             observe(status, [w], now=T0 + timedelta(seconds=started_after + 10.4), pods=pods))
     assert p.job_deadline == (None if patched is None else ("test-job-a1", patched))
 
 

@@ -3,9 +3,9 @@ deadline, which ends an attempt that outlives its FineTuneJob's watch.
 
 The operator fails a job whose active time reaches its deadline, and deletes its attempt. Each attempt's Job also
 carries an activeDeadlineSeconds of its own, what was left of the job's when the attempt was created (and a few
-seconds): a Job whose FineTuneJob is gone, or whose operator is down, still ends (the Job controller's clock counts
-from the Job's start or last resume, never more than the job's active time, so it never fires before the
-operator's deadline). An edit that raises or removes the job's deadline reaches the running attempt's Job too.
+seconds): a Job whose FineTuneJob is gone, or whose operator is down, still ends. The Job controller's clock counts
+from the Job's start or last resume, so the operator keeps the Job's deadline at what is left counted from there:
+an edit of the job's deadline reaches the running attempt's Job, and so does a resume (its clock starts again).
 """
 
 import math
@@ -21,9 +21,11 @@ COUNTED_PHASES = ("Pending", "Running", "Restarting")
 # Beyond what is left of the job's deadline: rounding of the two clocks, and the operator's own look at the
 # deadline coming first when it is up.
 JOB_DEADLINE_GRACE_SECONDS = 5
-# The Job's startTime and the job's activeSince are whole seconds: counted from them, what is left of the same
-# deadline can come out one second apart. Not an edit, and well inside the grace: no reason to touch the Job.
-CLOCK_ROUNDING_SECONDS = 1
+# A running Job's own deadline is lowered when it is this much more than what is left: a resumed Job's clock
+# starts again (Kubernetes resets its startTime) with the deadline it had, and without this an attempt whose
+# FineTuneJob is gone, or whose operator is down, would get its whole deadline again at every suspend and resume.
+# Not for a second or two (a Job that started a moment after the job's active clock): a write per attempt for nothing.
+LOWERED_PAST_SECONDS = JOB_DEADLINE_GRACE_SECONDS
 
 
 def active_seconds(status: dict[str, Any], now: datetime) -> float:
@@ -52,16 +54,19 @@ def attempt_deadline(deadline: int | None, status: dict[str, Any], now: datetime
     if not deadline:
         return None
     ran = (now - job_started).total_seconds() if job_started is not None else 0.0
-    return max(1, math.ceil(ran + deadline - active_seconds(status, now))) + JOB_DEADLINE_GRACE_SECONDS
+    # `now` cancels out of ran - active, whole seconds are left; the float sum is not exactly whole (a Job and a job
+    # started together, 12.7 s on: 20.000000000000004, and its ceiling made a 20 s deadline's Job 26 s, not 25).
+    left = round(ran + deadline - active_seconds(status, now), 3)
+    return max(1, math.ceil(left)) + JOB_DEADLINE_GRACE_SECONDS
 
 
 def follow_deadline(p: Plan, obs: Observed, deadline: int | None, workload: dict[str, Any]) -> None:
     """An attempt's Job whose own deadline would end it before the job's (an edit raised or removed the job's) is
-    given the new one. Never otherwise: both clocks run together, so what is left can only shrink (or seem to
-    grow by the rounding of their whole-second starts, which the grace covers)."""
+    given the new one; so is one whose deadline is past what is left by more than LOWERED_PAST_SECONDS (a resumed
+    Job's clock started again, or an edit lowered the job's). Otherwise both clocks run together."""
     have = (workload.get("spec") or {}).get("activeDeadlineSeconds")
     if have is None:
         return  # an attempt from an operator that set none: nothing of its own to end it early
     want = attempt_deadline(deadline, p.status, obs.now, parse_time((workload.get("status") or {}).get("startTime")))
-    if want is None or want > have + CLOCK_ROUNDING_SECONDS:
+    if want is None or want > have or want < have - LOWERED_PAST_SECONDS:
         p.job_deadline = (workload["metadata"]["name"], want)
