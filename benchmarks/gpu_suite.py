@@ -437,14 +437,14 @@ CASES = {"ours": case_ours, "hf_trainer": case_hf_trainer, "trl": case_trl, "fir
          "lora_8b_shaped": case_lora_8b_shaped, "qlora": case_qlora, "fsdp2": case_fsdp2, "zero3": case_zero3,
          "grpo": case_grpo,
          "in_place_restart": case_in_place_restart}
-# Smoke mode (a test, on 2 shared cores) runs each case's own code once: the switches below are case_ours with the
-# spec fields in SWITCHES (each validated by tests/unit/test_gpu_suite_specs.py; gradient checkpointing trains end
-# to end in tests/e2e/test_trainer_runs.py::test_two_nodes[ddp], ZeRO-3 in [zero3]), first_step is two more runs of
-# case_ours' job; lora_8b_shaped runs, for the adapter's save and reload.
+# Smoke mode (a test on 2 shared cores) leaves these out; what needs a GPU or a package the venv lacks (QLoRA,
+# FSDP2, Liger) skips itself. ZeRO-3 at world size 1 is case_ours with its spec field (SWITCHES, validated by
+# tests/unit/test_gpu_suite_specs.py): gradient_checkpointing runs the same _switch code with the full model's reload,
+# lora_8b_shaped with the adapter's, and ZeRO-3 trains and saves end to end in tests/e2e/test_trainer_runs.py::
+# test_two_nodes[zero3]. first_step runs case_ours' job again (1 and 2 steps) for a timing only a GPU gives.
 SMOKE_SKIPS = {"compile": "torch.compile is measured on a GPU only (inductor's CPU build would take minutes here)",
-               "gradient_checkpointing": "case_ours with its spec field; smoke runs that code in lora_8b_shaped",
-               "zero3": "case_ours with its spec field; smoke runs that code in lora_8b_shaped",
-               "first_step": "two more runs of case_ours' job; a timing, which only a GPU run gives"}
+               "zero3": "case_ours with its spec field at world size 1; ZeRO-3 trains in test_two_nodes[zero3]",
+               "first_step": "case_ours' job again, for a timing only a GPU run gives"}
 
 
 # --- the driver -------------------------------------------------------------------------------------------------
@@ -569,7 +569,7 @@ def table(results: list[dict], meta: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-suite"))
-    parser.add_argument("--smoke", action="store_true", help="CPU, a tiny model: checks the kit in under 2 minutes")
+    parser.add_argument("--smoke", action="store_true", help="CPU, a tiny model: runs each case's code but SMOKE_SKIPS")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--jobs", type=int, default=1,
                         help=f"cases other than {', '.join(MEASURED_ALONE)} run this many at once (after those)")

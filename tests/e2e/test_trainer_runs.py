@@ -202,8 +202,7 @@ def test_nan_loss_stops_the_run_with_diverged(tiny_model_dir, tmp_path):
 ], ids=["ddp", "zero2", "zero3"])
 def test_two_nodes(tiny_model_dir, tmp_path, distributed, expected):
     # A configured peak (1 GFLOP/s per process) makes MFU appear on CPU, so its wiring is checked end to end.
-    # Under DDP with gradient checkpointing (non-reentrant, LoRA's frozen embeddings handing grads on): the pairing
-    # users run, and the switch's end-to-end run (the GPU kit's smoke mode leaves it to this case).
+    # DDP with gradient checkpointing (non-reentrant, as the trainer config asks): the pairing users run.
     doc = job(tiny_model_dir, **{"spec.distributed": {"numNodes": 2, "gpusPerNode": 0, **distributed},
                                  "spec.training.maxSteps": 4, "spec.checkpoints.saveSteps": 2,
                                  "spec.training.gradientCheckpointing": distributed["strategy"] == "ddp",
