@@ -57,26 +57,29 @@ def test_each_attempt_job_gets_what_is_left_of_the_deadline():
     assert "activeDeadlineSeconds" not in render_workload(job().spec, RenderContext(name="t", namespace="ns"))["spec"]
 
 
-def _running_job(deadline_seconds):
+def _running_job(deadline_seconds, started=T0):
     w = workload(1)
     w["spec"]["activeDeadlineSeconds"] = deadline_seconds
-    w["status"]["startTime"] = ts(T0)
+    w["status"]["startTime"] = ts(started)
     return w
+
+
+def _deadline_plan(deadline, attempt_job, seconds_on):
+    """The pass `seconds_on` after T0 of a job running since T0 (deadline None: none set) with 2 pods running."""
+    status = {**running_status(since=T0), "activeSince": ts(T0)}
+    overrides = {"spec.runPolicy.activeDeadlineSeconds": deadline} if deadline else {}
+    pods = [{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]
+    return plan(job(**overrides), observe(status, [attempt_job], now=T0 + timedelta(seconds=seconds_on), pods=pods))
 
 
 @pytest.mark.parametrize("deadline, patched", [(600, None), (300, 100 + 300 - 100 + JOB_DEADLINE_GRACE_SECONDS),
                                                (3600, 100 + 3600 - 100 + JOB_DEADLINE_GRACE_SECONDS),
                                                (None, "removed")])
-def test_an_edit_of_the_deadline_reaches_the_running_attempts_job_only_when_it_would_end_it_early(deadline,
-                                                                                                  patched):
+def test_an_edit_of_the_deadline_reaches_the_running_attempts_job(deadline, patched):
     """The Job was created with 605 s (a 600 s deadline). 100 s later the job's deadline is edited: a higher one or
     none must not be cut short by the Job's own; a lower one reaches the Job too (the operator fails the job itself,
     and the Job still ends if the operator is down or the job gone)."""
-    status = {**running_status(since=T0), "activeSince": ts(T0)}
-    overrides = {"spec.runPolicy.activeDeadlineSeconds": deadline} if deadline else {}
-    p = plan(job(**overrides), observe(status, [_running_job(605)], now=T0 + timedelta(seconds=100),
-                                       pods=[{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}}
-                                             for i in range(2)]))
+    p = _deadline_plan(deadline, _running_job(605), 100)
     if patched is None:
         assert p.job_deadline is None
     elif patched == "removed":
@@ -90,11 +93,7 @@ def test_a_job_and_its_attempt_started_together_keep_the_deadline_they_were_crea
     """The Job started as the job became active: what is left on its clock is the 600 s it was created with, at any
     moment (a warm run's attempt Job went from 25 s to 26 with no edit: 12.7 + 20 - 12.7 is 20.000000000000004 in
     floats, and its ceiling 21)."""
-    status = {**running_status(since=T0), "activeSince": ts(T0)}
-    pods = [{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]
-    p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 600}),
-             observe(status, [_running_job(605)], now=T0 + timedelta(seconds=seconds_on), pods=pods))
-    assert p.job_deadline is None
+    assert _deadline_plan(600, _running_job(605), seconds_on).job_deadline is None
 
 
 @pytest.mark.parametrize("started_after, patched", [(1, None), (5, None), (6, 600 - 6 + JOB_DEADLINE_GRACE_SECONDS),
@@ -104,12 +103,7 @@ def test_a_jobs_clock_started_again_gets_what_is_left_not_its_whole_deadline(sta
     with, a Job resumed after 500 s of the job's 600 would run 500 s past it were its FineTuneJob gone or its
     operator down. Lowered to what is left, once it is more than a few seconds off (a Job that started a second
     after the job's active clock is no reason for a write)."""
-    status = {**running_status(since=T0), "activeSince": ts(T0)}
-    w = _running_job(605)
-    w["status"]["startTime"] = ts(T0 + timedelta(seconds=started_after))
-    pods = [{"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}} for i in range(2)]
-    p = plan(job(**{"spec.runPolicy.activeDeadlineSeconds": 600}),
-             observe(status, [w], now=T0 + timedelta(seconds=started_after + 10.4), pods=pods))
+    p = _deadline_plan(600, _running_job(605, started=T0 + timedelta(seconds=started_after)), started_after + 10.4)
     assert p.job_deadline == (None if patched is None else ("test-job-a1", patched))
 
 
