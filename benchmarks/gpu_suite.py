@@ -66,6 +66,8 @@ GPU_8B_SHAPED = Size(4096, 8, 32, 8, 14336, 32000, 4096, 10, 1)  # an 8B model's
 # machine's disk and make the case about write speed, not about the process group re-formed after a kill.
 GPU_RESTART = Size(512, 4, 8, 4, 1408, 32000, 1024, 60, 2)
 SMOKE = Size(64, 2, 4, 2, 128, 512, 128, 4, 2)
+# The cases that run at another size than GPU_1B on a GPU (in smoke mode every case runs at SMOKE).
+GPU_CASE_SIZES = {"lora_8b_shaped": GPU_8B_SHAPED, "in_place_restart": GPU_RESTART}
 CASE_SECONDS = {"ours": 150, "hf_trainer": 120, "trl": 120, "first_step": 120, "gradient_checkpointing": 120,
                 "compile": 180, "liger": 120, "lora_8b_shaped": 240, "qlora": 180, "fsdp2": 240, "zero3": 180,
                 "grpo": 300,
@@ -343,7 +345,7 @@ def case_liger(work: Path, size: Size, gpu: bool) -> dict:
 
 
 def case_lora_8b_shaped(work: Path, size: Size, gpu: bool) -> dict:
-    shaped = GPU_8B_SHAPED if gpu else size
+    shaped = GPU_CASE_SIZES["lora_8b_shaped"] if gpu else size
     return _switch(work, shaped, gpu, "lora", adapter=True, **SWITCHES["lora_8b_shaped"])
 
 
@@ -387,7 +389,7 @@ def case_in_place_restart(work: Path, size: Size, gpu: bool) -> dict:
     from finetune_trainer.outputs.checkpoints import COMPLETE_MARKER
 
     here = work / "in_place_restart"
-    size = GPU_RESTART if gpu else size
+    size = GPU_CASE_SIZES["in_place_restart"] if gpu else size
     # Enough steps after checkpoint 2 that the kill lands while training (a tiny CPU run of 6 steps had ended by
     # the time the poll saw the checkpoint, and its restart found nothing left to train).
     steps = max(size.steps, 60)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_suite import GPU_1B, GPU_8B_SHAPED, SMOKE, SMOKE_SKIPS, SWITCHES, job_spec
+from benchmarks.gpu_suite import GPU_1B, GPU_CASE_SIZES, SMOKE, SMOKE_SKIPS, SWITCHES, job_spec
 from finetune_operator.api.validation import validate_job
 
 pytestmark = pytest.mark.unit
@@ -17,7 +17,7 @@ GPU_ONLY = {"qlora", "fsdp2"}  # SkipCase on CPU: bitsandbytes' 4 bits and FSDP 
 @pytest.mark.parametrize(("case", "gpu"), [(case, gpu) for case in sorted(SWITCHES) for gpu in (True, False)
                                            if gpu or case not in GPU_ONLY])
 def test_each_switch_cases_job_is_valid(case, gpu):
-    size = (GPU_8B_SHAPED if case == "lora_8b_shaped" else GPU_1B) if gpu else SMOKE  # the size each case runs at
+    size = GPU_CASE_SIZES.get(case, GPU_1B) if gpu else SMOKE
     doc = job_spec(Path("/models/m"), Path("/data/d.jsonl"), size, gpu, **SWITCHES[case])
     validate_job(doc)  # raises InvalidSpec naming every field that is wrong
 
