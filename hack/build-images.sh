@@ -102,24 +102,27 @@ prune_superseded() {  # IMAGES...: the images just built, whose records must exi
 }
 # Every layer cached still costs a warm build ~90 s: podman hashes the GBs of the virtualenv to find the cached
 # `COPY --from=build /opt/venv`. An image is labelled with the digest of everything its build reads (the files the
-# ignore file lets into the context, the Dockerfile, this script, the base's id, the build args); when the tagged
-# image carries the same digest, nothing it could be built from has changed and the build is skipped.
+# ignore file lets into the context that it uses, the Dockerfile, this script, the base's id, the build args); when
+# the tagged image carries the same digest, nothing it could be built from has changed and the build is skipped.
+# The trainer's virtualenv is an image of its own (the Dockerfile's `deps` stage, read from the locks only), so a
+# source edit rebuilds only our wheel's layers on top of it.
 inputs_label="dev.finetunejob.build-inputs"
-inputs_digest() {  # DOCKERFILE BUILD-ARGS...: the digest of what a build of it reads
-  local dockerfile="$1" base_id
-  shift
+inputs_digest() {  # DOCKERFILE "PATHS" BUILD-ARGS...: the digest of what a build of it reads
+  local dockerfile="$1" paths="$2" base_id
+  shift 2
   base_id="$("${podman[@]}" image inspect --format '{{.Id}}' "$base")"
   {
     printf '%s\n' "$base_id" "$@"
-    (cd "$root" && find pyproject.toml README.md requirements operator trainer_image -type f \
-       ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    # shellcheck disable=SC2086  # PATHS is a list of the repository's own paths, split on purpose
+    (cd "$root" && find $paths -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z \
+       | xargs -0 sha256sum)
     sha256sum "$dockerfile" "$root/.dockerignore" "$root/hack/build-images.sh" | sed "s#$root/##"
   } | sha256sum | cut -d' ' -f1
 }
-build_unless_current() {  # IMAGE DOCKERFILE BUILD-ARGS...
-  local image="$1" dockerfile="$2" digest start=$SECONDS
-  shift 2
-  digest="$(inputs_digest "$dockerfile" "$@")"
+build_unless_current() {  # IMAGE DOCKERFILE "PATHS" BUILD-ARGS...
+  local image="$1" dockerfile="$2" paths="$3" digest start=$SECONDS
+  shift 3
+  digest="$(inputs_digest "$dockerfile" "$paths" "$@")"
   if [[ "$("${podman[@]}" image inspect --format "{{index .Labels \"$inputs_label\"}}" "$image" 2>/dev/null)" \
         == "$digest" ]]; then
     log "image $image is current (inputs $digest): not rebuilt"
@@ -128,8 +131,14 @@ build_unless_current() {  # IMAGE DOCKERFILE BUILD-ARGS...
   built "$image" --label "$inputs_label=$digest" "$@" -f "$dockerfile" "$root"
   log "image $image built in $((SECONDS - start)) s"
 }
-build_unless_current "$operator_image" "$root/Dockerfile"
-build_unless_current "$trainer_image" "$root/trainer_image/Dockerfile" --build-arg "VARIANT=$variant"
-prune_superseded "$operator_image" "$trainer_image"
+sources="pyproject.toml README.md requirements operator trainer_image"
+deps_image="localhost/finetunejob-trainer-deps:$version-$variant"
+build_unless_current "$operator_image" "$root/Dockerfile" "$sources"
+build_unless_current "$deps_image" "$root/trainer_image/Dockerfile" requirements --target deps \
+  --build-arg "VARIANT=$variant"
+# The deps image's id is a build argument: a rebuilt virtualenv rebuilds the trainer on it.
+build_unless_current "$trainer_image" "$root/trainer_image/Dockerfile" "$sources" --build-arg "DEPS=$deps_image" \
+  --label "dev.finetunejob.deps=$("${podman[@]}" image inspect --format '{{.Id}}' "$deps_image")"
+prune_superseded "$operator_image" "$deps_image" "$trainer_image"
 echo "$operator_image"
 echo "$trainer_image"
