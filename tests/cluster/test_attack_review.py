@@ -29,6 +29,7 @@ from finetune_operator.api.runtime import ENDPOINT_FIELDS
 from finetune_operator.api.runtime_layers import resolve_offline
 from finetune_operator.api.validation import validate_job
 from finetune_operator.controller.deadlines import JOB_DEADLINE_GRACE_SECONDS
+from finetune_operator.controller.observed import parse_time
 from finetune_operator.render.rbac import render_trainer_identity
 from tests.builders import make_job
 from tests.cluster.test_tenancy import FTJ, bind, can, chart_objects, delete_all, wait_can
@@ -341,6 +342,59 @@ def test_an_orphaning_delete_is_refused_and_an_orphaned_attempt_ends_by_its_own_
         f"{deadline + 40}s after the job started (deadline {deadline}s) its orphaned Job still runs: {held}")
     assert held is None or any(cd["reason"] == "DeadlineExceeded" for cd in held["status"].get("conditions") or [])
     kubectl.run("delete", "job", "orphan-a1", "-n", NS, "--ignore-not-found")
+
+
+def test_a_resumed_attempt_orphaned_ends_by_what_was_left_of_the_jobs_deadline(arena, kubectl, operator):
+    """The neighbour of the orphan case: a suspend and resume (spec.suspend, as Kueue's preemption does too) restarts
+    the attempt Job's own clock (the Job controller resets its startTime), and the Job kept the deadline it was
+    created with. Orphaned after a resume, a job with 20 s of a 40 s deadline left ran 45 s more. The operator lowers
+    the resumed Job's deadline to what is left (and the grace); orphaned, the Job ends there."""
+    deadline, name = 40, "resumed"
+    job = lean(name, runtimeRef={"name": "attack-small"}, runPolicy={"activeDeadlineSeconds": deadline})
+    kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
+    wait_status(kubectl, NS, name, lambda s: s.get("phase") == "Running", operator, timeout=120)
+    created_with = kubectl.json("get", "job", f"{name}-a1", "-n", NS)["spec"]["activeDeadlineSeconds"]
+
+    def suspend(value: bool) -> None:
+        kubectl.run("patch", "ftj", name, "-n", NS, "--type=merge", "-p", json.dumps({"spec": {"suspend": value}}),
+                    "--as=fiona")
+
+    running = kubectl.json("get", "ftj", name, "-n", NS)["status"]
+    until(lambda: time.time() - parse_time(running["activeSince"]).timestamp() >= deadline / 2,
+          "the job never ran half its deadline", timeout=deadline)
+    suspend(True)
+    ran = wait_status(kubectl, NS, name, lambda s: s.get("phase") == "Suspended" and "activeSeconds" in s,
+                      operator, timeout=60)["activeSeconds"]
+    until(lambda: kubectl.json("get", "job", f"{name}-a1", "-n", NS)["spec"].get("suspend") is True,
+          "the attempt's Job was never suspended", timeout=60)
+    suspend(False)
+    left = deadline - ran
+    assert 0 < left <= deadline / 2 + 1, ran
+
+    def lowered() -> dict | None:  # the operator fails the job itself once it is up (its Job then goes): before
+        held = kubectl.json_or_none("get", "job", f"{name}-a1", "-n", NS)
+        if held is None:
+            return None
+        fits = held["spec"]["activeDeadlineSeconds"] <= left + JOB_DEADLINE_GRACE_SECONDS
+        return held if fits and not held["spec"].get("suspend") and held["status"].get("startTime") else None
+
+    resumed_job = until(lowered, f"the resumed Job kept more than {left}s + grace (created with {created_with}s)",
+                        timeout=left)
+    resumed = parse_time(resumed_job["status"]["startTime"])
+    kubectl.run("delete", "ftj", name, "-n", NS, "--cascade=orphan")  # a cluster admin may (the orphan case)
+    until(lambda: kubectl.json_or_none("get", "ftj", name, "-n", NS) is None, "the FineTuneJob was never deleted",
+          timeout=60)
+
+    def ended() -> dict | None:
+        conditions = (kubectl.json("get", "job", f"{name}-a1", "-n", NS).get("status") or {}).get("conditions") or []
+        return next((cd for cd in conditions if cd["reason"] == "DeadlineExceeded" and cd["status"] == "True"), None)
+
+    condition = until(ended, f"the orphaned Job never ended by its deadline ({left}s left)",
+                      timeout=created_with + 60)
+    took = (parse_time(condition["lastTransitionTime"]) - resumed).total_seconds()
+    # Whole-second clocks on both sides; the Job's whole deadline again would be created_with (45 s here).
+    assert took <= left + JOB_DEADLINE_GRACE_SECONDS + 2 < created_with, (took, left, created_with)
+    kubectl.run("delete", "job", f"{name}-a1", "-n", NS, "--ignore-not-found")
 
 
 def test_an_unbound_token_of_a_jobs_own_service_account_rewrites_no_status(arena, kubectl, operator):

@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from finetune_operator.api.errors import InvalidSpec
 from finetune_operator.api.job_rights import changed_fields, configmap_names, mounts_nfs, secret_names
@@ -23,6 +23,8 @@ from tests.builders import make_job
 from tests.support.polling import wait_until
 from tests.support.tenant_api import Answer, TenantApi
 
+T = TypeVar("T")
+
 NAMESPACE_LABEL = {"finetunejob.dev/admission-matrix": "yes"}
 
 
@@ -31,9 +33,12 @@ def apply_list(kubectl: Any, *docs: dict) -> None:
     kubectl.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
 
 
-def until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    """Polls `check` until it holds; fails saying `what` after `timeout` seconds."""
-    wait_until(what, check, timeout, 0.3)
+def until(check: Callable[[], T], what: str, timeout: float = 30) -> T:
+    """Polls `check` until it returns something truthy, and returns that; fails saying `what` after `timeout`
+    seconds."""
+    return wait_until(what, check, timeout, 0.3)
+
+
 QUEUE = "kueue.x-k8s.io/queue-name"
 EVIL = "docker.io/evil/miner:latest"
 
