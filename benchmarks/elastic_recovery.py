@@ -175,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     cp = ControlPlane(build_binaries()).start()
     work = Path(tempfile.mkdtemp(prefix="elastic-recovery-"))
-    operator = None
+    operator, finished = None, False
     try:
         kubectl = Kubectl(cp.kubeconfig)
         kubectl.run("apply", "--server-side", "-f", str(CRD_FILE.parent))
@@ -188,10 +188,15 @@ def main() -> None:
         model = build_tiny_model(work / "model")
         results = {s: scenario_run(s, kubectl, cp, work, model, args.runtime, args.kill_after)
                    for s in args.only or SCENARIOS}
+        finished = True
     finally:
         if operator is not None:
             operator.stop()
-        cp.stop()
+        cp.stop(remove=finished)  # a run that failed keeps the control plane's logs and its own, and says where
+        if finished:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"the benchmark's directory kept for its logs: {work}", file=sys.stderr)
     gang = results.get("gang", {}).get("seconds")
     print(f"time from a failure to the next training step ({args.runtime}, restartBackoffSeconds {args.backoff:g})")
     for name, r in results.items():
