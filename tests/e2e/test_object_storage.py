@@ -15,6 +15,7 @@ from finetune_trainer import errors, objectstore
 from finetune_trainer.outputs import bucket, remote_output, uploads
 from tests.support.bucket_runs import ROWS, finetune_run, job_doc, put_tree
 from tests.support.polling import wait_for_run
+from tests.support.trainer_run import trainer_loads
 
 
 def test_a_run_stopped_with_ctrl_c_resumes_in_an_empty_directory_from_the_bucket_alone(minio, uploaded, tmp_path):
@@ -98,6 +99,24 @@ def test_refused_before_training_with_the_uri_and_the_reason(minio, uploaded, tm
         assert "not-a-session-token" not in out
     assert "may write" not in summary["message"] or case != "tls-to-http"
     assert not list((tmp_path / "run/output").glob("checkpoint-*"))  # refused before training
+
+
+@pytest.mark.parametrize("case", ["bad-credentials", "missing-bucket"])
+def test_a_refused_store_fails_before_torch_and_transformers_load(minio, uploaded, tmp_path, case):
+    """The bucket and the prefix are checked before the trainer's heavy imports (~5 s of CPU a process)."""
+    from finetune_operator.api.validation import validate_job
+    from finetune_operator.cli.local_run import prepare
+
+    doc = job_doc(minio, uploaded)
+    env = dict(minio.env)
+    if case == "bad-credentials":
+        env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    else:
+        doc["spec"]["output"]["uri"] = "s3://no-such-bucket/runs/x"
+    config, _ = prepare(validate_job(doc), tmp_path)
+    code, loaded, out = trainer_loads(config, env)
+    assert code == 77 and "StorageRefused" in out, out
+    assert loaded == [], out
 
 
 def test_training_goes_on_while_the_store_is_down_and_uploads_catch_up(minio, uploaded, tmp_path):

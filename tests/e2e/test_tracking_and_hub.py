@@ -13,6 +13,7 @@ import yaml
 from finetune_operator.api import exit_codes
 from tests.conftest import ROOT
 from tests.support.hub_server import Repo, StandInHub
+from tests.support.trainer_run import trainer_loads
 
 TINY = str(ROOT / "examples" / "tiny-cpu-sft.yaml")
 # What the runs must get from the spec, not from the test's own environment.
@@ -153,6 +154,22 @@ def test_a_missing_or_wrong_token_fails_at_once(tiny_model_dir, tmp_path, token)
         assert "warning: HF_TOKEN comes from a Secret in a cluster" in out
     assert code == exit_codes.PUSH_REFUSED, out
     assert "401" in out and not (tmp_path / "output" / "progress.jsonl").exists()  # no step was trained
+
+
+def test_a_refused_token_fails_before_torch_and_transformers_load(tiny_model_dir, tmp_path):
+    """The trainer checks the token before its heavy imports (~5 s of CPU a process): a refused job ends in seconds."""
+    from finetune_operator.api.validation import validate_job
+    from finetune_operator.cli.local_run import prepare
+
+    doc = yaml.safe_load(Path(TINY).read_text())
+    doc["spec"]["model"]["name"] = str(tiny_model_dir)
+    with StandInHub(token="hf_write_token") as hub:
+        doc["spec"]["output"] = {"push": {"repo": "acme/tiny-sft", "endpoint": hub.url,
+                                          "tokenSecret": {"name": "hf-write"}}}
+        config, _ = prepare(validate_job(doc), tmp_path)
+        code, loaded, out = trainer_loads(config, {"HF_TOKEN": "wrong", "HF_HUB_OFFLINE": "0"})
+    assert code == exit_codes.PUSH_REFUSED and "401" in out, out
+    assert loaded == [], out
 
 
 def test_the_preflight_checks_the_hub_repository(tiny_model_dir, tmp_path):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,20 @@ from tests.support.polling import wait_while_progressing
 # One thread per process on a 2-core machine, no hub access, and this checkout's packages on the path.
 TEST_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
             "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer_image")])}
+# What a trainer process loads only once it trains (~5 s of CPU): a refusal must come before them.
+HEAVY_LIBRARIES = ("torch", "transformers", "datasets", "peft")
+
+
+def trainer_loads(config: Path, env: dict[str, str]) -> tuple[int, list[str], str]:
+    """Runs the trainer on `config` in a process of its own: its exit code, which of HEAVY_LIBRARIES it had loaded
+    when it ended, and its output."""
+    probe = ("import sys; from finetune_trainer import main; code = main.main(['--config', sys.argv[1]]); "
+             f"print('LOADED', [m for m in {HEAVY_LIBRARIES!r} if m in sys.modules]); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(config)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, **TEST_ENV, **env})
+    loaded = next((line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("LOADED ")), None)
+    return proc.returncode, json.loads(loaded.replace("'", '"')) if loaded else list(HEAVY_LIBRARIES), (
+        proc.stdout + proc.stderr)
 
 
 @dataclass

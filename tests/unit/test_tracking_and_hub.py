@@ -10,7 +10,7 @@ import yaml
 from finetune_operator.api.validation import validate_job
 from finetune_trainer.config import TrainerConfig
 from finetune_trainer.errors import PushFailed, PushRefused
-from finetune_trainer.outputs import hub, tracking
+from finetune_trainer.outputs import hub, hub_access, tracking
 from tests.builders import make_job
 
 
@@ -76,11 +76,11 @@ class HubError(Exception):
         self.response = type("Response", (), {"status_code": status})()
 
 
-@pytest.mark.parametrize(("status", "error", "calls"), [(403, PushRefused, 1), (401, PushRefused, 1),
-                                                         (503, PushFailed, hub.TRIES), (429, PushFailed, hub.TRIES),
-                                                         (None, PushFailed, hub.TRIES)])
+@pytest.mark.parametrize(("status", "error", "calls"), [
+    (403, PushRefused, 1), (401, PushRefused, 1), (503, PushFailed, hub_access.TRIES),
+    (429, PushFailed, hub_access.TRIES), (None, PushFailed, hub_access.TRIES)])
 def test_refusals_fail_at_once_and_outages_are_retried(monkeypatch, status, error, calls):
-    monkeypatch.setattr(hub, "RETRY_SECONDS", 0)
+    monkeypatch.setattr(hub_access, "RETRY_SECONDS", 0)
     attempts = []
 
     def push() -> str:
@@ -88,12 +88,12 @@ def test_refusals_fail_at_once_and_outages_are_retried(monkeypatch, status, erro
         raise HubError(status) if status else ConnectionError("connection refused")
 
     with pytest.raises(error, match="the model is saved"):
-        hub.with_retries(push, "pushing final/")
+        hub_access.with_retries(push, "pushing final/")
     assert len(attempts) == calls
 
 
 def test_an_outage_that_ends_is_retried_to_success(monkeypatch):
-    monkeypatch.setattr(hub, "RETRY_SECONDS", 0)
+    monkeypatch.setattr(hub_access, "RETRY_SECONDS", 0)
     outcomes = iter([HubError(502), "http://hub/commit/1"])
 
     def push() -> str:
@@ -102,12 +102,12 @@ def test_an_outage_that_ends_is_retried_to_success(monkeypatch):
             raise result
         return result
 
-    assert hub.with_retries(push, "pushing") == "http://hub/commit/1"
+    assert hub_access.with_retries(push, "pushing") == "http://hub/commit/1"
 
 
 def test_the_token_role_is_read_from_whoami_and_unknown_when_it_cannot_be():
     """A Hub-compatible server without whoami, or a network error, leaves the role unknown: never a refusal."""
-    from finetune_trainer.outputs.hub import token_role
+    from finetune_trainer.outputs.hub_access import token_role
 
     class Api:
         def __init__(self, answer):

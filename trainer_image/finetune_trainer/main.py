@@ -48,9 +48,9 @@ log = logging.getLogger("finetune_trainer")
 SUMMARY_FILE = "summary.json"  # the run's summary beside the model in output.uri
 
 
-def setup(config_path: str):
-    """Config -> (TrainerConfig, TrainingArguments). Building the arguments also initialises torch.distributed."""
-    cfg = load_config(config_path)
+def setup(cfg: TrainerConfig):
+    """TrainingArguments for the config. Building them loads torch and transformers and initialises
+    torch.distributed."""
     leave_out(unused_libraries(cfg.spec))  # before transformers is imported: it looks for them at once
     require_gpus(cfg.spec.distributed.gpus_per_node)
     if cfg.spec.distributed.gpus_per_node == 0 and cfg.spec.distributed.deepspeed is not None:
@@ -59,7 +59,7 @@ def setup(config_path: str):
     if args.use_cpu and args.fsdp:
         raise ConfigError("FSDP through the Trainer needs GPUs; on CPU it silently runs as DDP")
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
-    return cfg, args
+    return args
 
 
 def require_gpus(gpus_per_node: int) -> None:
@@ -155,7 +155,30 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
 def run(config_path: str) -> dict[str, Any]:
     predecessor = workers.take_predecessor()  # what the worker before this one on this pod left (in place)
     marks = {"started": workers.started()}
-    cfg, args = setup(config_path)
+    cfg = load_config(config_path)
+    # Before torch and transformers load (~5 s of CPU a process): a refused Hub token (PushRefused), a refused or
+    # missing bucket (77), a prefix another run writes (78) fail now, not after a run or its imports. The main
+    # process is rank 0, TrainingArguments' process_index and should_save (no save_on_each_node here).
+    main_process = os.environ.get(c.ENV_RANK, "0") == "0"
+    objectstore.configure(cfg.spec.s3, cfg.cache)
+    if cfg.spec.output.push is not None and main_process:
+        from finetune_trainer.outputs.hub_access import check_access
+
+        check_access(cfg)
+    from finetune_trainer.outputs.status_report import StatusReporter, Warnings
+
+    reporter = (StatusReporter.in_cluster(cfg.namespace, cfg.job_name, cfg.job_uid, cfg.attempt)
+                if main_process else None)
+    claimed = None
+    if cfg.spec.output.uri:
+        from finetune_trainer.outputs.remote_output import RemoteOutput, claim_prefix
+
+        claimed = claim_prefix(cfg, main_process)
+    args = setup(cfg)
+    if args.process_index != int(os.environ.get(c.ENV_RANK, "0")):  # what main_process stood for above
+        raise RuntimeError(f"TrainingArguments' process index {args.process_index} is not RANK "
+                           f"{os.environ.get(c.ENV_RANK)}")
+    remote = RemoteOutput.for_run(cfg, main_process, claimed, reporter) if claimed is not None else None
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (
         add_stop_ids,
@@ -165,21 +188,6 @@ def run(config_path: str) -> dict[str, Any]:
         trained_stop_ids,
     )
 
-    objectstore.configure(cfg.spec.s3, cfg.cache)
-    if cfg.spec.output.push is not None and args.should_save:  # a refused token fails now, not after the run
-        from finetune_trainer.outputs.hub import check_access
-
-        check_access(cfg)
-    from finetune_trainer.outputs.status_report import StatusReporter, Warnings
-
-    reporter = (StatusReporter.in_cluster(cfg.namespace, cfg.job_name, cfg.job_uid, cfg.attempt)
-                if args.process_index == 0 else None)
-    remote = None
-    if cfg.spec.output.uri:  # a missing bucket or refused credentials fail now (77), not after training
-        from finetune_trainer.outputs.remote_output import RemoteOutput
-
-        remote = RemoteOutput.for_run(cfg, args.process_index == 0, reporter)
-        remote.check()
     tokenizer = load_tokenizer(cfg.spec)
     data = prepare_data(cfg, args, tokenizer, reporter)
     warnings = Warnings(reporter, journal=cfg.output_dir / c.NOTICES_FILE if args.process_index == 0 else None)

@@ -161,7 +161,7 @@ def run(config_path: str) -> dict[str, Any]:
                 load_function(reward, i, cfg.reward_code)
     hub = {}
     if cfg.spec.output.push is not None:
-        from finetune_trainer.outputs.hub import check_access
+        from finetune_trainer.outputs.hub_access import check_access
 
         hub = check_access(cfg)
     memory = check_memory(cfg, shape)

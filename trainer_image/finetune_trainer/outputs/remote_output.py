@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,26 @@ def node_layout(output_dir: Path, nodes: int) -> NodeLayout:
     return NodeLayout(node, nodes, frozenset(n for n, s in seen if s and n != 0), token)
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """The run's owner record (who this run is), and what claiming the prefix had to say."""
+
+    owner: OwnerRecord
+    notes: list[str]
+
+
+def claim_prefix(cfg: Any, is_main: bool) -> Claimed:
+    """Before anything is loaded, torch.distributed included: on the main process, the bucket exists and takes
+    writes (refused or missing: exit 77) and no other run writes this prefix (exit 78, outputs/owner.py)."""
+    owner = OwnerRecord(cfg.spec.output.uri, writer_of(cfg.job_name, cfg.namespace, cfg.job_uid, cfg.output_dir),
+                        take_over=take_over_asked())
+    if not is_main:
+        return Claimed(owner, [])
+    objectstore.check_bucket(cfg.spec.output.uri)
+    note = owner.claim()
+    return Claimed(owner, [note] if note is not None else [])
+
+
 class RemoteOutput:
     """What a run does for output.uri: claim and check the bucket, restore the newest complete checkpoint, upload
     each checkpoint in the background (`callback`), drain on a stop, upload the final model before succeeding."""
@@ -77,24 +98,14 @@ class RemoteOutput:
                          if local_rank() == 0 else None)
 
     @classmethod
-    def for_run(cls, cfg: Any, is_main: bool, reporter: Any = None) -> "RemoteOutput":
-        """A trainer's: the job's output.uri, nodes and keep, and its owner record (who this run is)."""
+    def for_run(cls, cfg: Any, is_main: bool, claimed: "Claimed", reporter: Any = None) -> "RemoteOutput":
+        """A trainer's: the job's output.uri, nodes and keep, and the owner record claim_prefix() checked. Every
+        process of the gang calls it together (the node layout is a collective)."""
         spec = cfg.spec
-        owner = OwnerRecord(spec.output.uri, writer_of(cfg.job_name, cfg.namespace, cfg.job_uid, cfg.output_dir),
-                            take_over=take_over_asked())
-        return cls(spec.output.uri, cfg.output_dir, spec.distributed.num_nodes, spec.checkpoints.keep, is_main,
-                   reporter, owner)
-
-    def check(self) -> None:
-        """Before anything is loaded: the bucket exists and takes writes (refused or missing: exit 77), and no
-        other run writes this prefix (exit 78, outputs/owner.py)."""
-        if not self.is_main:
-            return
-        objectstore.check_bucket(self.uri)
-        if self.owner is not None:
-            note = self.owner.claim()
-            if note is not None:
-                self.notes.append(note)
+        remote = cls(spec.output.uri, cfg.output_dir, spec.distributed.num_nodes, spec.checkpoints.keep, is_main,
+                     reporter, claimed.owner)
+        remote.notes += claimed.notes
+        return remote
 
     def restore(self) -> Path | None:
         return restore(self.uri, self.output_dir)
