@@ -14,6 +14,7 @@ from tests.unit.test_lifecycle import T0, job, observe, plan, running_status, ts
 
 pytestmark = pytest.mark.unit
 MINUTE = timedelta(seconds=60)
+SECOND = timedelta(seconds=1)
 SNAPSHOT = {"name": "gpu-small", "kind": "ClusterFineTuneRuntime", "generation": 1, "digest": "0" * 12,
             "layers": [{"kind": "ClusterFineTuneRuntime", "name": "gpu-small", "generation": 1,
                         "limits": {"maxGpusPerJob": 16}}], "template": {}}
@@ -105,6 +106,28 @@ def test_a_jobs_clock_started_again_gets_what_is_left_not_its_whole_deadline(sta
     after the job's active clock is no reason for a write)."""
     p = _deadline_plan(600, _running_job(605, started=T0 + timedelta(seconds=started_after)), started_after + 10.4)
     assert p.job_deadline == (None if patched is None else ("test-job-a1", patched))
+
+
+@pytest.mark.parametrize("suspended_for", [1, 60, 3600])
+@pytest.mark.parametrize("moment", ["suspended", "unsuspended, before the Job controller's write"])
+def test_a_suspended_jobs_stale_start_never_raises_its_deadline(suspended_for, moment):
+    """Kubernetes before 1.36 keeps a suspended Job's old startTime until the resume. Read as a start, the time the
+    Job spent suspended raised its deadline by as much (605 s became 4,205 after an hour): resumed by Kueue with the
+    operator down or its FineTuneJob gone, it would run that long. A 600 s job suspended after 100 s: its Job gets
+    what is left (500 s) and the grace, suspended and at the resume alike."""
+    w = workload(1, suspend=moment == "suspended")
+    w["spec"]["activeDeadlineSeconds"] = 605
+    w["status"]["startTime"] = ts(T0)
+    w["status"]["conditions"] = [{"type": "Suspended", "status": "True", "lastTransitionTime": ts(T0 + 100 * SECOND)}]
+    now = T0 + (100 + suspended_for) * SECOND
+    if moment == "suspended":
+        status = {**running_status(since=T0), "phase": "Suspended", "activeSeconds": 100}
+        status.pop("activeSince", None)
+    else:
+        status = {**running_status(since=T0), "activeSeconds": 100, "activeSince": ts(now)}
+    p = plan(job(**{"spec.suspend": moment == "suspended", "spec.runPolicy.activeDeadlineSeconds": 600}),
+             observe(status, [w], now=now))
+    assert p.job_deadline == ("test-job-a1", 500 + JOB_DEADLINE_GRACE_SECONDS)
 
 
 def test_only_the_queue_priority_and_time_limit_kueue_keys_reach_the_job():

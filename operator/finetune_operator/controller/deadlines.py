@@ -67,6 +67,17 @@ def follow_deadline(p: Plan, obs: Observed, deadline: int | None, workload: dict
     have = (workload.get("spec") or {}).get("activeDeadlineSeconds")
     if have is None:
         return  # an attempt from an operator that set none: nothing of its own to end it early
-    want = attempt_deadline(deadline, p.status, obs.now, parse_time((workload.get("status") or {}).get("startTime")))
+    want = attempt_deadline(deadline, p.status, obs.now, job_clock_started(workload))
     if want is None or want > have or want < have - LOWERED_PAST_SECONDS:
         p.job_deadline = (workload["metadata"]["name"], want)
+
+
+def job_clock_started(workload: dict[str, Any]) -> datetime | None:
+    """When the Job controller's clock for activeDeadlineSeconds started; None while the Job is suspended (its clock
+    starts again at the resume). Kubernetes before 1.36 keeps a suspended Job's old startTime until the resume: read
+    as a start, the time spent suspended would raise the Job's deadline by as much. The Suspended condition is
+    written with the new startTime, so it also covers the moment between an unsuspend and that write."""
+    spec, status = workload.get("spec") or {}, workload.get("status") or {}
+    suspended = spec.get("suspend") or any(cd.get("type") == "Suspended" and cd.get("status") == "True"
+                                           for cd in status.get("conditions") or [])
+    return None if suspended else parse_time(status.get("startTime"))
