@@ -345,11 +345,13 @@ def test_an_orphaning_delete_is_refused_and_an_orphaned_attempt_ends_by_its_own_
 
 
 def test_a_resumed_attempt_orphaned_ends_by_what_was_left_of_the_jobs_deadline(arena, kubectl, operator):
-    """The neighbour of the orphan case: a suspend and resume (spec.suspend, as Kueue's preemption does too) restarts
-    the attempt Job's own clock (the Job controller resets its startTime), and the Job kept the deadline it was
-    created with. Orphaned after a resume, a job with 20 s of a 40 s deadline left ran 45 s more. The operator lowers
-    the resumed Job's deadline to what is left (and the grace); orphaned, the Job ends there."""
-    deadline, name = 40, "resumed"
+    """The neighbour of the orphan case: a suspend and resume (spec.suspend, as Kueue's preemption does too) starts
+    the attempt Job's own clock again (the Job controller sets its startTime anew at the resume), and the Job kept
+    the deadline it was created with: orphaned after a resume, a job with 15 s of a 30 s deadline left ran 35 s
+    more. The operator keeps the Job's deadline at what is left and the grace; orphaned, the Job ends there, not
+    sooner. (This control plane, 1.36, clears a suspended Job's startTime; older ones keep it until the resume:
+    tests/unit/test_attempt_start.py.)"""
+    deadline, name = 30, "resumed"
     job = lean(name, runtimeRef={"name": "attack-small"}, runPolicy={"activeDeadlineSeconds": deadline})
     kubectl.run("apply", "-f", "-", "--as=fiona", input=json.dumps(job))
     wait_status(kubectl, NS, name, lambda s: s.get("phase") == "Running", operator, timeout=120)
@@ -359,41 +361,47 @@ def test_a_resumed_attempt_orphaned_ends_by_what_was_left_of_the_jobs_deadline(a
         kubectl.run("patch", "ftj", name, "-n", NS, "--type=merge", "-p", json.dumps({"spec": {"suspend": value}}),
                     "--as=fiona")
 
+    def attempt_job() -> dict | None:
+        return kubectl.json_or_none("get", "job", f"{name}-a1", "-n", NS)
+
+    def suspended(held: dict) -> bool:  # as the Job controller sees it, not only as asked
+        return any(cd["type"] == "Suspended" and cd["status"] == "True"
+                   for cd in (held.get("status") or {}).get("conditions") or [])
+
     running = kubectl.json("get", "ftj", name, "-n", NS)["status"]
     until(lambda: time.time() - parse_time(running["activeSince"]).timestamp() >= deadline / 2,
           "the job never ran half its deadline", timeout=deadline)
     suspend(True)
     ran = wait_status(kubectl, NS, name, lambda s: s.get("phase") == "Suspended" and "activeSeconds" in s,
                       operator, timeout=60)["activeSeconds"]
-    until(lambda: kubectl.json("get", "job", f"{name}-a1", "-n", NS)["spec"].get("suspend") is True,
-          "the attempt's Job was never suspended", timeout=60)
+    until(lambda: suspended(attempt_job() or {}), "the attempt's Job was never suspended", timeout=60)
     suspend(False)
     left = deadline - ran
     assert 0 < left <= deadline / 2 + 1, ran
 
-    def lowered() -> dict | None:  # the operator fails the job itself once it is up (its Job then goes): before
-        held = kubectl.json_or_none("get", "job", f"{name}-a1", "-n", NS)
-        if held is None:
+    def resumed_with_what_is_left() -> dict | None:  # the operator fails the job itself once it is up: before
+        held = attempt_job()
+        if held is None or held["spec"].get("suspend") or suspended(held) or not held["status"].get("startTime"):
             return None
-        fits = held["spec"]["activeDeadlineSeconds"] <= left + JOB_DEADLINE_GRACE_SECONDS
-        return held if fits and not held["spec"].get("suspend") and held["status"].get("startTime") else None
+        return held if left <= held["spec"]["activeDeadlineSeconds"] <= left + JOB_DEADLINE_GRACE_SECONDS else None
 
-    resumed_job = until(lowered, f"the resumed Job kept more than {left}s + grace (created with {created_with}s)",
-                        timeout=left)
+    resumed_job = until(resumed_with_what_is_left, f"the resumed Job's deadline is not what was left ({left}s) and "
+                        f"the grace (created with {created_with}s): {attempt_job()}", timeout=left)
     resumed = parse_time(resumed_job["status"]["startTime"])
     kubectl.run("delete", "ftj", name, "-n", NS, "--cascade=orphan")  # a cluster admin may (the orphan case)
     until(lambda: kubectl.json_or_none("get", "ftj", name, "-n", NS) is None, "the FineTuneJob was never deleted",
           timeout=60)
 
     def ended() -> dict | None:
-        conditions = (kubectl.json("get", "job", f"{name}-a1", "-n", NS).get("status") or {}).get("conditions") or []
+        conditions = ((attempt_job() or {}).get("status") or {}).get("conditions") or []
         return next((cd for cd in conditions if cd["reason"] == "DeadlineExceeded" and cd["status"] == "True"), None)
 
     condition = until(ended, f"the orphaned Job never ended by its deadline ({left}s left)",
                       timeout=created_with + 60)
     took = (parse_time(condition["lastTransitionTime"]) - resumed).total_seconds()
-    # Whole-second clocks on both sides; the Job's whole deadline again would be created_with (45 s here).
-    assert took <= left + JOB_DEADLINE_GRACE_SECONDS + 2 < created_with, (took, left, created_with)
+    # Whole-second clocks, and the controller-manager's own delay on a busy machine; the whole deadline again would
+    # be created_with (35 s).
+    assert left <= took <= left + JOB_DEADLINE_GRACE_SECONDS + 5 < created_with, (took, left, created_with)
     kubectl.run("delete", "job", f"{name}-a1", "-n", NS, "--ignore-not-found")
 
 
