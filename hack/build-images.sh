@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the operator image (Dockerfile) and the trainer image (trainer_image/Dockerfile) with podman, and prints
-# their names, one per line. No Docker engine and no registry needed; with Docker, see README "Build the images".
+# Builds the operator image (Dockerfile) and the trainer image (trainer_image/Dockerfile, on its virtualenv's image
+# localhost/finetunejob-trainer-deps, the Dockerfile's `deps` stage) with podman, and prints the operator's and the
+# trainer's names, one per line. No Docker engine and no registry needed; with Docker, see README "Build the images".
 #   TRAINER_VARIANT=cpu|cuda (default cpu: what the tests and kind run; cuda prebuilds DeepSpeed's CUDA ops)
 #   BASE_IMAGE (default python:3.11-slim-bookworm): pulled when a registry answers; otherwise a stand-in with the
 #   same Python, built from Debian's packages (debootstrap) and cached, is used instead.
@@ -137,8 +138,9 @@ build_unless_current "$operator_image" "$root/Dockerfile" "$sources"
 build_unless_current "$deps_image" "$root/trainer_image/Dockerfile" requirements --target deps \
   --build-arg "VARIANT=$variant"
 # The deps image's id is a build argument: a rebuilt virtualenv rebuilds the trainer on it.
+# VARIANT too: a podman that builds unused stages (before buildah 1.25) would otherwise build `deps` as cuda.
 build_unless_current "$trainer_image" "$root/trainer_image/Dockerfile" "$sources" --build-arg "DEPS=$deps_image" \
-  --label "dev.finetunejob.deps=$("${podman[@]}" image inspect --format '{{.Id}}' "$deps_image")"
+  --build-arg "VARIANT=$variant" --label "dev.finetunejob.deps=$("${podman[@]}" image inspect --format '{{.Id}}' "$deps_image")"
 prune_superseded "$operator_image" "$deps_image" "$trainer_image"
 echo "$operator_image"
 echo "$trainer_image"

@@ -37,8 +37,8 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
 @cache
 def built_images() -> tuple[str, str]:
     """(operator image, trainer image, CPU variant), built by the project's script; hack/test.sh builds them before
-    the tests and passes their names in FINETUNE_IMAGES (a rebuild with every layer cached still hashes the
-    trainer's GBs: about a minute)."""
+    the tests and passes their names in FINETUNE_IMAGES (a build whose inputs are unchanged is skipped in a second;
+    a source edit rebuilds the trainer on its virtualenv's image in seconds)."""
     named = os.environ.get("FINETUNE_IMAGES", "").split()
     if len(named) == 2 and all(podman("image", "exists", n, check=False).returncode == 0 for n in named):
         return named[0], named[1]
