@@ -130,12 +130,27 @@ build_unless_current() {  # IMAGE DOCKERFILE "PATHS" BUILD-ARGS...
     return 0
   fi
   built "$image" --label "$inputs_label=$digest" "$@" -f "$dockerfile" "$root"
+  label_if_cached "$image" "$digest"
   log "image $image built in $((SECONDS - start)) s"
+}
+# A --target build whose steps were all cached tags the cached image as it was, without this build's --label
+# (buildah 1.28): the next call would find an old digest and build again (~140 s of hashing for the trainer's
+# deps, at every call). A LABEL step on top says the inputs instead: metadata only, no layer to hash.
+label_if_cached() {  # IMAGE DIGEST
+  local image="$1" digest="$2" dir
+  [[ "$("${podman[@]}" image inspect --format "{{index .Labels \"$inputs_label\"}}" "$image")" == "$digest" ]] \
+    && return 0
+  dir="$(mktemp -d)"
+  printf 'FROM %s\nLABEL %s="%s"\n' "$image" "$inputs_label" "$digest" >"$dir/Containerfile"
+  "${podman[@]}" build --layers -q -t "$image" "$dir" >/dev/null
+  rm -rf "$dir"
 }
 sources="pyproject.toml README.md requirements operator trainer_image"
 deps_image="localhost/finetunejob-trainer-deps:$version-$variant"
 build_unless_current "$operator_image" "$root/Dockerfile" "$sources"
-build_unless_current "$deps_image" "$root/trainer_image/Dockerfile" requirements --target deps \
+# The deps stage reads only the trainer's three locks of requirements/ (and the Dockerfile, the base, VARIANT).
+build_unless_current "$deps_image" "$root/trainer_image/Dockerfile" \
+  "requirements/trainer.lock requirements/trainer-nobuildisolation.lock requirements/cuda-build.lock" --target deps \
   --build-arg "VARIANT=$variant"
 # The deps image's id is a build argument: a rebuilt virtualenv rebuilds the trainer on it.
 # VARIANT too: a podman that builds unused stages (before buildah 1.25) would otherwise build `deps` as cuda.
