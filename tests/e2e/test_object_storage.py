@@ -119,6 +119,20 @@ def test_a_refused_store_fails_before_torch_and_transformers_load(minio, uploade
     assert loaded == [], out
 
 
+def test_a_two_node_run_refused_on_its_main_process_ends_on_every_node(minio, uploaded, tmp_path):
+    """In a gang the bucket is checked once the process group exists: a refusal on rank 0 ends the other node's
+    process at once, on its own. Checked before the group (as a process on its own does), the other node waited out
+    its store's timeout to join a rank 0 that never came, until `finetune run` stopped it (55 s, not 13)."""
+    doc = job_doc(minio, uploaded, distributed={"numNodes": 2})
+    doc["spec"]["output"]["uri"] = "s3://no-such-bucket/runs/x"
+    proc = finetune_run(doc, tmp_path, minio.env)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 77 and "the bucket no-such-bucket does not exist" in out, out
+    results = {p.name: json.loads(p.read_text()) for p in (tmp_path / "run/logs").glob("node-*.result.json")}
+    assert results["node-0.result.json"]["reason"] == "StorageRefused", results
+    assert results["node-1.result.json"]["reason"] != "Interrupted", results  # not left for the CLI to stop
+
+
 def test_training_goes_on_while_the_store_is_down_and_uploads_catch_up(minio, uploaded, tmp_path):
     doc = job_doc(minio, uploaded, training={"maxSteps": 300}, checkpoints={"saveSteps": 25, "keep": 20})
     proc = finetune_run(doc, tmp_path, minio.env)

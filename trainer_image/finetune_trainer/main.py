@@ -152,33 +152,47 @@ def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
                           "checkpoints.resume: never, or give the job another name or output.subPath")
 
 
-def run(config_path: str) -> dict[str, Any]:
-    predecessor = workers.take_predecessor()  # what the worker before this one on this pod left (in place)
-    marks = {"started": workers.started()}
-    cfg = load_config(config_path)
-    # Before torch and transformers load (~5 s of CPU a process): a refused Hub token (PushRefused), a refused or
-    # missing bucket (77), a prefix another run writes (78) fail now, not after a run or its imports. The main
-    # process is rank 0, TrainingArguments' process_index and should_save (no save_on_each_node here).
-    main_process = os.environ.get(c.ENV_RANK, "0") == "0"
-    objectstore.configure(cfg.spec.s3, cfg.cache)
+def refusals(cfg: TrainerConfig, main_process: bool):
+    """What refuses a job before training, on the main process: the Hub token (spec.output.push), the bucket and the
+    prefix's owner record (spec.output.uri; returns the claim, None without a uri)."""
     if cfg.spec.output.push is not None and main_process:
         from finetune_trainer.outputs.hub_access import check_access
 
         check_access(cfg)
+    if not cfg.spec.output.uri:
+        return None
+    from finetune_trainer.outputs.remote_output import claim_prefix
+
+    return claim_prefix(cfg, main_process)
+
+
+def run(config_path: str) -> dict[str, Any]:
+    predecessor = workers.take_predecessor()  # what the worker before this one on this pod left (in place)
+    marks = {"started": workers.started()}
+    cfg = load_config(config_path)
+    main_process = os.environ.get(c.ENV_RANK, "0") == "0"  # TrainingArguments' process_index 0, checked below
+    objectstore.configure(cfg.spec.s3, cfg.cache)
     from finetune_trainer.outputs.status_report import StatusReporter, Warnings
 
     reporter = (StatusReporter.in_cluster(cfg.namespace, cfg.job_name, cfg.job_uid, cfg.attempt)
                 if main_process else None)
-    claimed = None
-    if cfg.spec.output.uri:
-        from finetune_trainer.outputs.remote_output import RemoteOutput, claim_prefix
-
-        claimed = claim_prefix(cfg, main_process)
+    # A refused Hub token (PushRefused), a refused or missing bucket (77), a prefix another run writes (78) fail
+    # before training. A process on its own checks before torch and transformers load (~5 s of CPU). In a gang,
+    # after the process group exists: a failure there ends every rank at once, while a peer waiting to join a group
+    # whose rank 0 was refused first waits out its store's timeout (a 2-node local run took 55 s to end, not 13).
+    alone = int(os.environ.get(c.ENV_WORLD_SIZE, "1")) == 1
+    claimed = refusals(cfg, main_process) if alone else None
     args = setup(cfg)
     if args.process_index != int(os.environ.get(c.ENV_RANK, "0")):  # what main_process stood for above
         raise RuntimeError(f"TrainingArguments' process index {args.process_index} is not RANK "
                            f"{os.environ.get(c.ENV_RANK)}")
-    remote = RemoteOutput.for_run(cfg, main_process, claimed, reporter) if claimed is not None else None
+    if not alone:
+        claimed = refusals(cfg, main_process)
+    remote = None
+    if claimed is not None:
+        from finetune_trainer.outputs.remote_output import RemoteOutput
+
+        remote = RemoteOutput.for_run(cfg, main_process, claimed, reporter)
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (
         add_stop_ids,
