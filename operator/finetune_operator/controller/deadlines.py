@@ -12,7 +12,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from .observed import format_time, parse_time
+from .observed import format_time, has_condition, parse_time
 from .planning import Observed, Plan
 
 # Phases whose time counts against runPolicy.activeDeadlineSeconds: not the time a job waits in Kueue's queue or
@@ -77,7 +77,5 @@ def job_clock_started(workload: dict[str, Any]) -> datetime | None:
     starts again at the resume). Kubernetes before 1.36 keeps a suspended Job's old startTime until the resume: read
     as a start, the time spent suspended would raise the Job's deadline by as much. The Suspended condition is
     written with the new startTime, so it also covers the moment between an unsuspend and that write."""
-    spec, status = workload.get("spec") or {}, workload.get("status") or {}
-    suspended = spec.get("suspend") or any(cd.get("type") == "Suspended" and cd.get("status") == "True"
-                                           for cd in status.get("conditions") or [])
-    return None if suspended else parse_time(status.get("startTime"))
+    suspended = (workload.get("spec") or {}).get("suspend") or has_condition(workload, "Suspended")
+    return None if suspended else parse_time((workload.get("status") or {}).get("startTime"))
