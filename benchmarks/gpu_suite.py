@@ -502,12 +502,15 @@ def wait_for_case(proc: subprocess.Popen, work: Path, limit: float, stall: float
 def _progress(work: Path) -> tuple[int, int]:
     """The newest change and the total size of the files under `work`."""
     newest = total = 0
-    for path in work.rglob("*"):
-        try:
-            stat = path.stat()
-        except OSError:  # removed while we looked (a checkpoint rotated, a partial file renamed)
-            continue
-        newest, total = max(newest, stat.st_mtime_ns), total + stat.st_size
+    # os.walk, not Path.rglob: a directory renamed or removed while we walk (the trainer's tokenized-data .tmp
+    # directory, a rotated checkpoint) is skipped; rglob raised FileNotFoundError and failed a smoke run.
+    for root, dirs, files in os.walk(work):
+        for name in (*dirs, *files):
+            try:
+                stat = os.stat(os.path.join(root, name))
+            except OSError:  # removed while we looked
+                continue
+            newest, total = max(newest, stat.st_mtime_ns), total + stat.st_size
     return newest, total
 
 
