@@ -156,17 +156,22 @@ def test_a_missing_or_wrong_token_fails_at_once(tiny_model_dir, tmp_path, token)
     assert "401" in out and not (tmp_path / "output" / "progress.jsonl").exists()  # no step was trained
 
 
-def test_a_refused_token_fails_before_torch_and_transformers_load(tiny_model_dir, tmp_path):
-    """The trainer checks the token before its heavy imports (~5 s of CPU a process): a refused job ends in seconds."""
+def pushing_config(tiny_model_dir, tmp_path, hub) -> Path:
+    """The trainer config `finetune run` writes for the tiny example pushing to acme/tiny-sft on `hub`."""
     from finetune_operator.api.validation import validate_job
     from finetune_operator.cli.local_run import prepare
 
     doc = yaml.safe_load(Path(TINY).read_text())
     doc["spec"]["model"]["name"] = str(tiny_model_dir)
+    doc["spec"]["output"] = {"push": {"repo": "acme/tiny-sft", "endpoint": hub.url,
+                                      "tokenSecret": {"name": "hf-write"}}}
+    return prepare(validate_job(doc), tmp_path)[0]
+
+
+def test_a_refused_token_fails_before_torch_and_transformers_load(tiny_model_dir, tmp_path):
+    """The trainer checks the token before its heavy imports (~5 s of CPU a process): a refused job ends in seconds."""
     with StandInHub(token="hf_write_token") as hub:
-        doc["spec"]["output"] = {"push": {"repo": "acme/tiny-sft", "endpoint": hub.url,
-                                          "tokenSecret": {"name": "hf-write"}}}
-        config, _ = prepare(validate_job(doc), tmp_path)
+        config = pushing_config(tiny_model_dir, tmp_path, hub)
         code, loaded, out = trainer_loads(config, {"HF_TOKEN": "wrong", "HF_HUB_OFFLINE": "0"})
     assert code == exit_codes.PUSH_REFUSED and "401" in out, out
     assert loaded == [], out
@@ -174,15 +179,8 @@ def test_a_refused_token_fails_before_torch_and_transformers_load(tiny_model_dir
 
 def test_the_preflight_checks_the_hub_repository(tiny_model_dir, tmp_path):
     """runPolicy.preflight's pod (here as a process) refuses a token the Hub refuses, before any GPU is requested."""
-    from finetune_operator.api.validation import validate_job
-    from finetune_operator.cli.local_run import prepare
-
-    doc = yaml.safe_load(Path(TINY).read_text())
-    doc["spec"]["model"]["name"] = str(tiny_model_dir)
     with StandInHub(token="hf_write_token") as hub:
-        doc["spec"]["output"] = {"push": {"repo": "acme/tiny-sft", "endpoint": hub.url,
-                                          "tokenSecret": {"name": "hf-write"}}}
-        config, _ = prepare(validate_job(doc), tmp_path)
+        config = pushing_config(tiny_model_dir, tmp_path, hub)
         results = {}
         for token in ("wrong", "hf_write_token"):
             proc = subprocess.run([sys.executable, "-m", "finetune_trainer.preflight", "--config", str(config)],
