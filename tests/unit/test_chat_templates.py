@@ -11,7 +11,8 @@ import pytest
 
 from finetune_operator.api.data import DataSpec
 from finetune_trainer import data as D
-from finetune_trainer.data.chat import IGNORE_INDEX, ChatEncoder
+from finetune_trainer.data.chat import ChatEncoder
+from finetune_trainer.data.labels import IGNORE_INDEX
 from tests.support.chat_templates import shipped_templates, tokenizer_for
 
 TEMPLATES = shipped_templates()

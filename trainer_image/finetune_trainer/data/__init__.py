@@ -5,7 +5,6 @@ Every row keeps where it came from, so a bad row is a DataError naming its file 
 must change, retrying cannot help). loading.py reads sources, encoding.py makes one row's ids and labels,
 tokenizing.py the dataset, prepared.py caches it; this module hands their names on."""
 
-from finetune_trainer.data.chat import IGNORE_INDEX
 from finetune_trainer.data.encoding import (
     DROPPED_CUT,
     DROPPED_NO_TARGET,
@@ -20,6 +19,7 @@ from finetune_trainer.data.encoding import (
     sft_example,
     uses_chat_template,
 )
+from finetune_trainer.data.labels import IGNORE_INDEX
 from finetune_trainer.data.loading import EXTENSIONS, Part, load_rows, load_source
 from finetune_trainer.data.prepared import PreparedData, prepare
 from finetune_trainer.data.tokenizing import cache_key, text_blocks, tokenize, tokenize_documents, tokenize_parts

@@ -23,10 +23,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from finetune_trainer.data.labels import IGNORE_INDEX, labels_from_spans, labels_of_encoding
+from finetune_trainer.data.template_layout import (
+    Layout,
+    Message,
+    common_prefix_length,
+    common_suffix,
+    common_suffix_length,
+    last_special,
+    placeholder,
+    renderings,
+    special_run,
+    special_tokens,
+    token_start,
+)
 from finetune_trainer.errors import DataError
 
-IGNORE_INDEX = -100
-Message = dict[str, str]
 # The fallback for tokenizers without a chat template (saved with the trained model, so inference renders the same):
 # ChatML turns, with the tokenizer's real EOS closing every turn, so the model learns to stop with a token that
 # generation stops at.
@@ -44,70 +56,10 @@ def template_name(tokenizer: Any) -> str:
     return str(getattr(tokenizer, "name_or_path", "") or "the tokenizer")
 
 
-def _placeholder(index: int) -> str:
-    # Private-use characters: no template writes them and no content a placeholder stands for is compared to them.
-    return f"\ue000{index}\ue001"
-
-
 class Encoded(NamedTuple):
     ids: list[int]
     labels: list[int]
     folded: bool  # the template refused the system message: it was folded into the first user turn
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What a template writes around the contents of one conversation shape: `segments[k]` is the literal text
-    before the k-th content written (the last one follows the last content), and `learned` holds, per assistant
-    message, its place among the written contents and how many characters before and after its content are
-    learned (generation-prompt-to-reply text; end-of-turn tokens)."""
-
-    segments: tuple[str, ...]
-    learned: tuple[tuple[int, int, int], ...]
-    # The messages whose contents the template writes, in the order it writes them (Mistral's templates write the
-    # system prompt only into the last user turn, so a conversation that ends with a reply has none).
-    written: tuple[int, ...]
-
-    def spans(self, text: str, messages: list[Message]) -> list[tuple[int, int]] | None:
-        """Character spans to learn in `text` (a render of `messages`), or None when the text is not this layout
-        filled with the contents (the template changed the text around a content)."""
-        contents = _parse(text, self.segments, [messages[i]["content"] for i in self.written])
-        if contents is None:
-            return None
-        return [(contents[i][0] - before, contents[i][1] + after) for i, before, after in self.learned]
-
-
-def _renderings(content: str) -> list[str]:
-    """How a template may write a content: verbatim, or trimmed (Llama and Gemma templates trim)."""
-    stripped = content.strip()
-    return [content] if stripped == content else [content, stripped]
-
-
-def _parse(text: str, segments: tuple[str, ...], contents: list[str]) -> list[tuple[int, int]] | None:
-    """Where each content lies when `text` is segments[0] + content 0 + segments[1] + ...: every piece is compared
-    at its exact position (never searched for); a content written verbatim or trimmed. None when the text is not
-    so made (the caller then locates replies per row)."""
-    if len(segments) != len(contents) + 1 or not text.startswith(segments[0]):
-        return None
-    spans = []
-    cursor = len(segments[0])
-    for content, after in zip(contents, segments[1:], strict=True):
-        for candidate in _renderings(content):
-            end = cursor + len(candidate)
-            if text.startswith(candidate, cursor) and text.startswith(after, end):
-                break
-        else:
-            return None
-        spans.append((cursor, end))
-        cursor = end + len(after)
-    return spans if cursor == len(text) else None
-
-
-def _common_prefix_length(a: str, b: str) -> int:
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 
 @dataclass(frozen=True)
@@ -226,25 +178,25 @@ class ChatEncoder:
         return self._layouts[roles]
 
     def _lay_out(self, roles: tuple[str, ...]) -> Layout | None:
-        messages = [{"role": role, "content": _placeholder(i)} for i, role in enumerate(roles)]
+        messages = [{"role": role, "content": placeholder(i)} for i, role in enumerate(roles)]
         try:
             text = self._closed(self._render(messages), messages)
         except DataError:
             return None
-        counts = [text.count(_placeholder(i)) for i in range(len(messages))]
+        counts = [text.count(placeholder(i)) for i in range(len(messages))]
         if any(n > 1 for n in counts) or any(n == 0 and r == "assistant" for n, r in zip(counts, roles, strict=True)):
             return None  # a content written twice, or a reply left out: parse per row
-        written = sorted((i for i, n in enumerate(counts) if n), key=lambda i: text.find(_placeholder(i)))
+        written = sorted((i for i, n in enumerate(counts) if n), key=lambda i: text.find(placeholder(i)))
         segments, cursor = [], 0
         for i in written:
-            at = text.find(_placeholder(i))
+            at = text.find(placeholder(i))
             segments.append(text[cursor:at])
-            cursor = at + len(_placeholder(i))
+            cursor = at + len(placeholder(i))
         segments.append(text[cursor:])
         learned = []
         for k, i in enumerate(written):
             if roles[i] == "assistant":
-                head = text[:text.find(_placeholder(i))]
+                head = text[:text.find(placeholder(i))]
                 start = self._generation_start(messages[:i], head, len(head) - len(segments[k]), len(head))
                 before = len(head) - start if start is not None else 0
                 learned.append((k, before, self._end_of_turn(segments[k + 1], 0) or 0))
@@ -266,11 +218,11 @@ class ChatEncoder:
             bare = self._render(prefix)
         except DataError:
             bare = None
-        common = _token_start(text, _common_prefix_length(prompt, text), _special_tokens(self.tokenizer))
+        common = token_start(text, common_prefix_length(prompt, text), special_tokens(self.tokenizer))
         if bare is not None and len(bare) <= common and not_before <= common <= until:
             return common  # the same history; they part inside the generation prompt
         for position in range(until, not_before - 1, -1):  # the template text before the reply, then one more
-            if _common_suffix_length(text, prompt, position) > position - not_before:
+            if common_suffix_length(text, prompt, position) > position - not_before:
                 return position
         # Last: what the prompt writes after the last message's content (Mistral's `[/INST]`), where it first
         # follows `not_before`.
@@ -282,13 +234,13 @@ class ChatEncoder:
         """What the generation prompt writes after the last message's content (a placeholder marks where it ends)."""
         if not prefix:
             return ""
-        marked = [*prefix[:-1], {**prefix[-1], "content": _placeholder(len(prefix))}]
+        marked = [*prefix[:-1], {**prefix[-1], "content": placeholder(len(prefix))}]
         try:
             prompt = self._render(marked, add_generation_prompt=True)
         except DataError:
             return ""
-        at = prompt.rfind(_placeholder(len(prefix)))
-        return prompt[at + len(_placeholder(len(prefix))):] if at >= 0 else ""
+        at = prompt.rfind(placeholder(len(prefix)))
+        return prompt[at + len(placeholder(len(prefix))):] if at >= 0 else ""
 
     def _spans_by_prefix(self, text: str, messages: list[Message]) -> list[tuple[int, int]]:
         """Per row, for a template that changes the text around a content: each reply is learned from the end of
@@ -313,7 +265,7 @@ class ChatEncoder:
         token): verbatim, trimmed, or, for a reply whose reasoning the template moves, the part after </think>.
         Only an occurrence that its end-of-turn token follows counts (a short reply also occurs in the header that
         a template writes between the generation prompt and the reply, e.g. `final` in GPT-OSS's channel)."""
-        candidates = _renderings(content)
+        candidates = renderings(content)
         if "</think>" in content:
             candidates.append(content.rsplit("</think>", 1)[1].strip())
         candidates = [c for c in candidates if c.strip()]
@@ -392,61 +344,21 @@ class ChatEncoder:
             text = self._render(_PROBE)
         except DataError:
             return unreadable
-        specials = sorted(_special_tokens(self.tokenizer), key=len, reverse=True)
+        specials = sorted(special_tokens(self.tokenizer), key=len, reverse=True)
         ask1, reply1, ask2, reply2 = (text.find(m["content"]) for m in _PROBE)
         if min(ask1, reply1, ask2, reply2) < 0:
             return unreadable
         between = text[reply1 + len(_PROBE[1]["content"]):ask2]
-        header = _common_suffix(between, text[:ask1])  # the next user turn's header, as the first one is written
-        closing = _special_run(between[:len(between) - len(header)], specials)
-        next_role = "" if closing else _special_run(between, specials, first_only=True)  # GLM: <|user|> stops
-        last = _special_run(text[reply2 + len(_PROBE[3]["content"]):], specials)
+        header = common_suffix(between, text[:ask1])  # the next user turn's header, as the first one is written
+        closing = special_run(between[:len(between) - len(header)], specials)
+        next_role = "" if closing else special_run(between, specials, first_only=True)  # GLM: <|user|> stops
+        last = special_run(text[reply2 + len(_PROBE[3]["content"]):], specials)
         markers = tuple(sorted({m for m in (closing or next_role, last) if m}, key=len, reverse=True))
         final_stop = next_role if next_role and not last else ""
         # A run of several tokens (Cohere's <|END_RESPONSE|><|END_OF_TURN_TOKEN|>) ends with the turn's own close.
-        last_stop = _last_special(last or closing, specials)
+        last_stop = last_special(last or closing, specials)
         return markers, final_stop, last_stop
 
-
-def _last_special(run: str, specials: list[str]) -> str:
-    return next((s for s in specials if run.endswith(s)), "") if run else ""
-
-
-def _token_start(text: str, position: int, specials: set[str]) -> int:
-    """`position`, moved back to the start of a special token of `text` that it would cut."""
-    for token in specials:
-        for start in range(max(0, position - len(token) + 1), position):
-            if text.startswith(token, start):
-                return _token_start(text, start, specials)
-    return position
-
-
-def _common_suffix_length(text: str, other: str, end: int) -> int:
-    """How many characters text[:end] and `other` have in common at their ends."""
-    n, limit = 0, min(end, len(other))
-    while n < limit and text[end - 1 - n] == other[len(other) - 1 - n]:
-        n += 1
-    return n
-
-
-def _common_suffix(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[len(a) - 1 - n] == b[len(b) - 1 - n]:
-        n += 1
-    return a[len(a) - n:]
-
-
-def _special_run(text: str, specials: list[str], first_only: bool = False) -> str:
-    """The special tokens at the start of `text` (after whitespace), up to the first other character."""
-    rest = text.lstrip()
-    run = ""
-    while True:
-        token = next((s for s in specials if rest.startswith(s)), None)
-        if token is None:
-            return run
-        run, rest = run + token, rest[len(token):]
-        if first_only:
-            return run
 
 
 def fold_system(messages: list[Message]) -> list[Message] | None:
@@ -456,38 +368,3 @@ def fold_system(messages: list[Message]) -> list[Message] | None:
     first = {"role": "user", "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}
     return [first, *messages[2:]]
 
-
-def labels_of_encoding(encoding: Any, spans: list[tuple[int, int]], ids: list[int] | None = None) -> list[int]:
-    """labels_from_spans for a tokenizers Encoding (whose `ids` may be passed in): each span's first and last token
-    by character lookup, so the cost is per span, not per token."""
-    ids = encoding.ids if ids is None else ids
-    labels = [IGNORE_INDEX] * len(ids)
-    for start, end in spans:
-        if end <= start:
-            continue
-        first, last = encoding.char_to_token(start), encoding.char_to_token(end - 1)
-        if first is None or last is None:  # a character no token covers (normalized away): the general way
-            return labels_from_spans(ids, encoding.offsets, spans)
-        labels[first:last + 1] = ids[first:last + 1]
-    return labels
-
-
-def labels_from_spans(ids: list[int], offsets: Any, spans: list[tuple[int, int]]) -> list[int]:
-    """A token is learned when its characters overlap a trainable span (a SentencePiece "▁word" token that starts
-    with the prompt's space and carries the reply's first word is learned: the model must produce it)."""
-    import numpy as np
-
-    if not ids:
-        return []
-    bounds = np.asarray(offsets, dtype=np.int64).reshape(len(ids), 2)
-    learned = np.zeros(len(ids), dtype=bool)
-    for start, end in spans:
-        learned |= (bounds[:, 0] < end) & (bounds[:, 1] > start)
-    return np.where(learned, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()
-
-
-def _special_tokens(tokenizer: Any) -> set[str]:
-    tokens = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    for added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
-        tokens.add(str(getattr(added, "content", added)))
-    return {t for t in tokens if t}

@@ -7,7 +7,8 @@ from typing import Any
 
 from finetune_operator.api.data import DataSpec
 from finetune_trainer.data import formats
-from finetune_trainer.data.chat import IGNORE_INDEX, ChatEncoder, Encoded, labels_from_spans
+from finetune_trainer.data.chat import ChatEncoder, Encoded
+from finetune_trainer.data.labels import IGNORE_INDEX, labels_from_spans
 from finetune_trainer.errors import DataError
 
 # What happened to each row (the `status` column of the tokenized dataset). DROPPED_CUT: cut at maxLength before
