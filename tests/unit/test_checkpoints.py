@@ -70,7 +70,7 @@ def trainer_config(tmp_path, resume="auto", hint=None):
 
 
 def test_newest_complete_checkpoint_beats_the_operators_hint(tmp_path):
-    from finetune_trainer.main import resume_checkpoint
+    from finetune_trainer.training.resume import resume_checkpoint
 
     make_checkpoint(tmp_path, 10)
     make_checkpoint(tmp_path, 20)
@@ -78,14 +78,14 @@ def test_newest_complete_checkpoint_beats_the_operators_hint(tmp_path):
 
 
 def test_a_stale_hint_is_ignored_not_fatal(tmp_path):
-    from finetune_trainer.main import resume_checkpoint
+    from finetune_trainer.training.resume import resume_checkpoint
 
     assert resume_checkpoint(trainer_config(tmp_path / "empty", hint=str(tmp_path / "checkpoint-70"))) is None
 
 
 def test_an_explicit_user_path_must_verify(tmp_path):
     from finetune_trainer.errors import ConfigError
-    from finetune_trainer.main import resume_checkpoint
+    from finetune_trainer.training.resume import resume_checkpoint
 
     with pytest.raises(ConfigError, match="unusable checkpoint"):
         resume_checkpoint(trainer_config(tmp_path, resume=str(tmp_path / "checkpoint-5")))
@@ -98,8 +98,8 @@ def test_a_checkpoint_another_method_produced_is_refused_with_the_difference(tmp
 
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_trainer.errors import ConfigError
-    from finetune_trainer.main import resume_checkpoint
     from finetune_trainer.outputs import checkpoints as ck
+    from finetune_trainer.training.resume import resume_checkpoint
 
     def spec(r):
         return FineTuneJobSpec.model_validate({"model": {"name": "/models/m"}, "method": {"type": "lora",
@@ -124,8 +124,8 @@ def test_other_data_is_not_resumed_automatically_but_can_be_named(tmp_path):
 
     from finetune_operator.api.spec import FineTuneJobSpec
     from finetune_trainer.errors import ConfigError
-    from finetune_trainer.main import resume_checkpoint
     from finetune_trainer.outputs import checkpoints as ck
+    from finetune_trainer.training.resume import resume_checkpoint
 
     def spec(text, resume="auto"):
         return FineTuneJobSpec.model_validate({"model": {"name": "/models/m"}, "checkpoints": {"resume": resume},

@@ -41,6 +41,7 @@ from finetune_trainer.outputs.summary import (
 )
 from finetune_trainer.training import advice, workers
 from finetune_trainer.training.model import base_model
+from finetune_trainer.training.resume import resume_checkpoint
 from finetune_trainer.training.trainer import build_trainer
 from finetune_trainer.unused_libraries import leave_out, unused_libraries
 
@@ -78,78 +79,6 @@ def require_gpus(gpus_per_node: int) -> None:
                        f"no GPU (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): the node's "
                        "NVIDIA driver or device plugin did not expose one; to train on CPUs set "
                        "spec.distributed.gpusPerNode: 0")
-
-
-def prepare_data(cfg: TrainerConfig, args, tokenizer, reporter):
-    from finetune_trainer.data import prepare
-    from finetune_trainer.data.preparing import PreparingHeartbeat, rank_zero_first
-
-    if cfg.spec.method.objective == "grpo":  # prompts (and the columns rewards read), checked here
-        from finetune_trainer.data.prompts import prepare_prompts
-
-        return prepare_prompts(cfg.spec.data, cfg.spec.method.grpo, tokenizer, args.seed)
-    if cfg.spec.method.objective != "sft":  # pairs, checked here and tokenized by TRL's trainer
-        from finetune_trainer.data.preference import prepare_preference
-
-        sequential = cfg.spec.training.extra_args.get("train_sampling_strategy") == "sequential"  # the data's order
-        return prepare_preference(cfg.spec.data, tokenizer, args.seed, cfg.spec.method.objective, sequential)
-    if cfg.spec.data.streaming:
-        from finetune_trainer.data.streaming import prepare_streaming
-
-        return prepare_streaming(cfg.spec.data, tokenizer, args.seed)
-
-    # Rank 0 tokenizes and caches, reporting a heartbeat; the others wait, then load the cache instead of
-    # tokenizing inside a collective.
-    cache = cfg.cache / "tokenized"
-    with rank_zero_first(args.process_index, args.world_size):
-        if args.process_index != 0:
-            return prepare(cfg.spec.data, tokenizer, cache, args.seed)
-        with PreparingHeartbeat(cfg.output_dir, reporter) as heartbeat:
-            return prepare(cfg.spec.data, tokenizer, cache, args.seed, on_progress=heartbeat.update)
-
-
-def resume_checkpoint(cfg: TrainerConfig) -> str | None:
-    """auto: the newest complete checkpoint in the output dir (partial ones skipped), else the operator's hint
-    (status.checkpoint) if it still verifies; never: start fresh; a path the user gave: that one or an error."""
-    resume = cfg.spec.checkpoints.resume
-    if resume == "never":
-        return None
-    if resume == "auto":
-        found = checkpoints.newest_complete(cfg.output_dir)
-        if found is not None:
-            _compatible(found, cfg, data_too=True)
-            return str(found)
-        if cfg.resume_from and not cfg.resume_from.startswith("s3://"):  # a bucket's was restored above
-            try:
-                checkpoints.verify(Path(cfg.resume_from))
-                return cfg.resume_from
-            except checkpoints.IncompleteCheckpoint as exc:
-                log.warning("ignoring the operator's resume hint: %s", exc)
-        return None
-    try:
-        checkpoints.verify(Path(resume))
-    except checkpoints.IncompleteCheckpoint as exc:
-        raise ConfigError(f"checkpoints.resume points at an unusable checkpoint: {exc}") from exc
-    _compatible(Path(resume), cfg, data_too=False)  # a checkpoint named on purpose may continue on new data
-    return resume
-
-
-def _compatible(checkpoint: Path, cfg: TrainerConfig, data_too: bool) -> None:
-    """A FineTuneJob deleted and created again under its name (or an edited output path) finds checkpoints another
-    model or method produced: resuming would crash on shapes, or silently train the wrong thing. Permanent. Other
-    data is refused too when resuming automatically (the trainer would skip batches of data it never saw); a
-    checkpoint named in checkpoints.resume may continue on new data."""
-    why = checkpoints.incompatibility(checkpoint, cfg.spec, keys=checkpoints.MODEL_KEYS)
-    if why is not None:
-        raise ConfigError(f"the checkpoint {checkpoint} was produced by another model or method ({why}); it is "
-                          "not resumed. Delete the output directory's checkpoints, set checkpoints.resume: never, "
-                          "or give the job another name or output.subPath")
-    other_data = checkpoints.incompatibility(checkpoint, cfg.spec, keys=checkpoints.DATA_KEYS) if data_too else None
-    if other_data is not None:
-        raise ConfigError(f"the checkpoint {checkpoint} was trained on other data (spec.data changed: {other_data}); "
-                          "resume: auto does not continue it, as it would skip batches of data it never saw. "
-                          f"Name it in checkpoints.resume ({checkpoint}) to continue on the new data, set "
-                          "checkpoints.resume: never, or give the job another name or output.subPath")
 
 
 def refusals(cfg: TrainerConfig, main_process: bool):
@@ -193,6 +122,7 @@ def run(config_path: str) -> dict[str, Any]:
         from finetune_trainer.outputs.remote_output import RemoteOutput
 
         remote = RemoteOutput.for_run(cfg, main_process, claimed, reporter)
+    from finetune_trainer.data.preparing import prepare_data
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (
         add_stop_ids,

@@ -34,7 +34,7 @@ from finetune_trainer.data import (
 )
 from finetune_trainer.errors import ConfigError, DataError, outcome
 from finetune_trainer.launch import write_termination_message
-from finetune_trainer.main import resume_checkpoint
+from finetune_trainer.training.resume import resume_checkpoint
 
 log = logging.getLogger("finetune_trainer.preflight")
 ROWS_PER_SOURCE = 64

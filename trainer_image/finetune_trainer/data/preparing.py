@@ -14,10 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune_operator.api import constants as c
 from finetune_trainer.outputs.status_report import StatusReporter
+
+if TYPE_CHECKING:
+    from finetune_trainer.config import TrainerConfig
 
 HEARTBEAT_SECONDS = 30.0
 DATA_BARRIER_TIMEOUT = timedelta(hours=24)
@@ -78,3 +81,32 @@ def rank_zero_first(process_index: int, world_size: int) -> Iterator[None]:
     finally:
         if process_index == 0:
             dist.barrier(group=group)
+
+
+def prepare_data(cfg: "TrainerConfig", args: Any, tokenizer: Any, reporter: StatusReporter | None) -> Any:
+    """The run's data as its objective takes it: GRPO's prompts, preference pairs, streamed rows, or SFT rows
+    tokenized once by rank 0 (with a heartbeat) and loaded from the cache by the other ranks."""
+    from finetune_trainer.data import prepare
+
+    if cfg.spec.method.objective == "grpo":  # prompts (and the columns rewards read), checked here
+        from finetune_trainer.data.prompts import prepare_prompts
+
+        return prepare_prompts(cfg.spec.data, cfg.spec.method.grpo, tokenizer, args.seed)
+    if cfg.spec.method.objective != "sft":  # pairs, checked here and tokenized by TRL's trainer
+        from finetune_trainer.data.preference import prepare_preference
+
+        sequential = cfg.spec.training.extra_args.get("train_sampling_strategy") == "sequential"  # the data's order
+        return prepare_preference(cfg.spec.data, tokenizer, args.seed, cfg.spec.method.objective, sequential)
+    if cfg.spec.data.streaming:
+        from finetune_trainer.data.streaming import prepare_streaming
+
+        return prepare_streaming(cfg.spec.data, tokenizer, args.seed)
+
+    # Rank 0 tokenizes and caches, reporting a heartbeat; the others wait, then load the cache instead of
+    # tokenizing inside a collective.
+    cache = cfg.cache / "tokenized"
+    with rank_zero_first(args.process_index, args.world_size):
+        if args.process_index != 0:
+            return prepare(cfg.spec.data, tokenizer, cache, args.seed)
+        with PreparingHeartbeat(cfg.output_dir, reporter) as heartbeat:
+            return prepare(cfg.spec.data, tokenizer, cache, args.seed, on_progress=heartbeat.update)
