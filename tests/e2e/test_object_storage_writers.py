@@ -4,7 +4,10 @@ during an outage (checkpoints.keep), errors that are not outages (given up, not 
 finished run waits for its uploads (issue 42, 5)."""
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -145,6 +148,42 @@ def test_a_lease_not_renewed_is_taken_over_and_a_released_one_is_free(minio, sto
     finally:
         a.release()
         b.release()
+
+
+# A claim that a stop signal interrupts right after the record's write, in a process of its own (the trainer's
+# handler: SIGTERM raises StopRequested).
+STOPPED_CLAIM = """
+import os, signal, sys
+from finetune_operator.api.storage import S3Spec
+from finetune_trainer import objectstore
+from finetune_trainer.errors import StopRequested
+from finetune_trainer.outputs import owner
+
+objectstore.configure(S3Spec.model_validate({"endpointURL": sys.argv[1], "region": "us-east-1"}))
+signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(StopRequested("stopped")))
+record = owner.OwnerRecord(sys.argv[2], owner.Writer("a", "run A"))
+write = record._write
+
+
+def write_then_stop(*args, **kwargs):
+    write(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+record._write = write_then_stop
+record.claim()
+"""
+
+
+def test_a_stop_that_lands_just_after_the_lease_is_written_still_releases_it(minio, store):
+    """The record is this run's from its write on: a stop that lands before claim() returns ends the process
+    through its exit handlers, which release the record, so the next run is not refused for the lease's 5 min."""
+    run = f"{store}/runs/stopped-claim"
+    proc = subprocess.run([sys.executable, "-c", STOPPED_CLAIM, minio.url, run], env={**os.environ, **minio.env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "StopRequested: stopped" in proc.stderr, proc.stderr
+    record = owner_record(minio, run)
+    assert record["owner"] == "a" and record["released"] is True, record
 
 
 def test_while_the_store_is_down_only_keep_checkpoints_wait_and_leftovers_of_an_earlier_run_go(minio, store,

@@ -339,7 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unexpected is not None and os.environ.get(c.ENV_PET_RDZV_BACKEND) == c.RDZV_BACKEND_C10D:
         # A worker of a group that restarts in place: its failure is logged and its result written; the group
         # re-forms as soon as it is gone, and the interpreter's teardown (a process group with a vanished peer,
-        # trackers) takes seconds. Nothing is lost: no checkpoint is being written (train() waited for it).
+        # trackers) takes seconds. Nothing is lost: no checkpoint is being written (train() waited for it). The
+        # prefix's owner record is released first, as every other exit releases it.
+        owner = sys.modules.get("finetune_trainer.outputs.owner")
+        if owner is not None:
+            owner.release_held()
         logging.shutdown()
         sys.stderr.flush()
         os._exit(code)

@@ -28,6 +28,15 @@ log = logging.getLogger(__name__)
 OWNER_FILE = ".finetune-owner.json"
 RENEW_SECONDS = 60.0
 LEASE_SECONDS = 300.0  # five renewals missed: the holder is gone
+_HELD: set["OwnerRecord"] = set()  # the records this process wrote as its own and has not released
+_AT_EXIT: list = []
+
+
+def release_held() -> None:
+    """Releases every lease this process holds: at its exit (atexit), and before an exit that skips atexit
+    (os._exit). A SIGKILL still leaves the lease to expire."""
+    for record in list(_HELD):
+        record.release()
 
 
 class OwnershipLost(ConfigError):
@@ -114,6 +123,10 @@ class OwnerRecord:
         try:
             record, age = self.read()
             note = self._judge(record, age)
+            # Held from before the write: a stop signal that lands between the write and the end of claim() ends
+            # the process through its exit handlers, and they release the record (a record another writer holds
+            # by then is left alone).
+            self._hold()
             self._write()
             # Two runs that claimed at the same moment: the later write stands, the earlier one sees it here.
             mine, _ = self.read(age=False)
@@ -122,12 +135,20 @@ class OwnerRecord:
         except Exception as exc:  # s3fs and botocore raise many types
             raise objectstore.failure(exc, self.uri, ConfigError) from exc
         if (mine or {}).get("owner") != self.writer.id:
+            _HELD.discard(self)
             raise ConfigError(self._busy(mine or {}, 0.0))
-        self._thread = threading.Thread(target=self._renew_loop, name="output-owner", daemon=True)
-        self._thread.start()
-        # Whatever ends the trainer (done, a failure, a stop) releases the lease; a SIGKILL lets it expire.
-        atexit.register(self.release)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._renew_loop, name="output-owner", daemon=True)
+            self._thread.start()
         return note
+
+    def _hold(self) -> None:
+        """Whatever ends the trainer (done, a failure, a stop) releases the lease; a SIGKILL lets it expire."""
+        if not _AT_EXIT:  # at the first claim, after the store's client is loaded: it runs before the client's own
+            atexit.register(release_held)  # exit handlers (last registered, first run), while it can still write
+            _AT_EXIT.append(release_held)
+        _HELD.add(self)
+        self._stop.clear()
 
     def _judge(self, record: dict[str, Any] | None, age: float | None) -> str | None:
         if record is None or record.get("released") or record.get("owner") == self.writer.id:
@@ -182,8 +203,9 @@ class OwnerRecord:
         """Marks the record released when it is still this writer's; never fails the run (an expired lease is
         the fallback)."""
         self._stop.set()
-        if self._thread is None:
+        if self not in _HELD:
             return
+        _HELD.discard(self)
         self._thread = None
         try:
             record, _ = self.read(age=False)
