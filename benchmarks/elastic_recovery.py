@@ -190,11 +190,14 @@ def main() -> None:
                    for s in args.only or SCENARIOS}
         finished = True
     finally:
-        if operator is not None:
-            operator.stop()
-        cp.stop(remove=finished)  # a run that failed keeps the control plane's logs and its own, and says where
-        if finished:
-            shutil.rmtree(work, ignore_errors=True)
+        try:
+            if operator is not None:
+                operator.stop()
+        finally:  # the control plane stops even when the operator's stop fails
+            cp.stop(remove=finished)  # a run that failed keeps the control plane's logs and its own, says where
+        if finished:  # what cannot be removed is said, not skipped in silence
+            shutil.rmtree(work, onerror=lambda _f, path, exc: print(f"could not remove {path}: {exc[1]}",
+                                                                     file=sys.stderr))
         else:
             print(f"the benchmark's directory kept for its logs: {work}", file=sys.stderr)
     gang = results.get("gang", {}).get("seconds")
