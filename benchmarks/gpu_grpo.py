@@ -38,8 +38,7 @@ def grpo_job(model: Path, gpu: bool, steps: int) -> dict:
 
 
 def case_grpo(work: Path, size: Any, gpu: bool) -> dict:
-    import gpu_suite as suite  # the helpers of the suite this case belongs to
-
+    from benchmarks import gpu_cases as suite  # the helpers of the suite this case belongs to
     from tests.support.grpo_reference import run_trl_directly
 
     steps = 8 if gpu else 3

@@ -346,7 +346,7 @@ def test_the_estimate_errs_high_and_close_on_the_recorded_gpu_runs(case):
     again, against torch.cuda.max_memory_allocated (the issue's calibration: 1.06 dense, 0.99 ZeRO-3, 1.21 with
     checkpointing, 1.36 compiled, 1.56 with Liger, 1.44 LoRA). torch.compile's loss is not modelled (its layers
     are): high, and the one case past 15% (1.17), which the estimate's note says."""
-    from benchmarks.gpu_suite import GPU_1B, GPU_CASE_SIZES, SWITCHES, job_spec
+    from benchmarks.gpu_cases import GPU_1B, GPU_CASE_SIZES, SWITCHES, job_spec
 
     extra = {} if case["case"] == "ours" else SWITCHES[case["case"]]  # an unknown case fails, not estimated as ours
     size = GPU_CASE_SIZES.get(case["case"], GPU_1B)

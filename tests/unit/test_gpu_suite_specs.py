@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_suite import GPU_1B, GPU_CASE_SIZES, SMOKE, SMOKE_SKIPS, SWITCHES, job_spec
+from benchmarks.gpu_cases import GPU_1B, GPU_CASE_SIZES, SMOKE, SWITCHES, job_spec
+from benchmarks.gpu_suite import SMOKE_SKIPS
 from finetune_operator.api.validation import validate_job
 
 pytestmark = pytest.mark.unit
@@ -23,7 +24,7 @@ def test_each_switch_cases_job_is_valid(case, gpu):
 
 
 def test_every_case_smoke_mode_skips_says_why_and_is_a_case():
-    from benchmarks.gpu_suite import CASES
+    from benchmarks.gpu_cases import CASES
 
     assert set(SMOKE_SKIPS) <= set(CASES) and all(SMOKE_SKIPS.values())
     # The switches' shared code runs in smoke mode: _switch with the full model's reload and with the adapter's.
