@@ -28,7 +28,7 @@ LR_10 = [6.13, 1984, 2698, 3832, 4418, 5200, 4445, 5920, 7134, 8471, 8367, 10383
 
 def train(per_step: list[float], every: int = 1, save_steps: int = 0, policy: DivergencePolicy | None = None,
           history: list[dict] | None = None, eval_every: int = 0, eval_loss: float = 0.0,
-          first_rows=None):
+          first_rows=None, vocab: int | None = VOCAB, choices: int | None = None):
     """Runs the watch over `per_step` optimizer steps (after `history`'s, for a resumed run); returns the watch,
     the warnings (reason, message), the steps saved and the steps logged. `first_rows`: what measuring the rows of
     the first step again gives (the trainer's FineTuneTrainer.first_rows_loss), or a function of the step giving
@@ -38,8 +38,8 @@ def train(per_step: list[float], every: int = 1, save_steps: int = 0, policy: Di
     state, control = TrainerState(), TrainerControl()
     measure = (None if first_rows is None else first_rows if callable(first_rows) and not isinstance(first_rows, tuple)
                else lambda step: first_rows)
-    watch = DivergenceWatch(policy or DivergencePolicy(), lambda *w: said.append(w), VOCAB,
-                            None if measure is None else lambda: measure(state.global_step))
+    watch = DivergenceWatch(policy or DivergencePolicy(), lambda *w: said.append(w), vocab,
+                            None if measure is None else lambda: measure(state.global_step), choices=choices)
     state.log_history = list(history or [])
     start = max((h["step"] for h in state.log_history), default=0)
     state.global_step, state.max_steps = start, start + len(per_step)
@@ -92,6 +92,29 @@ def test_a_run_too_short_for_the_patience_never_ends_succeeded_with_diverged_wei
             assert "training ended with the loss above its threshold" in watch.message, watch.message
             assert "the final weights are not saved" in watch.message
         assert said == []
+
+
+# A reward model (objective reward, full, learning rate 5) as a review ran it: its pair loss starts at ln 2 and blew
+# up at its second step; with no uniform guess to stand for its early loss, the blown-up warm-up became the early
+# level and every length ended Succeeded.
+REWARD_LR_5 = [0.68, 264, 7529, 730, 5120, 2210, 880, 4410, 3960, 1270, 610, 2890]
+
+
+@pytest.mark.parametrize("every", EVERY, ids=lambda e: f"loggingSteps{e}")
+def test_a_reward_model_that_blows_up_in_its_warm_up_is_judged_against_a_pair_scored_alike(every):
+    for steps in range(2, 46):
+        watch, _, _, _ = train((REWARD_LR_5[:1] + REWARD_LR_5[1:] * 4)[:steps], every=every, vocab=None, choices=2)
+        assert watch.diverged_at is not None, (steps, every)
+        assert "ln 2 (a pair's chosen and rejected scored alike)" in watch.message, watch.message
+
+
+@pytest.mark.parametrize("every", EVERY, ids=lambda e: f"loggingSteps{e}")
+def test_a_healthy_reward_model_of_any_length_ends_succeeded(every):
+    rng = random.Random(0)
+    per_step = [max(0.02, 0.69 * 0.97 ** i * rng.uniform(0.3, 2.5)) for i in range(45)]
+    for steps in range(2, 46):
+        watch, said, _, _ = train(per_step[:steps], every=every, vocab=None, choices=2)
+        assert watch.diverged_at is None and said == [], (steps, every, watch.message)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -243,3 +266,16 @@ def test_a_resumed_run_is_judged_as_the_run_it_continues():
         history = [{"loss": loss, "step": step} for step, loss in enumerate(per_step[:resume], start=1)]
         resumed, _, _, _ = train(per_step[resume:], history=history)
         assert (resumed.diverged_at, resumed.last_good_step) == (whole.diverged_at, whole.last_good_step), resume
+
+
+@pytest.mark.parametrize("config", ["gemma3", "llama"])
+def test_the_guards_vocabulary_is_read_where_a_multimodal_config_keeps_it(config):
+    """Gemma-3 loads as Gemma3ForConditionalGeneration, whose config has no vocab_size of its own (its text config
+    has): read from the top, the guard had no ln V, as a reward model had no ln 2 above."""
+    from transformers import Gemma3Config, LlamaConfig
+
+    from finetune_trainer.training.trainer import _vocab_size
+
+    made = Gemma3Config() if config == "gemma3" else LlamaConfig(vocab_size=32000)
+    expected = made.get_text_config().vocab_size
+    assert expected and _vocab_size(SimpleNamespace(config=made)) == expected

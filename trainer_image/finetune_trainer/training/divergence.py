@@ -53,11 +53,15 @@ class DivergenceWatch(TrainerCallback):
     the spike, the last good step and any new level (REBASED_KEY) of the run it continues."""
 
     def __init__(self, policy: Any, warn: Callable[[str, str], None] | None = None, vocab_size: int | None = None,
-                 first_rows: Callable[[], FirstRows | None] | None = None):
+                 first_rows: Callable[[], FirstRows | None] | None = None, choices: int | None = None):
         self.policy = policy
         self.first_rows = first_rows
         self._say = warn or (lambda reason, message: None)
-        self.chance = math.log(vocab_size) if vocab_size and vocab_size > 1 else None
+        # The loss of a uniform guess: over the vocabulary (ln V), or over `choices` (a reward model's pair: ln 2).
+        guessed = choices or vocab_size
+        self.chance = math.log(guessed) if guessed and guessed > 1 else None
+        self.chance_of = "ln 2 (a pair's chosen and rejected scored alike)" if choices == 2 else (
+            f"ln({choices} choices)" if choices else "ln(vocabulary size)")
         self.diverged_at: int | None = None
         self.value: float | None = None
         self.message: str | None = None
@@ -267,7 +271,7 @@ class DivergenceWatch(TrainerCallback):
     def _early_text(self) -> str:
         if self.rebased is not None:
             return f"early being the level the loss shifted to, {self.rebased:.4g}"
-        chance = f"ln(vocabulary size) = {self.chance:.4g}, the loss of a uniform guess"
+        chance = f"{self.chance_of} = {self.chance:.4g}, the loss of a uniform guess"
         if not self.early_done:
             return "early being " + chance + ", until the first warmupSteps are logged"
         mean = statistics.fmean(self.early)

@@ -29,9 +29,12 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
 
     progress = ProgressCallback(cfg.output_dir, reporter, cfg.spec.training.precision,
                                 cfg.spec.resources.peak_tflops_per_gpu, attempt=cfg.attempt)
-    # A reward model's loss is a pair's -log sigmoid(margin), not a guess over the vocabulary: no ln V stand-in.
+    # A reward model's loss is a pair's -log sigmoid(margin), not a guess over the vocabulary: its uniform guess is
+    # between the two answers (ln 2). Without one, a run that blew up inside the warm-up was judged by its own
+    # blown-up early mean, and never stopped.
     reward = cfg.spec.method.objective == "reward"
-    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, None if reward else _vocab_size(model))
+    watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, None if reward else _vocab_size(model),
+                               choices=2 if reward else None)
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
     stop = GracefulStop()
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
@@ -226,7 +229,10 @@ def dropped_pairs(cfg: TrainerConfig, data, trainer, warn) -> None:
 
 def _vocab_size(model) -> int | None:
     """The output vocabulary, whose uniform guess (ln V) bounds the divergence guard's early loss."""
-    size = getattr(base_model(model).config, "vocab_size", None)
+    config = base_model(model).config
+    # A multimodal model (Gemma-3 loads as Gemma3ForConditionalGeneration) keeps it in its text config only.
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
     return size if isinstance(size, int) else None
 
 
