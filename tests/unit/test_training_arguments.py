@@ -120,3 +120,18 @@ def test_the_trainer_caches_where_the_config_says(tmp_path):
         path = tmp_path / "trainer.json"
         path.write_text(config_files(job.spec, ctx)["trainer.json"])
         assert load_config(path).cache == Path(expected)
+
+
+@pytest.mark.parametrize("extra", [{"logging_strategy": "no"}, {"logging_strategy": "epoch"},
+                                   {"logging_first_step": False}])
+def test_extra_args_cannot_stop_the_losses_the_divergence_guard_reads(extra):
+    """A review's run: extraArgs.logging_strategy: "no" left the guard nothing to judge (a loss of 3,457 ended
+    Succeeded). Refused with the field path and where logging is set."""
+    from finetune_operator.api.errors import InvalidSpec
+
+    doc = yaml.safe_load(next(p for p in EXAMPLES if p.name == "tiny-cpu-sft.yaml").read_text())
+    doc["spec"]["training"]["extraArgs"] = extra
+    with pytest.raises(InvalidSpec) as refused:
+        validate_job(doc)
+    (name,) = extra
+    assert f"spec.training.extraArgs.{name}" in str(refused.value) and "divergence guard" in str(refused.value)

@@ -72,6 +72,10 @@ MANAGED_TRAINING_ARGUMENTS: dict[str, str] = {
     "weight_decay": "spec.training.weightDecay",
     "max_grad_norm": "spec.training.maxGradNorm",
     "logging_steps": "spec.training.loggingSteps",
+    # The divergence guard judges the logged losses: a run that logs none (or not its first step) would end
+    # Succeeded however it diverged.
+    "logging_strategy": "spec.training.loggingSteps (losses are always logged: the divergence guard reads them)",
+    "logging_first_step": "spec.training.loggingSteps (the first step is always logged: the divergence guard reads it)",
     "eval_strategy": "spec.training.evalStrategy",
     "eval_steps": "spec.training.evalSteps",
     "seed": "spec.training.seed",
