@@ -8,6 +8,7 @@ since the last log, saves every `save_steps`, the watch's own end-of-run log and
 
 import json
 import random
+import signal
 import statistics
 from types import SimpleNamespace
 
@@ -279,3 +280,42 @@ def test_the_guards_vocabulary_is_read_where_a_multimodal_config_keeps_it(config
     made = Gemma3Config() if config == "gemma3" else LlamaConfig(vocab_size=32000)
     expected = made.get_text_config().vocab_size
     assert expected and _vocab_size(SimpleNamespace(config=made)) == expected
+
+
+@pytest.mark.parametrize("every", EVERY, ids=lambda e: f"loggingSteps{e}")
+def test_a_stop_inside_a_spike_saves_nothing_and_one_before_it_saves(every):
+    """A stop (suspend, preemption, an elastic resize) at every step of a run that spikes at step 31: the real
+    watch and GracefulStop in build_trainer's order. Inside the spike no checkpoint is saved (a review saw step 37
+    saved with the spike open, which checkpoints.keep would rotate the good ones out for); before it, one is."""
+    from finetune_trainer.training.callbacks import GracefulStop
+
+    per_step = [6.0] * 30 + [500.0] * 15
+    for stop_at in range(2, 46):
+        watch = DivergenceWatch(DivergencePolicy(), None, VOCAB)
+        stop = GracefulStop(watch.withholds_saves)
+        args = SimpleNamespace(logging_strategy="steps", save_strategy="steps", device="cpu")
+        state, control = TrainerState(), TrainerControl()
+        state.max_steps = len(per_step)
+        watch.on_train_begin(args, state, control)
+        since, saved = [], None
+        for loss in per_step:
+            state.global_step += 1
+            step = state.global_step
+            since.append(loss)
+            control.should_log, control.should_save = step == 1 or step % every == 0, step % 10 == 0
+            stop.requested = signal.SIGTERM if step == stop_at else None
+            watch.on_step_end(args, state, control)
+            stop.on_step_end(args, state, control)
+            if control.should_log:  # the Trainer logs, then saves what should_save still says
+                logs = {"loss": statistics.fmean(since), "grad_norm": 1.0}
+                state.log_history.append({**logs, "step": step})
+                watch.on_log(args, state, control, logs=logs)
+                since = []
+            if control.should_training_stop:
+                saved = step if control.should_save else None
+                break
+        assert control.should_training_stop, stop_at
+        if watch.spike:
+            assert saved is None, (stop_at, every)
+        else:
+            assert saved == stop_at and not stop.withheld, (stop_at, every)

@@ -199,6 +199,10 @@ def run(config_path: str) -> dict[str, Any]:
     if stop.requested is not None:
         if remote is not None:
             remote.drain()  # the checkpoint of the stop reaches the bucket within the pod's grace period
+        if stop.withheld:  # the loss was in a spike: its weights are not kept
+            raise Interrupted(f"stopped by {stop_cause(stop.requested)} at step {trainer.state.global_step} with the "
+                              f"loss in a spike, so no checkpoint was saved; the next run resumes from the last one "
+                              f"before it (step {watchdog.last_good_step})")
         raise Interrupted(f"stopped by {stop_cause(stop.requested)} at step {trainer.state.global_step}; a checkpoint "
                           "was saved and the next run resumes from it")
     streamed = streamed_rows(cfg, warnings)

@@ -292,8 +292,12 @@ class GracefulStop(TrainerCallback):
     """SIGTERM/SIGINT (pod deletion, preemption, Ctrl-C in `finetune run`): finish the current step, save a
     checkpoint, stop. main() then exits with INTERRUPTED, and the next run resumes from that checkpoint."""
 
-    def __init__(self):
+    def __init__(self, saves_withheld: Callable[[], bool] = lambda: False):
         self.requested: int | None = None
+        # The divergence guard withholds saves while the loss is in a spike: a stop then saves nothing, and the
+        # next run resumes from the last checkpoint before it (a save here would rotate good ones out).
+        self.saves_withheld = saves_withheld
+        self.withheld = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -310,7 +314,8 @@ class GracefulStop(TrainerCallback):
         # rank stops at the first step end at which any rank was asked to.
         if self._anyone_asked(args):
             self.requested = self.requested or signal.SIGTERM
-            control.should_save = args.save_strategy != "no"
+            self.withheld = self.saves_withheld()
+            control.should_save = args.save_strategy != "no" and not self.withheld
             control.should_training_stop = True
 
     def _anyone_asked(self, args) -> bool:

@@ -134,6 +134,10 @@ class DivergenceWatch(TrainerCallback):
         if not self.logged:
             self.last_good_step = self.spike_from = state.global_step
 
+    def withholds_saves(self) -> bool:
+        """Whether a checkpoint saved now would hold weights inside a spike (none is saved while one lasts)."""
+        return bool(self.spike) and self.acting
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.spike and self.acting and control.should_save:
             control.should_save = False

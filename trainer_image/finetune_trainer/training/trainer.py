@@ -36,7 +36,7 @@ def build_trainer(cfg: TrainerConfig, args, tokenizer, model, data, reporter, wa
     watchdog = DivergenceWatch(cfg.spec.run_policy.divergence, warnings, None if reward else _vocab_size(model),
                                choices=2 if reward else None)
     # The marker callback runs first so the progress record of a save already names the new checkpoint.
-    stop = GracefulStop()
+    stop = GracefulStop(watchdog.withholds_saves)
     producer = {**checkpoints.provenance(cfg.spec), **advice.topology(args)}
     # With output.uri, status.checkpoint names a checkpoint once it is complete in the bucket (remote_output).
     writer = CheckpointWriter() if overlapped(cfg.spec) else None
