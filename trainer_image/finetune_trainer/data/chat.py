@@ -360,7 +360,6 @@ class ChatEncoder:
         return markers, final_stop, last_stop
 
 
-
 def fold_system(messages: list[Message]) -> list[Message] | None:
     """The system prompt moved into the first user message, or None when there is nothing to fold."""
     if not messages or messages[0]["role"] != "system" or len(messages) < 2 or messages[1]["role"] != "user":

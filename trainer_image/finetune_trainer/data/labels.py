@@ -33,4 +33,3 @@ def labels_from_spans(ids: list[int], offsets: Any, spans: list[tuple[int, int]]
     for start, end in spans:
         learned |= (bounds[:, 0] < end) & (bounds[:, 1] > start)
     return np.where(learned, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()
-

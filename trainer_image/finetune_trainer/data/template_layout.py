@@ -109,7 +109,6 @@ def special_run(text: str, specials: list[str], first_only: bool = False) -> str
             return run
 
 
-
 def special_tokens(tokenizer: Any) -> set[str]:
     tokens = set(getattr(tokenizer, "all_special_tokens", []) or [])
     for added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():

@@ -29,7 +29,6 @@ OWNER_FILE = ".finetune-owner.json"
 RENEW_SECONDS = 60.0
 LEASE_SECONDS = 300.0  # five renewals missed: the holder is gone
 _HELD: set["OwnerRecord"] = set()  # the records this process wrote as its own and has not released
-_AT_EXIT: list = []
 
 
 def release_held() -> None:
@@ -144,9 +143,10 @@ class OwnerRecord:
 
     def _hold(self) -> None:
         """Whatever ends the trainer (done, a failure, a stop) releases the lease; a SIGKILL lets it expire."""
-        if not _AT_EXIT:  # at the first claim, after the store's client is loaded: it runs before the client's own
-            atexit.register(release_held)  # exit handlers (last registered, first run), while it can still write
-            _AT_EXIT.append(release_held)
+        # Registered once, and last: after the store's client is loaded, so it runs before the client's own exit
+        # handlers (last registered, first run), while it can still write.
+        atexit.unregister(release_held)
+        atexit.register(release_held)
         _HELD.add(self)
         self._stop.clear()
 
