@@ -123,6 +123,40 @@ def test_a_conversational_prompt_length_counts_the_chat_template(tiny_tokenizer)
         check(s, {"prompt": [{"role": "user", "content": "word " * 60}], "answer": "1"}, tiny_tokenizer)
 
 
+def _between_text_and_chat(tokenizer, room: int) -> list[str]:
+    """Prompts that fit `room` tokens as text and not as the one user message a conversation makes of them."""
+    from finetune_trainer.data.prompts import prompt_tokens
+
+    texts = [" ".join(f"w{i}" for i in range(n)) for n in range(1, 4 * room)]
+    return [t for t in texts if prompt_tokens(t, tokenizer) <= room
+            < prompt_tokens([{"role": "user", "content": t}], tokenizer)]
+
+
+@pytest.mark.parametrize("conversation_in", ["train", "validation"])
+def test_a_text_prompt_beside_conversations_is_checked_as_the_message_it_becomes(conversation_in, tiny_tokenizer):
+    """Mixed sources: the text prompts become user messages (one column type, one template for training and held
+    out prompts alike), so their length is checked with the chat template around them, at every length where the
+    two forms fall on either side of the limit."""
+    room = 64 - 16
+    near = _between_text_and_chat(tiny_tokenizer, room)
+    assert near, "the chat template adds no tokens: the case tests nothing"
+    chat = [{"prompt": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}]
+    for text in near:
+        rows = [{"prompt": text, "answer": "1"}]
+        data = ({"spec.data.validation": [{"inline": chat}]} if conversation_in == "validation" else {})
+        s = spec(sources=[rows, chat] if conversation_in == "train" else [rows], **data)
+        with pytest.raises(DataError, match=r"inline rows, row 1: the prompt is \d+ tokens") as info:
+            prepare_prompts(s.data, s.method.grpo, tiny_tokenizer, seed=1)
+        needed = int(re.search(r"at least (\d+)", str(info.value)).group(1))
+        fits = spec(sources=[rows, chat] if conversation_in == "train" else [rows],
+                    **{**data, "spec.data.maxLength": needed})
+        prepared = prepare_prompts(fits.data, fits.method.grpo, tiny_tokenizer, seed=1)
+        assert prepared.train[0]["prompt"] == [{"role": "user", "content": text}]
+    # Text alone stays text, checked as text: the same prompts pass.
+    alone = spec(sources=[[{"prompt": t, "answer": "1"} for t in near]])
+    assert prepare_prompts(alone.data, alone.method.grpo, tiny_tokenizer, seed=1).train[0]["prompt"] == near[0]
+
+
 def test_a_per_row_regex_that_does_not_compile_names_the_row(tiny_tokenizer):
     s = spec(rewards=[{"type": "regex", "column": "pattern"}])
     assert check(s, {"prompt": "Q?", "pattern": r"\d+"}, tiny_tokenizer)["pattern"] == r"\d+"

@@ -111,12 +111,20 @@ def prompt_row(row: dict[str, Any], data: DataSpec, chat: bool, where: str) -> d
     return {"prompt": prompt, **extra}
 
 
-def checked_prompt(row: dict[str, Any], data: DataSpec, grpo: GrpoSpec, tokenizer: Any, where: str) -> dict[str, Any]:
+def checked_prompt(row: dict[str, Any], data: DataSpec, grpo: GrpoSpec, tokenizer: Any, where: str,
+                   conversation: bool = False) -> dict[str, Any]:
     """prompt_row, then what needs the tokenizer and the rewards: a chat template for conversations, room for a
-    whole completion, the columns the rewards read."""
+    whole completion, the columns the rewards read. `conversation`: the data's prompts are conversations (some
+    source's are), so a text prompt is checked as the one user message it becomes (_as_conversations)."""
     chat = tokenizer.chat_template is not None
     out = prompt_row(row, data, chat, where)
-    if isinstance(out["prompt"], list) and not chat:
+    if conversation and isinstance(out["prompt"], str):
+        out["prompt"] = [{"role": "user", "content": out["prompt"]}]
+    return _checked(out, data, grpo, tokenizer, where)
+
+
+def _checked(out: dict[str, Any], data: DataSpec, grpo: GrpoSpec, tokenizer: Any, where: str) -> dict[str, Any]:
+    if isinstance(out["prompt"], list) and tokenizer.chat_template is None:
         raise ConfigError(f"{where} is a conversation but the tokenizer has no chat template; set model.tokenizer "
                           "to one that has, or give the prompts as text")
     room = data.max_length - grpo.max_completion_length
@@ -141,8 +149,9 @@ def checked_prompt(row: dict[str, Any], data: DataSpec, grpo: GrpoSpec, tokenize
     return out
 
 
-def _rows(parts: list[Part], data: DataSpec, grpo: GrpoSpec, tokenizer: Any,
-          limit: int | None) -> tuple[list[dict], int]:
+def _rows(parts: list[Part], data: DataSpec, tokenizer: Any, limit: int | None) -> tuple[list[dict], int]:
+    """Each row as prompt_row reads it (not checked yet: its layout is the whole data's), with ROW_COLUMN."""
+    chat = tokenizer.chat_template is not None
     rows: list[dict[str, Any]] = []
     seen = 0
     for part in parts:
@@ -150,25 +159,29 @@ def _rows(parts: list[Part], data: DataSpec, grpo: GrpoSpec, tokenizer: Any,
             if limit is not None and len(rows) >= limit:
                 return rows, seen
             seen += 1
-            rows.append(checked_prompt(row, data, grpo, tokenizer, f"{part.name}, row {i + 1}"))
+            where = f"{part.name}, row {i + 1}"
+            rows.append({**prompt_row(row, data, chat, where), ROW_COLUMN: where})
     return rows, seen
 
 
-def _one_layout(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """All prompts conversations when any is (a text one becomes one user message): a dataset column has one
-    type."""
-    if any(isinstance(r["prompt"], list) for r in rows):
-        for r in rows:
-            if isinstance(r["prompt"], str):
-                r["prompt"] = [{"role": "user", "content": r["prompt"]}]
-    return rows
+def _as_conversations(rows: list[dict[str, Any]]) -> None:
+    """A text prompt becomes one user message: a dataset column has one type, and the model must see every prompt,
+    training and held out, through the same template."""
+    for r in rows:
+        if isinstance(r["prompt"], str):
+            r["prompt"] = [{"role": "user", "content": r["prompt"]}]
+
+
+def _check_all(rows: list[dict[str, Any]], data: DataSpec, grpo: GrpoSpec, tokenizer: Any) -> list[dict]:
+    """The checks on each prompt as TRL will read it (after _as_conversations)."""
+    return [_checked(r, data, grpo, tokenizer, r[ROW_COLUMN]) for r in rows]
 
 
 def _dataset(rows: list[dict[str, Any]]) -> Any:
     import datasets
 
     try:
-        return datasets.Dataset.from_list(_one_layout(rows))
+        return datasets.Dataset.from_list(rows)
     except Exception as exc:  # pyarrow's errors name neither the row nor the column
         raise DataError(f"the prompts' columns cannot form one table (a column holds different types in different "
                         f"rows?): {str(exc).splitlines()[0][:300]}") from exc
@@ -176,15 +189,18 @@ def _dataset(rows: list[dict[str, Any]]) -> Any:
 
 def prepare_prompts(data: DataSpec, grpo: GrpoSpec, tokenizer: Any, seed: int) -> PreparedData:
     """Checked prompts as datasets (train, and validation from data.validation or the split percentage)."""
-    train_rows, seen = _rows(load_rows(data.train, data), data, grpo, tokenizer, data.max_train_samples)
+    train_rows, seen = _rows(load_rows(data.train, data), data, tokenizer, data.max_train_samples)
     if not train_rows:
         raise DataError(f"the {data.format} data has no rows")
-    train = _dataset(train_rows)
+    eval_rows, eval_seen = (_rows(load_rows(data.validation, data), data, tokenizer, data.max_eval_samples)
+                            if data.validation else ([], 0))
+    if any(isinstance(r["prompt"], list) for r in train_rows + eval_rows):
+        _as_conversations(train_rows + eval_rows)
+    train = _dataset(_check_all(train_rows, data, grpo, tokenizer))
     evaluation = None
     stats: dict[str, dict[str, int]] = {"train": {"rows": seen, "prompts": len(train_rows)}}
     if data.validation:
-        eval_rows, eval_seen = _rows(load_rows(data.validation, data), data, grpo, tokenizer, data.max_eval_samples)
-        evaluation = _dataset(eval_rows)
+        evaluation = _dataset(_check_all(eval_rows, data, grpo, tokenizer))
         stats["validation"] = {"rows": eval_seen, "prompts": len(eval_rows)}
     elif data.validation_split_percentage > 0:
         split = train.train_test_split(test_size=data.validation_split_percentage / 100, seed=seed)
