@@ -186,11 +186,12 @@ def test_the_preflight_checks_prompts_and_imports_reward_functions(tiny_model_di
     from finetune_operator.cli.local_run import prepare
     from finetune_trainer import preflight
 
-    def run(rows, rewards):
+    def run(rows, rewards, *more):
         doc = make_job({"spec.model": {"name": str(tiny_model_dir)},
                         "spec.method": {"objective": "grpo", "grpo": {"rewards": rewards, "numGenerations": 2,
                                                                       "maxCompletionLength": 8}},
-                        "spec.data": {"format": "prompt", "maxLength": 64, "train": [{"inline": rows}]},
+                        "spec.data": {"format": "prompt", "maxLength": 64,
+                                      "train": [{"inline": r} for r in (rows, *more)]},
                         "spec.distributed": {"numNodes": 1, "gpusPerNode": 0},
                         "spec.training": {"precision": "fp32", "perDeviceTrainBatchSize": 2}})
         config, _ = prepare(validate_job(doc), tmp_path / "run")
@@ -205,6 +206,14 @@ def test_the_preflight_checks_prompts_and_imports_reward_functions(tiny_model_di
     assert code == exit_codes.DATA_ERROR and "row 6 has no 'answer' value" in summary["message"], summary
     code, summary = run(rows, [{"type": "function", "function": "tests.support.grpo_rewards:absent"}])
     assert code == exit_codes.CONFIG_ERROR and "rewards[0].function" in summary["message"], summary
+    # A text prompt that fits as text, and not as the user message a conversational source beside it makes of it.
+    from transformers import AutoTokenizer
+
+    text = _between_text_and_chat(AutoTokenizer.from_pretrained(tiny_model_dir), 64 - 8)[0]
+    chat = [{"prompt": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}]
+    assert run([{"prompt": text, "answer": "1"}], REWARDS)[0] == 0
+    code, summary = run([{"prompt": text, "answer": "1"}], REWARDS, chat)
+    assert code == exit_codes.DATA_ERROR and "row 1: the prompt is" in summary["message"], summary
 
 
 def test_the_data_formats_pages_prompt_row_is_read_as_written(tiny_tokenizer):

@@ -83,16 +83,37 @@ def check_memory(cfg: TrainerConfig, config: dict[str, Any]) -> dict[str, Any] |
     return verdict.to_status()
 
 
-def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer) -> dict[str, Any]:
+def _sample(source: DataSource, cfg: TrainerConfig, rows: int = ROWS_PER_SOURCE) -> list[Part]:
+    return [Part(p.name, p.rows.take(rows)) for p in load_source(source, cfg.spec.data, streaming=True)]
+
+
+def conversational_prompts(cfg: TrainerConfig, tokenizer) -> bool:
+    """GRPO: whether any source's prompts are conversations, which makes every text prompt one user message (the
+    trainer's data/prompts.py): the length check must see that form. A source's prompts have one type (the loader
+    refuses a column whose type changes), so its first row says."""
+    from finetune_trainer.data.prompts import prompt_row
+
+    chat = tokenizer.chat_template is not None
+    for source in [*cfg.spec.data.train, *(cfg.spec.data.validation or [])]:
+        for part in _sample(source, cfg, 1):
+            for row in part.rows:
+                if isinstance(prompt_row(row, cfg.spec.data, chat, f"{part.name}, row 1")["prompt"], list):
+                    return True
+    return False
+
+
+def check_source(source: DataSource, where: str, cfg: TrainerConfig, tokenizer,
+                 conversation: bool = False) -> dict[str, Any]:
+    """`conversation`: GRPO's prompts are conversations (conversational_prompts)."""
     data = cfg.spec.data
-    parts = [Part(p.name, p.rows.take(ROWS_PER_SOURCE)) for p in load_source(source, data, streaming=True)]
+    parts = _sample(source, cfg)
     stats = TokenizeStats()
     if cfg.spec.method.objective == "grpo":  # prompts as the trainer checks them: lengths, reward columns
         from finetune_trainer.data.prompts import checked_prompt
 
         for part in parts:
             for i, row in enumerate(part.rows):
-                checked_prompt(row, data, cfg.spec.method.grpo, tokenizer, f"{part.name}, row {i + 1}")
+                checked_prompt(row, data, cfg.spec.method.grpo, tokenizer, f"{part.name}, row {i + 1}", conversation)
                 stats.rows += 1
                 stats.kept += 1
         if stats.rows == 0:
@@ -150,8 +171,10 @@ def run(config_path: str) -> dict[str, Any]:
                     take_over_asked()).check()
     model, tokenizer, shape = check_model(cfg)
     data = cfg.spec.data
-    sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer) for i, s in enumerate(data.train)]
-    sources += [check_source(s, f"data.validation[{i}]", cfg, tokenizer) for i, s in enumerate(data.validation or [])]
+    chat = cfg.spec.method.objective == "grpo" and conversational_prompts(cfg, tokenizer)
+    sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer, chat) for i, s in enumerate(data.train)]
+    sources += [check_source(s, f"data.validation[{i}]", cfg, tokenizer, chat)
+                for i, s in enumerate(data.validation or [])]
     check_output(cfg)
     if cfg.spec.method.objective == "grpo":  # each user function imports and takes TRL's arguments (78 if not)
         from finetune_trainer.training.rewards import load_function
