@@ -246,3 +246,33 @@ def test_a_short_generation_costs_nothing_beyond_the_training_step():
     est = estimate(spec, shape)
     assert 0 < est.terms[GENERATION_TERM] < est.terms["activations"] + est.terms["logits and loss"]
     assert est.peak_phase != "generation"
+
+
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.5, 0.7, 0.9])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_with_vllm_training_is_checked_against_what_its_share_leaves(share, method):
+    """vLLM's colocate mode takes its share of each GPU: a job that fits the whole GPU and not the rest does not fit,
+    at every share around the training's own need; and the share must hold vLLM's copy of the weights."""
+    from finetune_operator.fit import check_fit
+    from finetune_operator.fit.estimate import GIB
+    from finetune_operator.fit.grpo import VLLM_WEIGHT_BYTES
+
+    overrides = {"spec.distributed": {"numNodes": 1, "gpusPerNode": 8}, "spec.resources.gpuMemoryGiB": 141,
+                 "spec.method.type": method, "spec.data.maxLength": 2048, "spec.model.dtype": "bfloat16",
+                 "spec.training": {"perDeviceTrainBatchSize": 1, "gradientAccumulationSteps": 8,
+                                   "gradientCheckpointing": True, "precision": "bf16"}}
+    plain = check_fit(validate_job(grpo_job({"maxCompletionLength": 512}, **overrides)).spec, LLAMA_8B)
+    vllm = check_fit(validate_job(grpo_job({"maxCompletionLength": 512, "generationBackend": "vllm",
+                                            "vllmGpuMemoryUtilization": share}, **overrides)).spec, LLAMA_8B)
+    assert vllm.capacity_gib == pytest.approx(141 * (1 - share), abs=0.01)
+    assert "less vLLM's" in vllm.capacity_source and "vllmGpuMemoryUtilization" in vllm.message()
+    assert vllm.gpu_fits == (vllm.estimate.needed <= 141 * (1 - share) * GIB)
+    weights = ModelShape.from_config(LLAMA_8B).parameters * VLLM_WEIGHT_BYTES
+    short = [p for p in vllm.problems if "vLLM's share" in p]
+    assert bool(short) == (weights > 141 * share * GIB), vllm.problems
+    assert not vllm.fits or (vllm.gpu_fits and not short)
+    assert plain.fits  # the whole GPU holds it: what changes is vLLM's share only
+    # 8B: vLLM's 15 GiB copy needs more than a tenth of 141 GiB; a full fine-tune (~86 GiB) fits only beside 0.3,
+    # LoRA (~22 GiB) beside up to 0.7.
+    fitting = {"full": (0.3,), "lora": (0.3, 0.5, 0.7)}[method]
+    assert vllm.fits == (share in fitting), vllm.message()

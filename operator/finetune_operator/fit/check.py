@@ -9,6 +9,7 @@ from .advice import Suggestion, what_fits
 from .buildable import cannot_build
 from .estimate import GIB, WARN_FRACTION, MemoryEstimate, estimate
 from .gpus import capacity_gib
+from .grpo import vllm_share, vllm_shortfall
 from .host import host_shortfall
 from .shape import ModelShape
 
@@ -78,14 +79,22 @@ class FitVerdict:
 def check_fit(spec: FineTuneJobSpec, config: dict[str, Any],
               capacity: tuple[float, str] | None = None) -> FitVerdict:
     """`config`: the model's config.json; `capacity`: (GiB, where from) of the GPU when known better than the spec
-    says (the trainer's own device). Raises UnknownShape for a config we cannot read a transformer from."""
+    says (the trainer's own device). Raises UnknownShape for a config we cannot read a transformer from. With GRPO's
+    vLLM, training is checked against what vLLM's share leaves, and the share against what vLLM needs."""
     shape = ModelShape.from_config(config)
     est = estimate(spec, shape)
     if spec.distributed.gpus_per_node == 0:
         cap, source = None, "a CPU job"
     else:
         cap, source = capacity if capacity is not None else capacity_gib(spec)
+    problems = cannot_build(spec, shape)
+    share = vllm_share(spec)
+    if cap is not None and share is not None:
+        shortfall = vllm_shortfall(spec, shape, cap * share)
+        problems += [shortfall] if shortfall else []
+        cap, source = round(cap * (1 - share), 2), (f"{source}, less vLLM's {share:g} "
+                                                     "(method.grpo.vllmGpuMemoryUtilization)")
     fits_gpu = cap is None or est.needed <= cap * GIB
     host = host_shortfall(spec, est)
     suggestions = what_fits(spec, shape, cap) if cap is not None and not fits_gpu else []
-    return FitVerdict(est, cap, source, suggestions, cannot_build(spec, shape), host)
+    return FitVerdict(est, cap, source, suggestions, problems, host)
