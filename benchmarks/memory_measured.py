@@ -58,6 +58,8 @@ FP32 = {"model": {"dtype": "float32"}, "training": {"precision": "fp32"}}
 BF16 = {"model": {"dtype": "bfloat16"}, "training": {"precision": "bf16"}}
 LORA = {"method": {"type": "lora", "lora": {"r": 16}}}
 LORA_NODROP = {"method": {"type": "lora", "lora": {"r": 16, "dropout": 0.0}}}
+DORA = {"method": {"type": "lora", "lora": {"r": 16, "useDora": True}}}
+DORA_NODROP = {"method": {"type": "lora", "lora": {"r": 16, "dropout": 0.0, "useDora": True}}}
 TWO = {"distributed": {"cpuProcessesPerNode": 2}}
 
 
@@ -85,6 +87,17 @@ CASES = [
     Case("llama freeze 2 layers bf16", "llama", LLAMA, _merge(BF16, {"method": {"type": "freeze"}})),
     Case("llama LoRA r16 bf16", "llama", LLAMA, _merge(BF16, LORA), seq=512),
     Case("llama LoRA r16 fp32 no dropout", "llama", LLAMA, _merge(FP32, LORA_NODROP), seq=512),
+    Case("wide vocabulary LoRA bf16 modulesToSave embedding and head", "llama", WIDE_VOCAB,
+         _merge(BF16, {"method": {"type": "lora", "lora": {"r": 16, "modulesToSave": ["embed_tokens", "lm_head"]}}})),
+    Case("wide vocabulary freeze bf16 head trained", "llama", WIDE_VOCAB,
+         _merge(BF16, {"method": {"type": "freeze", "freeze": {"trainableLayers": 1,
+                                                               "extraTrainableModules": ["lm_head"]}}})),
+    Case("llama DoRA r16 bf16", "llama", LLAMA, _merge(BF16, DORA), seq=512),
+    Case("llama DoRA r16 fp32 no dropout", "llama", LLAMA, _merge(FP32, DORA_NODROP), seq=512),
+    Case("llama 100M DoRA bf16 no dropout checkpointing", "llama", LLAMA_BIG,
+         _merge(BF16, DORA_NODROP, {"training": {"gradientCheckpointing": True}}), seq=256),
+    Case("llama 100M LoRA fp32 short rows", "llama", LLAMA_BIG, _merge(FP32, LORA), seq=64),
+    Case("llama 100M DoRA fp32 short rows", "llama", LLAMA_BIG, _merge(FP32, DORA), seq=64),
     Case("wide vocabulary eval batch 8", "llama", WIDE_VOCAB,
          _merge(BF16, {"training": {"perDeviceEvalBatchSize": 8, "evalStrategy": "steps", "evalSteps": 2}}), seq=256),
     Case("qwen2 full bf16", "qwen2", LLAMA, BF16, seq=512),

@@ -134,6 +134,34 @@ def test_lora_and_qlora_weights():
     assert 7 < qlora["weights"] / GIB < 8  # not the 3.7 GiB a "4 bits per parameter" rule gives
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "v_proj"], ["down_proj"]])
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "gemma-2-9b", "qwen2.5-0.5b", "mixtral-8x7b"])
+def test_dora_keeps_both_outputs_of_every_adapted_layer_and_builds_one_norm_at_a_time(name, targets, precision):
+    """DoRA beside the same LoRA: per token, each adapted layer's base and adapter outputs (in the compute dtype);
+    once, the widest-input adapted layer's norm (its identity, B x A, W + BA), in the forward and, with
+    checkpointing, again in the recomputing backward."""
+    from finetune_operator.fit.activations import DORA_OUT_BYTES, dora_norm_bytes
+
+    shape = ModelShape.from_config(config(name))
+    compute = 2 if precision == "bf16" else 4
+    lora = {"spec.method.type": "lora", "spec.method.lora.targetModules": targets, "spec.training.precision": precision}
+    plain, dora = estimate(spec(**lora), shape), estimate(spec(**lora, **{"spec.method.lora.useDora": True}), shape)
+    per_token = DORA_OUT_BYTES[compute] * shape.lora_out_width(targets)
+    assert dora.terms["activations"] - plain.terms["activations"] == pytest.approx(
+        per_token * dora.tokens_per_micro_batch * shape.layers)
+    a, b = shape.largest_lora_linear(targets)
+    assert dora.terms["DoRA weight norm"] == dora_norm_bytes(shape, targets, compute) == 4 * a * a + a * b * (
+        4 + 3 * compute)
+    assert "DoRA weight norm" in dora.phases["end of forward"] and "DoRA weight norm" not in dora.phases["backward"]
+    recomputed = estimate(spec(**lora, **{"spec.method.lora.useDora": True,
+                                          "spec.training.gradientCheckpointing": True}), shape)
+    assert "DoRA weight norm" in recomputed.phases["backward"]
+    # Mixtral's down_proj is its fused experts' (peft's ParamWrapper, which refuses DoRA: fit/buildable.py): no
+    # nn.Linear of that name to adapt
+    assert (dora.peak > plain.peak) == (shape.lora_out_width(targets) > 0)
+
+
 def test_activations_scale_with_tokens_and_shrink_with_checkpointing():
     shape = ModelShape.from_config(config("llama-3.1-8b"))
     one = estimate(spec(), shape).terms

@@ -64,6 +64,29 @@ def test_lora_parameters_and_the_dropout_refusal_are_what_peft_builds(model_type
         assert "spec.method.lora.dropout: 0.05" in ours[0] and "set method.lora.dropout: 0" in ours[0]
 
 
+@pytest.mark.parametrize("model_type", MOE)
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "v_proj"]], ids=["all-linear", "attention"])
+def test_dora_is_refused_exactly_where_peft_refuses_it(model_type, targets):
+    """DoRA on a MoE: peft's ParamWrapper (its fused experts) refuses use_dora; the attention's nn.Linear takes it."""
+    from peft import LoraConfig, get_peft_model
+
+    config = small(model_type)
+    shape = ModelShape.from_config(config.to_dict())
+    ours = cannot_build(spec(**{"spec.method.lora": {"r": 4, "dropout": 0.0, "targetModules": targets,
+                                                     "useDora": True}}), shape)
+    try:
+        get_peft_model(build_model(config), LoraConfig(r=4, lora_dropout=0.0, use_dora=True, task_type="CAUSAL_LM",
+                                                       target_modules="all-linear" if targets == ["all-linear"]
+                                                       else targets))
+        refused = False
+    except ValueError as exc:
+        assert "use_dora" in str(exc)
+        refused = True
+    assert bool(ours) == refused, ours
+    if refused:
+        assert "spec.method.lora.useDora: true" in ours[0] and "set method.lora.useDora: false" in ours[0]
+
+
 def test_qlora_leaves_the_fused_experts_unquantized_and_peft_upcasts_them(tmp_path):
     """bitsandbytes' 4-bit load (CPU) of a small Mixtral: only the attention's nn.Linear layers are quantized; after
     prepare_model_for_kbit_training every other parameter, experts and router included, is fp32. The estimate's

@@ -255,7 +255,7 @@ def test_with_vllm_training_is_checked_against_what_its_share_leaves(share, meth
     at every share around the training's own need; and the share must hold vLLM's copy of the weights."""
     from finetune_operator.fit import check_fit
     from finetune_operator.fit.estimate import GIB
-    from finetune_operator.fit.grpo import VLLM_WEIGHT_BYTES
+    from finetune_operator.fit.vllm import VLLM_WEIGHT_BYTES
 
     overrides = {"spec.distributed": {"numNodes": 1, "gpusPerNode": 8}, "spec.resources.gpuMemoryGiB": 141,
                  "spec.method.type": method, "spec.data.maxLength": 2048, "spec.model.dtype": "bfloat16",

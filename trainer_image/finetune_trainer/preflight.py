@@ -57,12 +57,10 @@ def check_model(cfg: TrainerConfig) -> tuple[dict[str, Any], Any, dict[str, Any]
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the model config of {m.name}: {exc}") from exc
     check_lengths(cfg.spec, config)
-    # The trainer grows the embeddings to the tokenizer (resize_embeddings): the estimate counts what will train.
-    shape = {**config.to_dict(), "vocab_size": max(getattr(config, "vocab_size", 0) or 0, len(tokenizer))}
-    return {"modelType": config.model_type, "vocabSize": len(tokenizer)}, tokenizer, shape
+    return {"modelType": config.model_type, "vocabSize": len(tokenizer)}, tokenizer, config.to_dict()
 
 
-def check_memory(cfg: TrainerConfig, config: dict[str, Any]) -> dict[str, Any] | None:
+def check_memory(cfg: TrainerConfig, config: dict[str, Any], tokenizer_vocab: int) -> dict[str, Any] | None:
     """What the stack cannot build for this model, and the predicted peak memory per GPU against the GPU's
     (spec.resources.gpuMemoryGiB or the product label) and offloaded states against the pod's memory: refused here
     (78) with the numbers and the changes that fit, before any GPU is held; above 90% is a warning; a GPU whose
@@ -71,7 +69,8 @@ def check_memory(cfg: TrainerConfig, config: dict[str, Any]) -> dict[str, Any] |
     from finetune_operator.fit import UnknownShape, check_fit
 
     try:
-        verdict = check_fit(cfg.spec, config)
+        # The trainer grows the embedding and head to the tokenizer (resize_embeddings): counted as what will train.
+        verdict = check_fit(cfg.spec, config, tokenizer_vocab=tokenizer_vocab)
     except UnknownShape as exc:
         log.warning("memory fit check skipped: %s", exc)
         return None
@@ -169,7 +168,7 @@ def run(config_path: str) -> dict[str, Any]:
         # No other run writes the prefix (else 78), before any GPU is asked for; the trainer claims it.
         OwnerRecord(cfg.spec.output.uri, writer_of(cfg.job_name, cfg.namespace, cfg.job_uid, cfg.output_dir),
                     take_over_asked()).check()
-    model, tokenizer, shape = check_model(cfg)
+    model, tokenizer, model_config = check_model(cfg)
     data = cfg.spec.data
     chat = cfg.spec.method.objective == "grpo" and conversational_prompts(cfg, tokenizer)
     sources = [check_source(s, f"data.train[{i}]", cfg, tokenizer, chat) for i, s in enumerate(data.train)]
@@ -187,7 +186,7 @@ def run(config_path: str) -> dict[str, Any]:
         from finetune_trainer.outputs.hub_access import check_access
 
         hub = check_access(cfg)
-    memory = check_memory(cfg, shape)
+    memory = check_memory(cfg, model_config, len(tokenizer))
     return {"reason": "Succeeded", "preflight": {**model, "rowsChecked": ROWS_PER_SOURCE, "sources": sources, **hub},
             **({"memoryEstimate": memory} if memory else {})}
 

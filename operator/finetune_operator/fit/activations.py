@@ -69,6 +69,20 @@ _QUERY_COPY = {2: 2.1, 4: 4.3}
 QUERY_COPY = frozenset({"glm4_moe", "glm4v_moe"})
 # peft's ParamWrapper builds W + BA for a layer's experts in the forward and keeps it: bytes per expert parameter.
 EXPERT_ADAPTED_BYTES = {2: 2.4, 4: 4.05}
+# DoRA (peft's DoraLinearLayer) scales the base output and the adapter's by the magnitude over the weight's norm, and
+# keeps both outputs for the backward: bytes per token per unit of a layer's adapted output width, two outputs in the
+# compute dtype. Checked on CPU runs of our trainer (benchmarks/memory_measured.py's DoRA cases: 1.04-1.09 of the
+# measured peak with the margin, bf16 and fp32, with and without dropout and checkpointing).
+DORA_OUT_BYTES = {2: 4.0, 4: 8.0}
+# Beside them, one adapted layer at a time builds its weight's norm: an identity of its input width (fp32) pushed
+# through the adapter, B @ A in fp32 and in the compute dtype, and W + scale x BA.
+
+
+def dora_norm_bytes(shape: ModelShape, targets: list[str], compute: int) -> float:
+    a, b = shape.largest_lora_linear(targets)
+    return 4.0 * a * a + a * b * (4.0 + 3.0 * compute)
+
+
 # Liger's kernels keep less than eager PyTorch: its RMSNorm keeps the input instead of an fp32 copy and the
 # normalised output (4 bytes x hidden less per norm), its SwiGLU/GeGLU recomputes the activation (compute bytes x
 # intermediate less). Derived from the kernels' saved tensors (Triton: no CPU run), checked on one H200 run.

@@ -19,6 +19,12 @@ def cannot_build(spec: FineTuneJobSpec, shape: ModelShape) -> list[str]:
             f"experts ({', '.join(sorted(adapted))}) through a ParamWrapper, which refuses lora_dropout != 0; fix: set "
             "method.lora.dropout: 0, or method.lora.targetModules that leave the experts out "
             "([q_proj, k_proj, v_proj, o_proj])")
+    if adapted and lora.use_dora:
+        problems.append(
+            f"spec.method.lora.useDora: true cannot be built for {shape.model_type}: peft adapts its fused experts "
+            f"({', '.join(sorted(adapted))}) through a ParamWrapper, which does not work with DoRA; fix: set "
+            "method.lora.useDora: false, or method.lora.targetModules that leave the experts out "
+            "([q_proj, k_proj, v_proj, o_proj])")
     if shape.model_type in NO_SDPA and spec.model.attn_implementation == "sdpa":
         problems.append(
             f"spec.model.attnImplementation: sdpa cannot be built for {shape.model_type}: transformers has no sdpa "

@@ -1,7 +1,7 @@
 """The fit check the preflight runs, `finetune validate` prints and the trainer repeats before it loads weights:
 what the stack cannot build, the estimate against one GPU's memory, and offloaded states against the pod's."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api.spec import FineTuneJobSpec
@@ -9,9 +9,9 @@ from .advice import Suggestion, what_fits
 from .buildable import cannot_build
 from .estimate import GIB, WARN_FRACTION, MemoryEstimate, estimate
 from .gpus import capacity_gib
-from .grpo import vllm_share, vllm_shortfall
 from .host import host_shortfall
 from .shape import ModelShape
+from .vllm import vllm_share, vllm_shortfall
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,15 @@ class FitVerdict:
         return out
 
 
-def check_fit(spec: FineTuneJobSpec, config: dict[str, Any],
-              capacity: tuple[float, str] | None = None) -> FitVerdict:
+def check_fit(spec: FineTuneJobSpec, config: dict[str, Any], capacity: tuple[float, str] | None = None,
+              tokenizer_vocab: int | None = None) -> FitVerdict:
     """`config`: the model's config.json; `capacity`: (GiB, where from) of the GPU when known better than the spec
-    says (the trainer's own device). Raises UnknownShape for a config we cannot read a transformer from. With GRPO's
-    vLLM, training is checked against what vLLM's share leaves, and the share against what vLLM needs."""
+    says (the trainer's own device); `tokenizer_vocab`: the tokenizer's size where known, which grows the embedding
+    and head when larger (they then train). Raises UnknownShape for a config we cannot read a transformer from. With
+    GRPO's vLLM, training is checked against what vLLM's share leaves, and the share against what vLLM needs."""
     shape = ModelShape.from_config(config)
+    if tokenizer_vocab is not None and tokenizer_vocab > shape.vocab:
+        shape = replace(shape, vocab=tokenizer_vocab, embeddings_grown=True)
     est = estimate(spec, shape)
     if spec.distributed.gpus_per_node == 0:
         cap, source = None, "a CPU job"

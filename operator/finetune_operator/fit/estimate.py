@@ -19,7 +19,9 @@ from typing import Any
 from ..api.spec import FineTuneJobSpec
 from .activations import (
     COMPILED_LAYER_SHARE,
+    DORA_OUT_BYTES,
     checkpointed_layer_bytes_per_token,
+    dora_norm_bytes,
     dropout_kernel,
     eval_bytes_per_token,
     layer_bytes_per_token,
@@ -28,7 +30,7 @@ from .activations import (
 )
 from .grpo import GENERATION_TERM, grpo_terms
 from .shape import ModelShape
-from .states import adapted_experts_per_layer, model_states, trainable
+from .states import adapted_experts_per_layer, model_states, trainable, whole_modules
 
 GIB = 1024**3
 CUDA_CONTEXT_GIB = 0.75  # CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers: not in torch's allocator counts
@@ -38,7 +40,11 @@ FRAGMENTATION = 0.05  # reserved over allocated at the peak, a typical caching-a
 ESTIMATE_MARGIN = 0.04
 WARN_FRACTION = 0.9
 OVERHEAD_TERMS = ("estimate margin", "fragmentation", "cuda context")
-PHASES = ("end of forward", "backward", "optimizer step", "evaluation", "generation")
+PHASES = ("start", "end of forward", "backward", "optimizer step", "evaluation", "generation")
+# DDP's constructor broadcasts the model's parameters and buffers from rank 0 through flat buckets of this many bytes
+# (torch's broadcast_bucket_size): one bucket beside the weights, before any optimizer state exists (measured: a
+# 100M-parameter LoRA run on short rows peaks there, 2x its fp32 weights).
+DDP_BROADCAST_BUCKET = 250 * 1024**2
 
 
 @dataclass
@@ -132,11 +138,13 @@ def _layers(spec: FineTuneJobSpec, shape: ModelShape, compute: int, seq: int, to
                if spec.method.type in ("lora", "qlora") else None)
     rank, targets = (lora.r, shape.lora_targets(lora.target_modules)) if adapter else (0, 0)
     attention = spec.model.attn_implementation
+    dora = adapter is not None and lora.use_dora and lora.init_from is None
+    dora_bytes = DORA_OUT_BYTES[compute] * shape.lora_out_width(lora.target_modules) if dora else 0.0
 
     def per_token(moe: bool) -> float:
-        return layer_bytes_per_token(shape, compute, attention, seq, lora=adapter, lora_rank=rank, lora_targets=targets,
-                                     moe=moe, liger=_switch(spec, "use_liger_kernel"),
-                                     gpu=spec.distributed.gpus_per_node > 0)
+        return dora_bytes + layer_bytes_per_token(
+            shape, compute, attention, seq, lora=adapter, lora_rank=rank, lora_targets=targets, moe=moe,
+            liger=_switch(spec, "use_liger_kernel"), gpu=spec.distributed.gpus_per_node > 0)
 
     dense = per_token(False)
     moe = per_token(True) if shape.is_moe else 0.0
@@ -157,6 +165,8 @@ def _layers(spec: FineTuneJobSpec, shape: ModelShape, compute: int, seq: int, to
         notes.append("peft adapts the fused experts through a ParamWrapper, which keeps every layer's experts "
                      "(W + BA) for the backward; targetModules without the experts (q_proj, k_proj, v_proj, o_proj) "
                      "or gradient checkpointing keep far less")
+    if dora:
+        terms["DoRA weight norm"] = dora_norm_bytes(shape, lora.target_modules, compute)
     if attention == "eager" and seq > 4096:
         notes.append("eager attention keeps heads x sequence^2 probabilities per layer: sdpa keeps none")
     return max(dense, moe)
@@ -184,10 +194,11 @@ def _phases(spec: FineTuneJobSpec, gradients_resident: bool, evaluates: bool) ->
     reducing = (*resident, "DeepSpeed gradient buckets")
     grads_in_forward = gradients_resident or spec.training.gradient_accumulation_steps > 1
     phases = {
+        "start": ("weights", "reference model", "reference adapter", "DDP first broadcast"),
         "end of forward": (*resident, *(("gradients",) if grads_in_forward else ()), "adapted expert weights",
-                           "activations", "logits and loss"),
+                           "activations", "DoRA weight norm", "logits and loss"),
         "backward": (*reducing, "gradients", *(("activations",) if checkpointing(spec) else ()),
-                     "recomputed layer"),
+                     "recomputed layer", *(("DoRA weight norm",) if checkpointing(spec) else ())),
         "optimizer step": (*reducing, "gradients", "optimizer step"),
     }
     if evaluates:
@@ -211,9 +222,16 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
                                "gradients": states.gradients + states.gradients_resident}
     if states.buckets:
         terms["DDP gradient buckets"] = states.buckets
+        terms["DDP first broadcast"] = min(states.weights, DDP_BROADCAST_BUCKET)
     if states.deepspeed_buckets:
         terms["DeepSpeed gradient buckets"] = states.deepspeed_buckets
     notes = list(states.notes)
+    unsized = whole_modules(spec, shape)[1]
+    if unsized:
+        field = "lora.modulesToSave" if spec.method.type in ("lora", "qlora") else "freeze.extraTrainableModules"
+        notes.append(f"method.{field} {', '.join(unsized)}: no module of that name we can size; not counted")
+    if shape.embeddings_grown:
+        notes.append(f"the tokenizer grows the embedding and head to {shape.vocab} rows, which then train: counted")
 
     seq = sequence_length(spec)
     # DPO, ORPO, SimPO, CPO and a reward model score a pair's chosen and rejected answers in one batch: twice the

@@ -21,6 +21,10 @@ QK_NORM = frozenset({"qwen3", "qwen3_moe", "olmo2", "olmoe", "gemma3_text", "gem
 WIDE_QK_NORM = frozenset({"olmo2", "olmoe"})
 # MoE layers whose shared expert's output passes a sigmoid gate of its own (an nn.Linear hidden -> 1).
 SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next"})
+# What transformers' decoders call their input embedding and output head, where not embed_tokens and lm_head.
+EMBEDDING_NAMES = {"gpt2": ("wte", "lm_head"), "gpt_bigcode": ("wte", "lm_head"), "gpt_neox": ("embed_in", "embed_out"),
+                   "bloom": ("word_embeddings", "lm_head"), "falcon": ("word_embeddings", "lm_head"),
+                   "internlm2": ("tok_embeddings", "output")}
 # Checkpoint dtypes as config.json names them, in bytes per parameter.
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
@@ -63,6 +67,9 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # The tokenizer has tokens the checkpoint lacks: the trainer grows the embedding and head (vocab is the grown
+    # size) and trains them (LoRA: as modules_to_save; freeze: as extra trainable modules).
+    embeddings_grown: bool = False
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "ModelShape":
@@ -276,6 +283,34 @@ class ModelShape:
         if targets == ["all-linear"]:
             return set(mapping.values())
         return {mapping[name] for t in targets if (name := t.split(".")[-1]) in mapping}
+
+    @property
+    def embedding_names(self) -> tuple[str, str]:
+        """The input embedding's and the output head's module names."""
+        return EMBEDDING_NAMES.get(self.model_type, ("embed_tokens", "lm_head"))
+
+    def module_parameters(self) -> dict[str, int]:
+        """Parameters of the modules a spec may name to train whole (LoRA's modulesToSave, freeze's
+        extraTrainableModules), by the names transformers' decoders give them, over all layers."""
+        out = {name: self.vocab * self.hidden for name in self.embedding_names}
+        out.update({name: self.hidden for name in ("norm", "ln_f", "final_layernorm", "score")})
+        norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm")[:self.norms_per_layer]
+        out.update({name: self.hidden * self.layers for name in norms})
+        if self.position_embeddings:
+            out["wpe"] = self.position_embeddings * self.hidden
+        for name, a, b, n in self._linear_modules():
+            out[name] = out.get(name, 0) + a * b * n
+        return out
+
+    def lora_out_width(self, targets: list[str]) -> float:
+        """The output widths of the linear layers the targets name, summed over a layer (their mean over layers)."""
+        return sum(b * n for _, _, b, n in self._wanted(targets)) / max(1, self.layers)
+
+    def largest_lora_linear(self, targets: list[str]) -> tuple[int, int]:
+        """(in, out) of the targeted linear layer with the widest input (DoRA's norm builds an in x in identity)."""
+        wanted = self._wanted(targets)
+        return max(((a, b) for _, a, b, _ in wanted), key=lambda ab: (ab[0] * ab[0] + ab[0] * ab[1]), default=(0, 0))
 
     def lora_targets(self, targets: list[str]) -> int:
         """How many of a layer's linear layers (a dense Llama layer's seven) the targets name."""

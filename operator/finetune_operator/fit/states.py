@@ -77,13 +77,46 @@ def weight_bytes(spec: FineTuneJobSpec, shape: ModelShape) -> float:
     return float(shape.dtype_bytes if dtype == "auto" else DTYPE_BYTES[dtype])
 
 
-def trainable(spec: FineTuneJobSpec, shape: ModelShape) -> tuple[int, float]:
-    """(trainable parameters, their bytes each as the trainer holds them)."""
+def whole_modules(spec: FineTuneJobSpec, shape: ModelShape) -> tuple[int, list[str]]:
+    """(parameters trained whole beside what the method trains, the names among them we cannot size): LoRA's
+    modulesToSave (peft trains a copy of each, the original stays frozen; matched by the module's name) and freeze's
+    extraTrainableModules (trained in place; any module whose name holds the substring), and the embedding and head
+    when the tokenizer grows them (the trainer adds them to either)."""
     method = spec.method
+    sizes = shape.module_parameters()
+    grown = list(shape.embedding_names) if shape.embeddings_grown else []
     if method.type in ("lora", "qlora"):
-        return shape.lora_parameters(method.lora.r, method.lora.target_modules), 4.0  # peft upcasts adapters
+        if method.lora.init_from is not None:  # a continued adapter brings its own modules_to_save
+            return 0, []
+        names = list(dict.fromkeys([*(m.split(".")[-1] for m in method.lora.modules_to_save), *grown]))
+        return sum(sizes.get(n, 0) for n in names), [n for n in names if n not in sizes]
     if method.type == "freeze":
-        return min(method.freeze.trainable_layers, shape.layers) * shape.layer_params, weight_bytes(spec, shape)
+        wanted = [*method.freeze.extra_trainable_modules, *grown]
+        matched = {name for name in sizes if any(w.split(".")[-1] in name for w in wanted)}
+        if shape.tied_embeddings and set(shape.embedding_names) <= matched:
+            matched.discard(shape.embedding_names[1])  # one parameter under two names
+        return (sum(sizes[n] for n in matched),
+                [w for w in method.freeze.extra_trainable_modules if not any(w.split(".")[-1] in n for n in sizes)])
+    return 0, []
+
+
+def whole_module_bytes(spec: FineTuneJobSpec, shape: ModelShape) -> float:
+    """Bytes a parameter of a module trained whole is held in: the loaded dtype, fp32 after QLoRA's upcast."""
+    return 4.0 if spec.method.type == "qlora" else weight_bytes(spec, shape)
+
+
+def trainable(spec: FineTuneJobSpec, shape: ModelShape) -> tuple[int, float]:
+    """(trainable parameters, their bytes each as the trainer holds them: under LoRA the mean of the adapters' fp32
+    and the whole modules' bytes, which is exact for every use, weights, gradients and states being per byte)."""
+    method = spec.method
+    whole, _ = whole_modules(spec, shape)
+    if method.type in ("lora", "qlora"):
+        adapters = shape.lora_parameters(method.lora.r, method.lora.target_modules)
+        held = adapters * 4.0 + whole * whole_module_bytes(spec, shape)  # peft upcasts adapters
+        return adapters + whole, held / max(1, adapters + whole)
+    if method.type == "freeze":
+        layers = min(method.freeze.trainable_layers, shape.layers) * shape.layer_params
+        return min(shape.parameters, layers + whole), weight_bytes(spec, shape)
     return shape.parameters, weight_bytes(spec, shape)
 
 
@@ -117,7 +150,8 @@ def adapted_experts_per_layer(spec: FineTuneJobSpec, shape: ModelShape) -> float
 
 def largest_trainable_tensor(spec: FineTuneJobSpec, shape: ModelShape) -> int:
     if spec.method.type in ("lora", "qlora"):
-        return spec.method.lora.r * max(shape.hidden, shape.intermediate)
+        whole = shape.vocab * shape.hidden if whole_modules(spec, shape)[0] >= shape.vocab * shape.hidden else 0
+        return max(spec.method.lora.r * max(shape.hidden, shape.intermediate), whole)
     return max(shape.vocab * shape.hidden, shape.hidden * shape.intermediate * (2 if shape.is_moe else 1)
                * max(1, shape.experts if shape.is_moe else 1))
 

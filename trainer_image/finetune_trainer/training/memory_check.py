@@ -22,9 +22,9 @@ def device_gib() -> float | None:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
 
 
-def model_config(spec: FineTuneJobSpec, vocab_size: int) -> dict[str, Any] | None:
+def model_config(spec: FineTuneJobSpec) -> dict[str, Any] | None:
     """The model's config.json as the estimate reads it (None where transformers cannot load it: the load itself
-    will say why), its vocabulary grown to the tokenizer's as the trainer will grow it."""
+    will say why)."""
     from transformers import AutoConfig
 
     from finetune_trainer.training.model import _revision, source
@@ -36,19 +36,20 @@ def model_config(spec: FineTuneJobSpec, vocab_size: int) -> dict[str, Any] | Non
                                             trust_remote_code=m.trust_remote_code)
     except (OSError, ValueError):
         return None
-    return {**config.to_dict(), "vocab_size": max(getattr(config, "vocab_size", 0) or 0, vocab_size)}
+    return config.to_dict()
 
 
 def check_before_loading(spec: FineTuneJobSpec, vocab_size: int, warn) -> None:
     from finetune_operator.fit import GIB, UnknownShape, check_fit
     from finetune_operator.fit.estimate import ESTIMATE_MARGIN
 
-    config = model_config(spec, vocab_size)
+    config = model_config(spec)
     if config is None:
         return
     gib = device_gib() if spec.distributed.gpus_per_node > 0 else None
     try:
-        verdict = check_fit(spec, config, capacity=(gib, "this GPU, as torch reports it") if gib else None)
+        verdict = check_fit(spec, config, capacity=(gib, "this GPU, as torch reports it") if gib else None,
+                            tokenizer_vocab=vocab_size)
     except UnknownShape:
         return
     if verdict.problems:
