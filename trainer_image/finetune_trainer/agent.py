@@ -1,10 +1,11 @@
-"""torchrun's elastic agent for an attempt that restarts in place, with the trainer's libraries imported once per
-pod instead of once per worker.
+"""torchrun's agent for every attempt of more than one process, with the trainer's libraries imported once per pod
+instead of once per worker (and once more by torchrun itself).
 
-A worker group re-formed in place (a failed worker, a lost node, a joining one) starts new worker processes; with
-torchrun's `--module` each of them imports torch, transformers, peft, datasets and accelerate again, which is most
-of a recovery (seconds on a GPU node, half a minute on a busy CPU). Here the agent imports them first and forks its
-workers (torch elastic's "fork" start method for a function entrypoint), so a new worker starts with them loaded.
+Each worker of torchrun's `--module` imports torch, transformers, peft, datasets and accelerate (about 7 s of CPU),
+and torchrun imports torch before them: at every attempt's start, and again for every worker of a group re-formed
+in place (a failed worker, a lost node, a joining one), which is most of a recovery (seconds on a GPU node, half a
+minute on a busy CPU). Here the agent imports them first and forks its workers (torch elastic's "fork" start method
+for a function entrypoint), so a new worker starts with them loaded.
 The agent itself is torchrun's (`torch.distributed.run`'s arguments, read from the same PET_* variables), only the
 entrypoint differs: finetune_trainer.main in the forked process, its exit code the worker's.
 
@@ -42,6 +43,7 @@ A node that waited for a place in a full group when the group ended exits as the
 """
 
 import argparse
+import atexit
 import faulthandler
 import importlib
 import os
@@ -56,6 +58,7 @@ from typing import Any
 
 from finetune_operator.api import constants as c
 from finetune_trainer.group_end import GroupEnd, GroupFailedWithout, ended_while_redundant
+from finetune_trainer.launch import restarts_in_place
 from finetune_trainer.presence import Presence
 
 # Imported by every worker before its first step (finetune_trainer.main and what it imports lazily).
@@ -114,6 +117,18 @@ def train(config: str) -> None:
     code = main(["--config", config])
     if code:
         sys.exit(code)
+
+
+def forked_worker(config: str) -> None:
+    """The entrypoint each forked worker runs: train(), with the exit handlers of a process of its own. A forked
+    worker ends through multiprocessing's os._exit, which skips them (the output prefix's owner record is released
+    by one, trackers flush in others), and the agent's, copied by the fork, are the agent's: the worker runs its
+    own, and only those, as it ends."""
+    atexit._clear()
+    try:
+        train(config)
+    finally:
+        atexit._run_exitfuncs()
 
 
 def leave(handler: object, timeout: float = 10.0) -> bool:
@@ -307,7 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = get_args_parser().parse_args(["--start-method=fork", "--module", "finetune_trainer", "--config",
                                            args.config])
     launch_config, _, _ = config_from_args(launch)
-    return run_elastic(lambda: elastic_launch(launch_config, entrypoint=train)(args.config))
+    if not restarts_in_place(os.environ):  # a fixed gang: torch's static rendezvous, nothing to re-form
+        elastic_launch(launch_config, entrypoint=forked_worker)(args.config)
+        return 0
+    return run_elastic(lambda: elastic_launch(launch_config, entrypoint=forked_worker)(args.config))
 
 
 if __name__ == "__main__":
