@@ -142,11 +142,13 @@ NFS_VOLUME = {"name": "export", "mountPath": "/export", "nfs": {"server": "nfs.t
 CONFIGMAP_VOLUME = {"name": "settings", "mountPath": "/settings", "configMap": "team-settings"}
 ELSEWHERE = "https://elsewhere.example"
 PRIORITY = "kueue.x-k8s.io/priority-class"
-def _grpo(reward_model: str) -> Change:
-    """The job turned into GRPO (method, its prompts and batch) with a reward model at `reward_model`: its weights are
-    a model source (rewards[1].model)."""
+def _grpo(reward_model: str | None = None, code: str | None = None) -> Change:
+    """The job turned into GRPO (method, its prompts and batch) with a reward model at `reward_model` (its weights
+    are a model source, rewards[1].model) or a reward function from the ConfigMap `code` (Python the job brings)."""
+    second = ({"type": "model", "model": reward_model, "weight": 0.5} if reward_model is not None else
+              {"type": "function", "function": "rewards:score", "configMap": code, "weight": 0.5})
     method = {"type": "lora", "objective": "grpo", "grpo": {"numGenerations": 4, "maxCompletionLength": 16, "rewards": [
-        {"type": "exactMatch", "column": "answer"}, {"type": "model", "model": reward_model, "weight": 0.5}]}}
+        {"type": "exactMatch", "column": "answer"}, second]}}
     data = {"format": "prompt", "maxLength": 64, "train": [{"inline": [{"prompt": f"{i} + {i}?", "answer": str(2 * i)}
                                                                        for i in range(8)]}]}
 
@@ -177,6 +179,7 @@ FIELD_CHANGES: dict[str, dict[str, Change]] = {
                       "an adapter elsewhere": _at("spec.method.lora.initFrom", "/output/evil-adapter"),
                       "a checkpoint elsewhere": _at("spec.checkpoints.resume", "/data/checkpoint-9"),
                       "remote code": _at("spec.model.trustRemoteCode", True),
+                      "reward code from a ConfigMap": _grpo(code="team-settings"),
                       "a reward model elsewhere": _grpo("someone/evil-reward-model"),
                       "a reward model within": _grpo("/models/reward-model")},
     "locations climbing out": {"model": _at("spec.model.name", "/models/../output/evil"),
@@ -233,7 +236,7 @@ LOCATIONS = re.compile("^(" + "|".join(re.escape(f).replace(r"\[\]", r"\[\d+\]")
 # Changes a writer's create under the strict runtime must see refused, by a limit or the schema, whatever the
 # operator's own check says (so a field both checks forgot fails here too).
 MUST_REFUSE = {"model sources": {"a tokenizer elsewhere", "an adapter elsewhere", "a checkpoint elsewhere",
-                                 "remote code", "a reward model elsewhere"},
+                                 "remote code", "reward code from a ConfigMap", "a reward model elsewhere"},
                "locations climbing out": {"model", "data", "data, encoded", "reward model"}}
 REASONS = {"rbac", "strategic", "unknown", "immutable", "schema", "selector", "limits", "identity", "nfs",
            "secrets", "configmaps"}

@@ -134,6 +134,32 @@ def test_remote_code_needs_the_runtimes_yes_and_a_record_from_before_the_limit_k
     assert recorded(edited, old).errors == []
 
 
+def _grpo_with(rewards):
+    return {"spec.method": {"type": "lora", "objective": "grpo", "grpo": {"numGenerations": 4, "rewards": rewards,
+                                                                          "maxCompletionLength": 16}},
+            "spec.data": {"format": "prompt", "maxLength": 64, "train": [{"inline": PROMPTS}]},
+            "spec.training.perDeviceTrainBatchSize": 8}
+
+
+@pytest.mark.parametrize("allowed", [None, False, True])
+def test_reward_code_from_a_configmap_is_remote_code(allowed):
+    """A GRPO reward function from a ConfigMap is Python the job brings, imported by the trainer beside everything
+    the runtime lends (a review ran one that sent a lent HF_TOKEN away under a runtime locking the image, env,
+    volumes and Secrets): it needs the runtime's allowTrustRemoteCode as remote code does. A function from the image
+    and the built-in rewards do not."""
+    limits = {} if allowed is None else {"allowTrustRemoteCode": allowed}
+    code = {"type": "function", "function": "mine:mine", "configMap": "my-rewards"}
+    image = {"type": "function", "function": "platform_rewards:score"}
+    builtin = {"type": "exactMatch", "column": "answer"}
+    refused = judged(limits, **_grpo_with([builtin, image, code, dict(code, function="more:more", configMap="more")]))
+    expected = [] if allowed else ["spec.method.grpo.rewards[2].configMap", "spec.method.grpo.rewards[3].configMap"]
+    assert [e.path for e in refused.errors] == expected, refused.errors
+    assert all("limits.allowTrustRemoteCode = false" in e.message for e in refused.errors)
+    assert judged(limits, **_grpo_with([builtin, image])).errors == []
+    assert validate_job(job(**_grpo_with([code]))).spec.method.grpo.rewards[0].config_map == "my-rewards"
+    assert resolve_offline(job(**_grpo_with([code])), []).errors == []  # no runtime: the job decides
+
+
 SETS = {"pod.env": [{"name": "HF_ENDPOINT", "value": "http://mine"}], "s3.endpointURL": "http://mine:9000",
         "output.push.endpoint": "http://mine", "tracking.wandb.baseUrl": "http://mine",
         "tracking.mlflow.trackingUri": "http://mine"}

@@ -102,10 +102,11 @@ class RuntimeLimits(ApiModel):
         "and '//' are resolved (the schema refuses them anyway). End a directory with '/'. Add "
         f"`{c.OUTPUT_MOUNT_PATH}/` to let jobs load what earlier jobs wrote to their output.")
     allow_trust_remote_code: bool = Field(
-        default=False, description="Whether jobs may set spec.model.trustRemoteCode, which runs Python code that "
-        "comes with the model or tokenizer in the trainer's image, with everything the runtime lends the job "
-        "(Secrets, its ServiceAccount). Off unless set: under a runtime, remote code needs the admin's yes; a job "
-        "with no runtime decides for itself, as before.")
+        default=False, description="Whether jobs may bring Python code that the trainer runs with everything the "
+        "runtime lends the job (Secrets, its ServiceAccount): spec.model.trustRemoteCode (code that comes with the "
+        "model or tokenizer) and GRPO reward functions from a ConfigMap (spec.method.grpo.rewards[].configMap). Off "
+        "unless set: under a runtime, such code needs the admin's yes; a job with no runtime decides for itself, as "
+        "before.")
     allowed_data_sources: list[str] | None = Field(
         default=None, min_length=1, max_length=64, description="Prefixes every data path and hub dataset "
         "(spec.data.train/validation) must start with (`s3://team-data/`, `/data/`, `tatsu-lab/`); inline rows "

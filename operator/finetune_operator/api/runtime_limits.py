@@ -203,6 +203,12 @@ def check_limits(kind: str, name: str, limits: RuntimeLimits, spec: Any) -> list
     if spec.model.trust_remote_code and not limits.allow_trust_remote_code:
         refuse("spec.model.trustRemoteCode", True, "limits.allowTrustRemoteCode =", "false",
                "remove trustRemoteCode (a model in transformers itself needs none), or ask the admin to allow it")
+    grpo = spec.method.grpo if spec.method.objective == "grpo" else None
+    for i, reward in enumerate(grpo.rewards if grpo is not None else []):
+        if reward.config_map is not None and not limits.allow_trust_remote_code:
+            refuse(f"spec.method.grpo.rewards[{i}].configMap", reward.config_map, "limits.allowTrustRemoteCode =",
+                   "false", "a reward function from a ConfigMap is Python the job brings: use a built-in reward or a "
+                   "function from the image, or ask the admin to allow it")
     if limits.allowed_data_sources is not None:
         for path, source in data_sources(spec):
             if not under(source, limits.allowed_data_sources):

@@ -137,6 +137,9 @@ Rule = tuple[str, str]  # (CEL: holds, CEL: the message when it does not)
 VOLUME_KIND = ("(has(v.claimName) ? 'persistentVolumeClaim' : has(v.configMap) ? 'configMap' : has(v.secret) ? "
                "'secret' : 'nfs')")
 REMOTE_CODE = "has(object.spec.model.trustRemoteCode) && object.spec.model.trustRemoteCode"
+# GRPO reward functions from a ConfigMap: Python the job brings, imported by the trainer (render/grpo.py).
+REWARD_CODE = ("has(object.spec.method.grpo) && has(object.spec.method.grpo.rewards) && "
+               "object.spec.method.grpo.rewards.exists(r, has(r.configMap))")
 
 
 def combined(guard: str, rules: list[Rule]) -> dict[str, str]:
@@ -172,6 +175,10 @@ def checks(limits: str, limits_present: str, who: str, remote_code_unset: str = 
     out.append((f"!({REMOTE_CODE}) || {allowed}",
                 f"'spec.model.trustRemoteCode is true: ' + {who} + ' allows limits.allowTrustRemoteCode = false; "
                 "remove it (a model in transformers itself needs none), or ask the admin to allow it'"))
+    out.append((f"!({REWARD_CODE}) || {allowed}",
+                f"'spec.method.grpo.rewards: a reward function from a ConfigMap is Python the job brings, and ' + "
+                f"{who} + ' allows limits.allowTrustRemoteCode = false; use a built-in reward or a function from "
+                "the image, or ask the admin to allow it'"))
     rules = [
         ("maxNodes", f"variables.nodes <= {limits}.maxNodes",
          f"'spec.distributed.numNodes is ' + string(variables.nodes) + ': ' + {who} + ' allows limits.maxNodes = ' "
