@@ -61,7 +61,7 @@ STARTED = [
                                  "distributed": {"gpusPerNode": 2}},
             {"locked": ["pod.image", "queueName", "pod.priorityClassName"], "maxNodes": 2, "maxGpusPerJob": 4,
              "maxActiveDeadlineSeconds": 86400, "allowedModelSources": ["/models/"], "allowedDataSources": ["/data/"],
-             "allowedClaims": ["team-data"]}, selector=OURS),
+             "allowedClaims": ["team-data"], "allowedOutputs": ["s3://team-runs/", "team/"]}, selector=OURS),
     runtime("matrix-gpu-large", {}, {}, selector=OURS),
     runtime("matrix-elsewhere", {}, {}, selector={"matchLabels": {"team": "someone-else"}}),
     runtime("matrix-default", {"distributed": {"gpusPerNode": 1}}, {"maxGpusPerJob": 2,
@@ -192,6 +192,10 @@ FIELD_CHANGES: dict[str, dict[str, Change]] = {
                   "W&B": _at("spec.tracking", {"reportTo": ["wandb"], "wandb": {"baseUrl": ELSEWHERE,
                                                                                 "offline": True}}),
                   "MLflow": _at("spec.tracking", {"reportTo": ["mlflow"], "mlflow": {"trackingUri": ELSEWHERE}})},
+    "outputs": {"another bucket prefix": _at("spec.output", {"uri": "s3://models/prod/llama-8b"}),
+                "another Hub repository": _at("spec.output", {"push": {"repo": "platform-org/production-model",
+                                                                         "tokenSecret": {"name": "fiona-token"}}}),
+                "within": _at("spec.output", {"uri": "s3://team-runs/fiona/run-1"})},
     "secretEnv": {"an unreadable Secret": _added("spec.pod.secretEnv", {"name": "STOLEN", "secretName": "alice-token",
                                                                         "key": "token"}),
                   "a readable Secret": _added("spec.pod.secretEnv", {"name": "MINE", "secretName": "fiona-token",
@@ -237,7 +241,8 @@ LOCATIONS = re.compile("^(" + "|".join(re.escape(f).replace(r"\[\]", r"\[\d+\]")
 # operator's own check says (so a field both checks forgot fails here too).
 MUST_REFUSE = {"model sources": {"a tokenizer elsewhere", "an adapter elsewhere", "a checkpoint elsewhere",
                                  "remote code", "reward code from a ConfigMap", "a reward model elsewhere"},
-               "locations climbing out": {"model", "data", "data, encoded", "reward model"}}
+               "locations climbing out": {"model", "data", "data, encoded", "reward model"},
+               "outputs": {"another bucket prefix", "another Hub repository"}}
 REASONS = {"rbac", "strategic", "unknown", "immutable", "schema", "selector", "limits", "identity", "nfs",
            "secrets", "configmaps"}
 

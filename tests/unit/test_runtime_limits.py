@@ -160,6 +160,27 @@ def test_reward_code_from_a_configmap_is_remote_code(allowed):
     assert resolve_offline(job(**_grpo_with([code])), []).errors == []  # no runtime: the job decides
 
 
+@pytest.mark.parametrize("target, value, ok", [
+    ("spec.output.uri", "s3://team-a-runs/fiona/run-1", True), ("spec.output.uri", "s3://models/prod/llama-8b", False),
+    ("spec.output.uri", "s3://team-a-runs-evil/x", False), ("spec.output.uri", "s3://team-a-runs/../models/x", False),
+    ("spec.output.push.repo", "team-a/model", True), ("spec.output.push.repo", "platform-org/production-model", False),
+    ("spec.output.push.repo", "team-a-evil/model", False)])
+def test_lent_write_credentials_write_only_under_allowed_outputs(target, value, ok):
+    """A review sent a runtime's lent S3 and Hub write credentials over the platform's production prefix and repo:
+    allowedOutputs holds where jobs write and push, the runtime template's value included."""
+    limits = {"allowedOutputs": ["s3://team-a-runs/", "team-a/"]}
+    output = {"uri": value} if target == "spec.output.uri" else {"push": {"repo": value,
+                                                                           "tokenSecret": {"name": "hub"}}}
+    errors = judged(limits, **{"spec.output": output}).errors
+    assert [(e.path, e.value) for e in errors] == ([] if ok else [(target, value)]), errors
+    assert ok or "limits.allowedOutputs s3://team-a-runs/, team-a/" in errors[0].message
+    template = {"output": {"uri": "s3://elsewhere/runs/", "push": {"repo": "elsewhere/model",
+                                                                   "tokenSecret": {"name": "hub"}}}}
+    from_template = judged(limits, template=template).errors  # what the runtime writes for a job is held too
+    assert {e.path for e in from_template} == {"spec.output.uri", "spec.output.push.repo"}
+    assert judged({}, **{"spec.output": output}).errors == []  # no limit: anywhere
+
+
 SETS = {"pod.env": [{"name": "HF_ENDPOINT", "value": "http://mine"}], "s3.endpointURL": "http://mine:9000",
         "output.push.endpoint": "http://mine", "tracking.wandb.baseUrl": "http://mine",
         "tracking.mlflow.trackingUri": "http://mine"}

@@ -101,6 +101,12 @@ class RuntimeLimits(ApiModel):
         f"path outside the job's own {c.OUTPUT_MOUNT_PATH}/ (each can bring weights or code); compared after '..' "
         "and '//' are resolved (the schema refuses them anyway). End a directory with '/'. Add "
         f"`{c.OUTPUT_MOUNT_PATH}/` to let jobs load what earlier jobs wrote to their output.")
+    allowed_outputs: list[str] | None = Field(
+        default=None, min_length=1, max_length=64, description="Prefixes spec.output.uri (a bucket prefix, "
+        "`s3://team-a-runs/`) and spec.output.push.repo (a Hub namespace, `team-a/`) must start with: where jobs "
+        "write and push, with the credentials the runtime lends them (without it a job may overwrite any prefix or "
+        "repository those credentials can write, and resume from it). Compared after '..' and '//' are resolved. "
+        "End each with '/'.")
     allow_trust_remote_code: bool = Field(
         default=False, description="Whether jobs may bring Python code that the trainer runs with everything the "
         "runtime lends the job (Secrets, its ServiceAccount): spec.model.trustRemoteCode (code that comes with the "

@@ -209,6 +209,13 @@ def check_limits(kind: str, name: str, limits: RuntimeLimits, spec: Any) -> list
             refuse(f"spec.method.grpo.rewards[{i}].configMap", reward.config_map, "limits.allowTrustRemoteCode =",
                    "false", "a reward function from a ConfigMap is Python the job brings: use a built-in reward or a "
                    "function from the image, or ask the admin to allow it")
+    if limits.allowed_outputs is not None:
+        targets = [("spec.output.uri", spec.output.uri),
+                   ("spec.output.push.repo", spec.output.push.repo if spec.output.push is not None else None)]
+        for path, target in targets:
+            if target is not None and not under(target, limits.allowed_outputs):
+                refuse(path, target, "limits.allowedOutputs", limits.allowed_outputs,
+                       "write under one of those prefixes (the runtime's credentials may write elsewhere too)")
     if limits.allowed_data_sources is not None:
         for path, source in data_sources(spec):
             if not under(source, limits.allowed_data_sources):

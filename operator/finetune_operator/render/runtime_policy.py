@@ -129,6 +129,10 @@ def value_variables(template: str) -> list[dict[str, str]]:
                                          ".map(v, v.claimName)"},
         {"name": "dataSources", "expression": f"{sources('train')} + (has(object.spec.data.validation) ? "
                                               f"{sources('validation')} : [])"},
+        # [field, where] of each place the job writes or pushes to (allowedOutputs).
+        {"name": "outputs", "expression": " + ".join(
+            f"(({_has('object.spec', p)}) || ({_has(template, p)}) ? "
+            f"[['spec.{p}', string({_value(p, template, NONE)})]] : [])" for p in OUTPUT_FIELDS)},
     ]
 
 
@@ -136,6 +140,8 @@ Rule = tuple[str, str]  # (CEL: holds, CEL: the message when it does not)
 # The kind of a volume v of spec.pod.volumes, as allowedVolumeKinds names it (api/runtime_limits.py VOLUME_KINDS).
 VOLUME_KIND = ("(has(v.claimName) ? 'persistentVolumeClaim' : has(v.configMap) ? 'configMap' : has(v.secret) ? "
                "'secret' : 'nfs')")
+OUTPUT_FIELDS = ("output.uri", "output.push.repo")  # where a job writes and pushes (api/runtime_limits.py)
+NONE = "''"  # CEL's empty string
 REMOTE_CODE = "has(object.spec.model.trustRemoteCode) && object.spec.model.trustRemoteCode"
 # GRPO reward functions from a ConfigMap: Python the job brings, imported by the trainer (render/grpo.py).
 REWARD_CODE = ("has(object.spec.method.grpo) && has(object.spec.method.grpo.rewards) && "
@@ -200,6 +206,11 @@ def checks(limits: str, limits_present: str, who: str, remote_code_unset: str = 
          ".map(s, s[0] + ' is ' + s[1]).join(', ') + "
          f"': ' + {who} + ' allows limits.allowedModelSources ' + {limits}.allowedModelSources.join(', ') + "
          "'; load them from under one of those prefixes'"),
+        ("allowedOutputs", f"variables.outputs.all(s, {limits}.allowedOutputs.exists(p, s[1].startsWith(p)))",
+         f"variables.outputs.filter(s, !{limits}.allowedOutputs.exists(p, s[1].startsWith(p)))"
+         ".map(s, s[0] + ' is ' + s[1]).join(', ') + "
+         f"': ' + {who} + ' allows limits.allowedOutputs ' + {limits}.allowedOutputs.join(', ') + "
+         "'; write under one of those prefixes'"),
         ("allowedDataSources", f"variables.dataSources.all(s, {limits}.allowedDataSources.exists(p, "
          "s.startsWith(p)))",
          f"'spec.data uses ' + variables.dataSources.filter(s, !{limits}.allowedDataSources.exists(p, "
