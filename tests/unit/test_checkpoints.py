@@ -438,3 +438,28 @@ def test_resuming_with_ignore_data_skip_says_the_trained_batches_come_again(tmp_
     assert [reason for reason, _ in said] == (["DataSkipIgnored"] if ignore else [])
     if ignore:
         assert "step 7" in said[0][1] and "remove ignore_data_skip" in said[0][1]
+
+
+@pytest.mark.parametrize("where", ["inside", "outside", "climbing out"])
+def test_the_operators_resume_hint_is_taken_only_inside_the_jobs_own_output(tmp_path, where):
+    """The hint comes from status.checkpoint, which the trainer identity writes: a complete checkpoint elsewhere
+    (another team's, on a shared volume) is not this job's to load."""
+    from types import SimpleNamespace
+
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_trainer.outputs import checkpoints as ck
+    from finetune_trainer.training.resume import resume_checkpoint
+
+    spec = FineTuneJobSpec.model_validate({"model": {"name": "/models/m"}, "data": {
+        "format": "text", "train": [{"inline": [{"text": "x"}]}]}})
+    output = tmp_path / "output"
+    output.mkdir()
+    elsewhere = tmp_path / "theirs" / "checkpoint-900"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "model.safetensors").write_bytes(b"x" * 16)
+    (elsewhere / "trainer_state.json").write_text(json.dumps({"global_step": 900}))
+    ck.mark_complete(elsewhere, ck.provenance(spec))
+    hint = {"inside": str(elsewhere), "outside": str(elsewhere),
+            "climbing out": f"{output}/../theirs/checkpoint-900"}[where]
+    cfg = SimpleNamespace(spec=spec, output_dir=tmp_path if where == "inside" else output, resume_from=hint)
+    assert resume_checkpoint(cfg) == (hint if where == "inside" else None)

@@ -122,6 +122,25 @@ def test_retryable_failure_restarts_the_whole_gang_after_backoff():
     assert ready.events == []
 
 
+@pytest.mark.parametrize("path, uri, taken", [
+    ("/output/checkpoint-40", None, True), ("/output/../models/secret/checkpoint-900", None, False),
+    ("/models/other-team/checkpoint-900", None, False), ("s3://other-team-private/runs/secret/checkpoint-900", None,
+                                                          False),
+    ("s3://runs/mine/checkpoint-40", "s3://runs/mine", True), ("s3://runs/mine-evil/checkpoint-40", "s3://runs/mine",
+                                                               False),
+    ("s3://runs/mine/../theirs/checkpoint-40", "s3://runs/mine", False)])
+def test_a_new_attempt_resumes_only_from_a_checkpoint_of_the_jobs_own(path, uri, taken):
+    """status.checkpoint is the trainer's to write (a trainer token, or code in its pod, can write it): a review had
+    the next attempt load another team's checkpoint from it. Only the job's own output (or output.uri) is taken."""
+    failed = [pod(0, "Failed", 137, "OOMKilled"), pod(1)]
+    spec = job(**({"spec.output.uri": uri, "spec.s3": {"endpointURL": "http://minio:9000"}} if uri else {}))
+    p = plan(spec, observe(running_status(), [workload(1, failed=True)], failed), SETTINGS)
+    later = observe({**p.status, "checkpoint": {"step": 40, "path": path}}, [], [], now=T0 + timedelta(seconds=10))
+    ready = plan(spec, later, SETTINGS)
+    assert ready.create_attempt == 2 and ready.resume_from == (path if taken else None)
+    assert [e.reason for e in ready.create_events] == (["Resuming"] if taken else [])
+
+
 def test_restart_waits_until_the_old_gang_is_gone():
     status = {"phase": "Restarting", "attempt": 2, "restarts": 1,
               "conditions": [{"type": "Restarting", "status": "True", "lastTransitionTime": ts(T0)}]}

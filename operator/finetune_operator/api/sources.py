@@ -89,6 +89,12 @@ def own_output(path: str) -> bool:
     return normalised(path).startswith(OUTPUT_MOUNT_PATH + "/")
 
 
+def own_checkpoint(path: str, output_uri: str | None) -> bool:
+    """A checkpoint the job wrote itself: in its output directory, or under its output.uri in the bucket."""
+    uri = output_uri.rstrip("/") + "/" if output_uri else None
+    return own_output(path) or (uri is not None and normalised(path).startswith(uri))
+
+
 # Every field that names where the trainer loads a model, its code or weights from (`[]`: each item of a list): the
 # model, its tokenizer (a tokenizer can ship code too), the adapter it continues, a checkpoint it resumes from outside
 # its own output directory (a checkpoint holds weights) and each GRPO reward model. The one list both checks read:

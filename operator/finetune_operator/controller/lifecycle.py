@@ -13,6 +13,7 @@ from typing import Any
 from ..api import constants as c
 from ..api import exit_codes
 from ..api.errors import InvalidSpec
+from ..api.sources import own_checkpoint
 from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
 from ..fit import WARN_FRACTION
@@ -226,6 +227,11 @@ def _start_attempt(p: Plan, job: ValidatedJob, obs: Observed, settings: Settings
     refused(p, obs, st["attempt"])
     checkpoint = obs.status.get("checkpoint") or {}
     p.resume_from = checkpoint.get("path") if job.spec.checkpoints.resume == "auto" else None
+    if p.resume_from and not own_checkpoint(str(p.resume_from), job.spec.output.uri):
+        # status.checkpoint is the trainer's to write: a path elsewhere (a token of the trainer identity, or code in
+        # the pod, can write one) is not a checkpoint of this job, and would load weights from outside its limits.
+        # The trainer finds the newest checkpoint in its own output by itself.
+        p.resume_from = None
     if p.resume_from:  # the trainer checks it was made by the same model and method (else exit 78, explained)
         p.create_events.append(Event("Normal", "Resuming", f"attempt {st['attempt']} starts from {p.resume_from} "
                                                     f"(step {checkpoint.get('step', 0)})"))

@@ -5,11 +5,16 @@ produced refused with the fix."""
 import logging
 from pathlib import Path
 
+from finetune_operator.api.sources import normalised
 from finetune_trainer.config import TrainerConfig
 from finetune_trainer.errors import ConfigError
 from finetune_trainer.outputs import checkpoints
 
 log = logging.getLogger("finetune_trainer")
+
+
+def _in(path: str, directory: Path) -> bool:
+    return normalised(path).startswith(str(directory).rstrip("/") + "/")
 
 
 def resume_checkpoint(cfg: TrainerConfig) -> str | None:
@@ -23,7 +28,9 @@ def resume_checkpoint(cfg: TrainerConfig) -> str | None:
         if found is not None:
             _compatible(found, cfg, data_too=True)
             return str(found)
-        if cfg.resume_from and not cfg.resume_from.startswith("s3://"):  # a bucket's was restored above
+        # A bucket's was restored above; a hint outside the job's own output is not one of its checkpoints (the
+        # operator passes none such: status.checkpoint is written by the trainer identity, not trusted here either).
+        if cfg.resume_from and not cfg.resume_from.startswith("s3://") and _in(cfg.resume_from, cfg.output_dir):
             try:
                 checkpoints.verify(Path(cfg.resume_from))
                 return cfg.resume_from
