@@ -110,6 +110,12 @@ def test_a_missing_runtime_or_two_defaults_are_named_not_guessed():
                            [elsewhere]).missing is not None  # another namespace's runtime is not this job's
 
 
+def test_lockable_descriptions_fit_in_a_cel_string():
+    """They are written into the admission policies' single-quoted CEL messages: a quote would break every policy
+    (a description with "slice's" refused every FineTuneJob write in the cluster tests)."""
+    assert [what for what in LOCKABLE.values() if "'" in what or "\\" in what] == []
+
+
 @pytest.mark.parametrize("path", sorted(LOCKABLE))
 def test_each_locked_field_set_by_the_job_is_refused_naming_the_runtime(path: LockableField):
     values = {"pod.image": "mine:1", "pod.serviceAccountName": "mine", "pod.nodeSelector": {"a": "b"},
@@ -117,7 +123,9 @@ def test_each_locked_field_set_by_the_job_is_refused_naming_the_runtime(path: Lo
               "pod.priorityClassName": "high", "pod.volumes": [], "pod.env": [], "pod.secretEnv": [],
               "resources": {"cpu": "1"}, "distributed.strategy": "ddp", "distributed.gpusPerNode": 1,
               "s3": {"region": "x"}, "s3.endpointURL": "http://mine:9000", "output.push.endpoint": "https://mine",
-              "tracking.wandb.baseUrl": "https://mine", "tracking.mlflow.trackingUri": "https://mine"}
+              "tracking.wandb.baseUrl": "https://mine", "tracking.mlflow.trackingUri": "https://mine",
+              "pod.schedulerName": "mine", "resources.gpuResourceName": "nvidia.com/gpu", "output.uri": "s3://mine/x",
+              "output.push.repo": "mine/model"}
     doc = job()
     if path == "queueName":
         doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "mine"}

@@ -37,14 +37,18 @@ LOCKABLE = {
     "pod.tolerations": "tolerations",
     "pod.affinity": "affinity",
     "pod.priorityClassName": "the priority class",
+    "pod.schedulerName": "the scheduler",
     "pod.volumes": "volumes",
     "pod.env": "environment variables",
     "pod.secretEnv": "environment variables from Secrets",
     "resources": "resource requests",
+    "resources.gpuResourceName": "the GPU resource (a MIG slice, or whole GPUs)",
     "distributed.strategy": "the parallelism strategy",
     "distributed.gpusPerNode": "GPUs per node",
     "s3": "the object storage endpoint and credentials",
     "s3.endpointURL": "the object storage endpoint",
+    "output.uri": "where results are uploaded",
+    "output.push.repo": "the Hub repository pushed to",
     "output.push.endpoint": "the Hub server pushed to",
     "tracking.wandb.baseUrl": "the W&B server",
     "tracking.mlflow.trackingUri": "the MLflow tracking server",
@@ -52,9 +56,10 @@ LOCKABLE = {
 }
 LockableField = Literal[
     "pod.image", "pod.serviceAccountName", "pod.nodeSelector", "pod.tolerations", "pod.affinity",
-    "pod.priorityClassName", "pod.volumes", "pod.env", "pod.secretEnv", "resources", "distributed.strategy",
-    "distributed.gpusPerNode", "s3", "s3.endpointURL", "output.push.endpoint", "tracking.wandb.baseUrl",
-    "tracking.mlflow.trackingUri", "queueName"]
+    "pod.priorityClassName", "pod.schedulerName", "pod.volumes", "pod.env", "pod.secretEnv", "resources",
+    "resources.gpuResourceName", "distributed.strategy", "distributed.gpusPerNode", "s3", "s3.endpointURL",
+    "output.uri", "output.push.repo", "output.push.endpoint", "tracking.wandb.baseUrl", "tracking.mlflow.trackingUri",
+    "queueName"]
 # A lock on a field also locks the FineTuneJob label that says the same to Kueue (copied to the attempt's Job).
 LOCKED_LABELS = {"pod.priorityClassName": c.LABEL_KUEUE_PRIORITY, "queueName": c.LABEL_KUEUE_QUEUE}
 # Where a job sends the credentials it has: a runtime that lends a credential locks all of these (runtime_limits.py).
