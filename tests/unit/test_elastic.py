@@ -342,43 +342,43 @@ def test_the_agents_rendezvous_event_names_are_torchs_without_reading_every_fram
     assert method_name(10_000) == dynamic_rendezvous.get_method_name(10_000) == "no_method_name"
 
 
+FORKED_WORKER = """
+import atexit, multiprocessing, os, sys, types
+from pathlib import Path
+from finetune_trainer import agent
+
+here, code = Path(sys.argv[1]), int(sys.argv[2])
+atexit.register(lambda: (here / "agent-handler").write_text("ran"))  # the agent's own, registered before the fork
+
+
+def fake(argv):
+    atexit.register(lambda: (here / "worker-handler").write_text("ran"))
+    return code
+
+
+main = types.ModuleType("finetune_trainer.main")
+main.main = fake
+sys.modules["finetune_trainer.main"] = main
+worker = multiprocessing.get_context("fork").Process(target=agent.forked_worker, args=("cfg.yaml",))
+worker.start()
+worker.join(60)
+(here / "exitcode").write_text(str(worker.exitcode))
+os._exit(0)  # the agent ends without its handlers: only the worker's are looked for
+"""
+
+
 @pytest.mark.parametrize("code", [0, 65])
 def test_a_forked_worker_runs_its_own_exit_handlers_and_not_the_agents(code, tmp_path):
     """torch elastic's fork start method ends a worker with os._exit: without forked_worker, what the trainer
     registers at exit (the output prefix's owner record release) never ran, and a second run on the prefix was
-    refused for the lease's 5 minutes. The agent's own handlers, copied by the fork, must not run in the worker."""
-    import multiprocessing
+    refused for the lease's 5 minutes. The agent's own handlers, copied by the fork, must not run in the worker.
+    (A fresh interpreter forks, as the agent does: not the test process, whose threads a fork would not carry.)"""
+    import subprocess
     import sys
-    import types
 
-    from finetune_trainer import agent
-
-    def fake(argv):
-        import atexit
-
-        atexit.register(lambda: (tmp_path / "worker-handler").write_text("ran"))
-        return code
-
-    agent_marker = tmp_path / "agent-handler"
-    main_module = types.ModuleType("finetune_trainer.main")
-    main_module.main = fake
-
-    def child():
-        import atexit
-
-        atexit.register(lambda: agent_marker.write_text("ran"))  # registered before the fork, by "the agent"
-        sys.modules["finetune_trainer.main"] = main_module
-        worker = multiprocessing.get_context("fork").Process(target=agent.forked_worker, args=("cfg.yaml",))
-        worker.start()
-        worker.join(60)
-        (tmp_path / "exitcode").write_text(str(worker.exitcode))
-        import os
-
-        os._exit(0)  # the "agent" ends without its own handlers: only the worker's are looked for
-
-    outer = multiprocessing.get_context("fork").Process(target=child)
-    outer.start()
-    outer.join(90)
+    done = subprocess.run([sys.executable, "-c", FORKED_WORKER, str(tmp_path), str(code)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "exitcode").read_text() == str(code)
     assert (tmp_path / "worker-handler").read_text() == "ran"
-    assert not agent_marker.exists()
+    assert not (tmp_path / "agent-handler").exists()
