@@ -2,6 +2,7 @@
 given, the accumulation each world size gets, and what a re-formed worker group says about the one before it."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -343,7 +344,7 @@ def test_the_agents_rendezvous_event_names_are_torchs_without_reading_every_fram
 
 
 FORKED_WORKER = """
-import atexit, multiprocessing, os, sys, types
+import atexit, multiprocessing, os, sys, tempfile, types, weakref
 from pathlib import Path
 from finetune_trainer import agent
 
@@ -351,8 +352,18 @@ here, code = Path(sys.argv[1]), int(sys.argv[2])
 atexit.register(lambda: (here / "agent-handler").write_text("ran"))  # the agent's own, registered before the fork
 
 
+agent_object = type("Held", (), {})()
+weakref.finalize(agent_object, lambda: (here / "agent-finalizer").write_text("ran"))  # the agent's, copied by the fork
+
+
 def fake(argv):
     atexit.register(lambda: (here / "worker-handler").write_text("ran"))
+    global worker_object
+    worker_object = type("Held", (), {})()  # alive at exit: its finalizer runs then, as in a process of its own
+    weakref.finalize(worker_object, lambda: (here / "worker-finalizer").write_text("ran"))
+    global scratch
+    scratch = tempfile.TemporaryDirectory(dir=here)
+    (here / "temporary").write_text(scratch.name)
     return code
 
 
@@ -381,4 +392,6 @@ def test_a_forked_worker_runs_its_own_exit_handlers_and_not_the_agents(code, tmp
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "exitcode").read_text() == str(code)
     assert (tmp_path / "worker-handler").read_text() == "ran"
-    assert not (tmp_path / "agent-handler").exists()
+    assert (tmp_path / "worker-finalizer").read_text() == "ran"
+    assert not Path((tmp_path / "temporary").read_text()).exists()  # a TemporaryDirectory left open is removed
+    assert not (tmp_path / "agent-handler").exists() and not (tmp_path / "agent-finalizer").exists()

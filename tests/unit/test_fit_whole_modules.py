@@ -104,8 +104,25 @@ def test_tied_weights_train_once_in_place_and_twice_as_copies():
         2 * shape.vocab * shape.hidden
 
 
-@pytest.mark.parametrize("method", ["lora", "freeze"])
-def test_a_module_we_cannot_size_is_said_not_silently_dropped(method):
-    est = estimate(job(method, ["vision_tower"]), ModelShape.from_config(config("llama-3.1-8b")))
+@pytest.mark.parametrize(("method", "name"), [
+    ("lora", "vision_tower"), ("lora", "mlp"), ("lora", "layers"), ("freeze", "weight"), ("freeze", "mlp"),
+    ("freeze", "layers.0"), ("freeze", "experts"), ("freeze", "vision_tower")])
+def test_a_module_we_cannot_size_makes_no_fits_verdict(method, name):
+    """A review: freeze ["weight"] trains every parameter (the trainer matches substrings of full parameter names)
+    and was "fits, 20.9 GiB" on a 40 GiB GPU for an 8B model a full fine-tune of which needs 66; LoRA ["mlp"] copies
+    every MLP (peft matches name endings). A name we cannot size is said, and the verdict is "not checked"."""
+    cfg = config("mixtral-8x7b" if name == "experts" else "llama-3.1-8b")
+    verdict = check_fit(job(method, [name], **{"spec.resources.gpuMemoryGiB": 141}), cfg)
     field = "lora.modulesToSave" if method == "lora" else "freeze.extraTrainableModules"
-    assert f"method.{field} vision_tower: no module of that name we can size; not counted" in est.notes
+    assert verdict.estimate.uncounted == [f"method.{field} {name} (no module of that name we can size)"]
+    assert not verdict.checked and "not checked, the job may need more" in verdict.message()
+    sized = check_fit(job(method, ["lm_head"], **{"spec.resources.gpuMemoryGiB": 141}), cfg)
+    assert sized.checked and sized.estimate.uncounted == []
+
+
+def test_a_continued_adapter_says_what_it_does_not_read():
+    shape = ModelShape.from_config(config("llama-3.1-8b"))
+    grown = ModelShape(**{**shape.__dict__, "vocab": shape.vocab + 8, "embeddings_grown": True})
+    est = estimate(job("lora", **{"spec.method.lora.initFrom": "/models/adapter"}), grown)
+    assert any("initFrom: the continued adapter's own modules_to_save and DoRA are not read" in n for n in est.notes)
+    assert not any("which then train" in n for n in est.notes)  # _continue_adapter adds no modules_to_save

@@ -96,6 +96,8 @@ BAD_INPUTS = [
      "PET_NNODES is set by the operator"),
     ("reserved-env-master", {"spec.pod.env": [{"name": "MASTER_ADDR", "value": "x"}]}, "spec.pod.env[0].name",
      "MASTER_ADDR is set by the operator"),
+    ("reserved-env-nvidia-devices", {"spec.pod.env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+     "spec.pod.env[0].name", "NVIDIA_VISIBLE_DEVICES is set by the operator"),
     ("reserved-secret-env", {"spec.pod.secretEnv": [{"name": "WORLD_SIZE", "secretName": "s", "key": "k"}]},
      "spec.pod.secretEnv[0].name", "WORLD_SIZE is set by the operator"),
     ("env-name-with-equals", {"spec.pod.env": [{"name": "A=B", "value": "x"}]}, "spec.pod.env[0].name",
@@ -139,6 +141,17 @@ BAD_INPUTS = [
      "spec.pod.volumes[0].mountPath", "overlaps the trainer's own /output"),
     ("volume-above-config", {"spec.pod.volumes": [{"name": "m", "mountPath": "/etc", "claimName": "a"}]},
      "spec.pod.volumes[0].mountPath", "overlaps the trainer's own /etc/finetune"),
+    # The image's code (a review mounted a tenant's ConfigMap at the working directory, which `python -m` puts first
+    # on sys.path, and a .pth file into site-packages: code beside lent credentials without allowTrustRemoteCode).
+    ("volume-at-the-working-directory", {"spec.pod.volumes": [{"name": "m", "mountPath": "/home/trainer",
+                                                               "configMap": "mine"}]},
+     "spec.pod.volumes[0].mountPath", "overlaps the trainer's own /home/trainer"),
+    ("volume-into-site-packages", {"spec.pod.volumes": [{
+        "name": "m", "mountPath": "/opt/venv/lib/python3.11/site-packages/zz.pth", "subPath": "evil.pth",
+        "configMap": "mine"}]}, "spec.pod.volumes[0].mountPath", "overlaps the trainer's own /opt/venv"),
+    ("volume-sitecustomize-in-the-interpreter", {"spec.pod.volumes": [{
+        "name": "m", "mountPath": "/usr/local/lib/python3.11/sitecustomize.py", "subPath": "s.py",
+        "configMap": "mine"}]}, "spec.pod.volumes[0].mountPath", "overlaps the trainer's own /usr"),
     ("volume-relative-path", {"spec.pod.volumes": [{"name": "m", "mountPath": "models", "claimName": "a"}]},
      "spec.pod.volumes[0].mountPath", "must be an absolute path"),
     ("volume-dotdot-path", {"spec.pod.volumes": [{"name": "m", "mountPath": "/a/../output", "claimName": "a"}]},

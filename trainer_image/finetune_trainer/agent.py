@@ -51,6 +51,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from types import SimpleNamespace
@@ -123,8 +124,12 @@ def forked_worker(config: str) -> None:
     """The entrypoint each forked worker runs: train(), with the exit handlers of a process of its own. A forked
     worker ends through multiprocessing's os._exit, which skips them (the output prefix's owner record is released
     by one, trackers flush in others), and the agent's, copied by the fork, are the agent's: the worker runs its
-    own, and only those, as it ends."""
+    own, and only those, as it ends. weakref.finalize (TemporaryDirectory, datasets' temporary caches) keeps its
+    own registry and registers its exit hook once per process: the copies of the agent's finalizers are dropped and
+    the hook armed again for the worker's."""
     atexit._clear()
+    weakref.finalize._registry.clear()  # type: ignore[attr-defined]
+    weakref.finalize._registered_with_atexit = False  # type: ignore[attr-defined]
     try:
         train(config)
     finally:

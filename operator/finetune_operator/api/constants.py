@@ -103,6 +103,10 @@ TRAINER_VOLUMES: Final = (CONFIG_VOLUME, OUTPUT_VOLUME, CACHE_VOLUME, TMP_VOLUME
 # method.grpo reward functions from ConfigMaps: ConfigMap n (in order of first use) is the volume
 # <prefix><n>, mounted read-only at <mount path>/<its name> and put on the trainer's module path.
 REWARD_CODE_MOUNT_PATH: Final = "/opt/finetune/rewards"
+# Where the trainer image keeps Python and the trainer's code (trainer_image/Dockerfile: the venv, the interpreter
+# under /usr, WORKDIR and HOME /home/trainer, which `python -m` puts first on sys.path): a volume there would bring
+# code (a sitecustomize.py, a .pth file, a module shadowing one the trainer imports) into every process of the pod.
+IMAGE_CODE_PATHS: Final = ("/opt/venv", "/usr", "/home/trainer")
 REWARD_CODE_VOLUME_PREFIX: Final = "reward-code-"
 
 # The trainer's progress records (JSON Lines) in the output directory: what `finetune run` draws and tests read.
@@ -208,6 +212,8 @@ RESERVED_ENV_NAMES: Final = frozenset(
         "ROLE_RANK",
         "NODE_RANK",
         "CUDA_VISIBLE_DEVICES",
+        # The NVIDIA container runtime reads it: "all" would hand the pod every GPU of its node, requested or not.
+        "NVIDIA_VISIBLE_DEVICES",
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,

@@ -12,9 +12,9 @@ limits) in the API server's admission (render/runtime_policy.py), so a refusal r
 themselves: runtime_limits.py; which runtimes a job uses, and the snapshot of them it keeps: runtime_layers.py.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from . import constants as c
 from .base import ApiModel
@@ -54,6 +54,7 @@ LOCKABLE = {
     "tracking.mlflow.trackingUri": "the MLflow tracking server",
     "queueName": "the Kueue queue",
 }
+OutputPrefix = Annotated[str, StringConstraints(min_length=2, max_length=1024, pattern=r"^.*/$")]
 LockableField = Literal[
     "pod.image", "pod.serviceAccountName", "pod.nodeSelector", "pod.tolerations", "pod.affinity",
     "pod.priorityClassName", "pod.schedulerName", "pod.volumes", "pod.env", "pod.secretEnv", "resources",
@@ -106,7 +107,8 @@ class RuntimeLimits(ApiModel):
         f"path outside the job's own {c.OUTPUT_MOUNT_PATH}/ (each can bring weights or code); compared after '..' "
         "and '//' are resolved (the schema refuses them anyway). End a directory with '/'. Add "
         f"`{c.OUTPUT_MOUNT_PATH}/` to let jobs load what earlier jobs wrote to their output.")
-    allowed_outputs: list[str] | None = Field(
+    # Each ends with '/': s3://team-a-runs would also allow s3://team-a-runs-prod/, team-a the team-abc namespace.
+    allowed_outputs: list[OutputPrefix] | None = Field(
         default=None, min_length=1, max_length=64, description="Prefixes spec.output.uri (a bucket prefix, "
         "`s3://team-a-runs/`) and spec.output.push.repo (a Hub namespace, `team-a/`) must start with: where jobs "
         "write and push, with the credentials the runtime lends them (without it a job may overwrite any prefix or "

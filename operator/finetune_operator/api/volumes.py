@@ -18,9 +18,10 @@ from .base import ApiModel
 from .errors import FieldError, SpecRuleErrors
 from .k8s_names import DnsSubdomain
 
-# The trainer's own mounts (render/workload.py): a user volume on, above or inside one would hide it.
+# The trainer's own mounts (render/workload.py): a user volume on, above or inside one would hide it; and the image's
+# code (a volume there runs code beside whatever a runtime lends, whatever allowTrustRemoteCode says).
 RESERVED_MOUNT_PATHS = (c.CONFIG_MOUNT_PATH, c.OUTPUT_MOUNT_PATH, c.CACHE_MOUNT_PATH, c.TMP_MOUNT_PATH,
-                        c.SHM_MOUNT_PATH, c.TERMINATION_MESSAGE_PATH, c.REWARD_CODE_MOUNT_PATH)
+                        c.SHM_MOUNT_PATH, c.TERMINATION_MESSAGE_PATH, c.REWARD_CODE_MOUNT_PATH, *c.IMAGE_CODE_PATHS)
 SOURCE_FIELDS = ("claim_name", "config_map", "secret", "nfs")
 # The kinds (SOURCE_FIELDS) the restricted Pod Security Standard refuses: tested against the API server.
 NOT_RESTRICTED = ("nfs",)

@@ -39,7 +39,7 @@ class FitVerdict:
     @property
     def checked(self) -> bool:
         """Compared with a known GPU memory (or found unbuildable): False means the estimate could only report."""
-        return self.capacity_gib is not None or bool(self.problems)
+        return (self.capacity_gib is not None and not self.estimate.uncounted) or bool(self.problems)
 
     @property
     def tight(self) -> bool:
@@ -55,6 +55,9 @@ class FitVerdict:
         largest = f"largest term: {est.largest} {est.terms[est.largest] / GIB:.1f} GiB"
         if cap is None:
             return f"predicted {needed} ({largest}); not checked: {self.capacity_source}"
+        if self.gpu_fits and self.host is None and est.uncounted:
+            return (f"predicted {needed} of {cap:g} GiB ({largest}), without {'; '.join(est.uncounted)}: not "
+                    "checked, the job may need more")
         share = f"{needed} of {cap:g} GiB ({self.capacity_source})"
         if not self.gpu_fits:
             remedies = [s.describe(cap) for s in self.suggestions]

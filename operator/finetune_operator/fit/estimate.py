@@ -56,6 +56,7 @@ class MemoryEstimate:
     tokens_per_micro_batch: int
     phases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    uncounted: list[str] = field(default_factory=list)  # what trains and could not be counted: no verdict of fit
     offloaded: dict[str, float] = field(default_factory=dict)  # moved to CPU memory, per process
     device: str = "GPU"  # or "process" for a CPU job
     complete: bool = True  # False where the job runs something the estimate does not model (torch_compile)
@@ -227,11 +228,17 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
         terms["DeepSpeed gradient buckets"] = states.deepspeed_buckets
     notes = list(states.notes)
     unsized = whole_modules(spec, shape)[1]
+    uncounted = []
     if unsized:
         field = "lora.modulesToSave" if spec.method.type in ("lora", "qlora") else "freeze.extraTrainableModules"
-        notes.append(f"method.{field} {', '.join(unsized)}: no module of that name we can size; not counted")
+        uncounted.append(f"method.{field} {', '.join(unsized)} (no module of that name we can size)")
+    continued = spec.method.type in ("lora", "qlora") and spec.method.lora.init_from is not None
+    if continued:
+        notes.append("method.lora.initFrom: the continued adapter's own modules_to_save and DoRA are not read here "
+                     "(its LoRA layers are counted from targetModules and r)")
     if shape.embeddings_grown:
-        notes.append(f"the tokenizer grows the embedding and head to {shape.vocab} rows, which then train: counted")
+        notes.append(f"the tokenizer grows the embedding and head to {shape.vocab} rows" + (
+            "" if continued else ", which then train: counted"))
 
     seq = sequence_length(spec)
     # DPO, ORPO, SimPO, CPO and a reward model score a pair's chosen and rejected answers in one batch: twice the
@@ -261,7 +268,7 @@ def estimate(spec: FineTuneJobSpec, shape: ModelShape) -> MemoryEstimate:
         terms["optimizer step"] = states.step
     est = MemoryEstimate(terms=terms, world_size=dist.world_size, tokens_per_micro_batch=tokens,
                          phases=_phases(spec, bool(states.gradients_resident), evaluates), notes=notes,
-                         offloaded=states.offloaded, device="GPU" if gpu else "process",
+                         offloaded=states.offloaded, device="GPU" if gpu else "process", uncounted=uncounted,
                          complete=not _switch(spec, "torch_compile"))
     inside = est.phase_bytes(est.peak_phase)
     terms["estimate margin"] = ESTIMATE_MARGIN * inside

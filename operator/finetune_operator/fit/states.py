@@ -86,17 +86,19 @@ def whole_modules(spec: FineTuneJobSpec, shape: ModelShape) -> tuple[int, list[s
     sizes = shape.module_parameters()
     grown = list(shape.embedding_names) if shape.embeddings_grown else []
     if method.type in ("lora", "qlora"):
-        if method.lora.init_from is not None:  # a continued adapter brings its own modules_to_save
+        if method.lora.init_from is not None:  # a continued adapter brings its own modules_to_save: not read here
             return 0, []
         names = list(dict.fromkeys([*(m.split(".")[-1] for m in method.lora.modules_to_save), *grown]))
         return sum(sizes.get(n, 0) for n in names), [n for n in names if n not in sizes]
     if method.type == "freeze":
-        wanted = [*method.freeze.extra_trainable_modules, *grown]
-        matched = {name for name in sizes if any(w.split(".")[-1] in name for w in wanted)}
+        # The trainer trains every parameter whose full name holds the substring: only a module's own name
+        # ("lm_head", "norm": every norm) can be sized; "weight", "mlp", "layers.0", a MoE's "experts" cannot.
+        wanted = [w for w in [*method.freeze.extra_trainable_modules, *grown] if w in sizes]
+        matched = {name for name in sizes if any(w in name for w in wanted)}
         if shape.tied_embeddings and set(shape.embedding_names) <= matched:
             matched.discard(shape.embedding_names[1])  # one parameter under two names
         return (sum(sizes[n] for n in matched),
-                [w for w in method.freeze.extra_trainable_modules if not any(w.split(".")[-1] in n for n in sizes)])
+                [w for w in method.freeze.extra_trainable_modules if w not in sizes])
     return 0, []
 
 
