@@ -118,8 +118,8 @@ def checked_prompt(row: dict[str, Any], data: DataSpec, grpo: GrpoSpec, tokenize
     source's are), so a text prompt is checked as the one user message it becomes (_as_conversations)."""
     chat = tokenizer.chat_template is not None
     out = prompt_row(row, data, chat, where)
-    if conversation and isinstance(out["prompt"], str):
-        out["prompt"] = [{"role": "user", "content": out["prompt"]}]
+    if conversation:
+        _as_conversations([out])
     return _checked(out, data, grpo, tokenizer, where)
 
 
