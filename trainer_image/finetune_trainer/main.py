@@ -39,7 +39,7 @@ from finetune_trainer.outputs.summary import (
     preference_summary,
     sharding,
 )
-from finetune_trainer.training import advice, workers
+from finetune_trainer.training import advice, safe_loading, workers
 from finetune_trainer.training.model import base_model
 from finetune_trainer.training.resume import resume_checkpoint
 from finetune_trainer.training.trainer import build_trainer
@@ -122,6 +122,8 @@ def run(config_path: str) -> dict[str, Any]:
         from finetune_trainer.outputs.remote_output import RemoteOutput
 
         remote = RemoteOutput.for_run(cfg, main_process, claimed, reporter)
+    # Before the first model, adapter or checkpoint is read: what others can write there is loaded as data only.
+    safe_loading.enforce()
     from finetune_trainer.data.preparing import prepare_data
     from finetune_trainer.outputs import tracking
     from finetune_trainer.training.model import (
@@ -186,7 +188,13 @@ def run(config_path: str) -> dict[str, Any]:
         trainer.add_callback(CheckpointPushCallback(pusher))
     if resume is not None and reporter is not None:  # say what this attempt restored from (kubectl get -o yaml)
         progress.report_restored(checkpoints.step_of(Path(resume)) or 0, resume, source)
-    result = trainer.train(resume_from_checkpoint=resume)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except Exception as exc:
+        refusal = safe_loading.refusal(exc)
+        if resume is not None and refusal is not None:
+            raise ConfigError(safe_loading.not_data(source or resume, refusal)) from exc
+        raise
     # A run that ended (not one stopped to resume) is judged at its end, however short; with early stopping the
     # final model is the best checkpoint, saved before any spike (none is saved during one), not the last weights.
     best = trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint

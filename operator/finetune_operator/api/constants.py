@@ -214,6 +214,8 @@ RESERVED_ENV_NAMES: Final = frozenset(
         "CUDA_VISIBLE_DEVICES",
         # The NVIDIA container runtime reads it: "all" would hand the pod every GPU of its node, requested or not.
         "NVIDIA_VISIBLE_DEVICES",
+        # The trainer loads checkpoints as data only (torch.load weights-only); this one would turn that off.
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,
