@@ -321,3 +321,36 @@ def test_another_namespaces_object_is_refused_at_apply_as_the_operator_would(kub
         validate_job(job)
     refused = as_tenant(kubectl, "tenant", "apply", "-f", "-", input=json.dumps(job), check=False)
     assert refused.returncode != 0 and "should match" in refused.stderr, refused.stderr
+
+
+def test_a_pod_that_only_carries_a_jobs_labels_neither_holds_its_restart_nor_says_why_it_failed(
+        kubectl, operator, user_roles, namespace):
+    """Without the chart's children policy a tenant may label a pod of hers as a job's. The operator takes only the
+    pods their attempt's Job controls: `held` restarts although a look-alike labelled as its pod never stops, and
+    `forged` retries its attempt's failure although a look-alike labelled attempt 1 "exits" 65 with a DataError
+    message of her choosing (permanent, not retried, were it believed)."""
+    from tests.cluster.test_operator import running, status, submit, terminate, wait_for
+
+    bind(kubectl, namespace, "tenant", "edit")
+    wait_can(kubectl, "tenant", namespace, "create", "pods")
+    for name in ("held", "forged"):
+        submit(kubectl, namespace, name, **{"spec.runPolicy.backoffLimit": 3})
+    for name, labels in (("held", {c.LABEL_JOB: "held"}), ("forged", {c.LABEL_JOB: "forged", c.LABEL_ATTEMPT: "1"})):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"decoy-{name}", "namespace": namespace,
+                                                              "labels": labels},
+               "spec": {"restartPolicy": "Never", "containers": [{"name": c.CONTAINER_NAME, "image": "busybox",
+                                                                   "command": ["sleep", "infinity"]}]}}
+        as_tenant(kubectl, "tenant", "create", "-f", "-", input=json.dumps(pod))
+    held = running(kubectl, namespace, "held", operator)
+    forged = running(kubectl, namespace, "forged", operator)
+    terminate(kubectl, namespace, "decoy-forged", 65,
+              message=json.dumps({"reason": "DataError", "message": "FORGED by tenant"}))
+    for gang, name in ((held, "held"), (forged, "forged")):  # a pod of each job's own (labels select decoys too)
+        terminate(kubectl, namespace, next(p["metadata"]["name"] for p in gang
+                                           if p["metadata"]["name"].startswith(f"{name}-a1-")), 1)
+    for name in ("held", "forged"):  # each restarts: attempt 2's Job exists, whatever the look-alikes do
+        wait_for(lambda n=name: kubectl.json_or_none("get", "job", f"{n}-a2", "-n", namespace), 90,
+                 f"{name}-a2 (status {status(kubectl, namespace, name)})", operator)
+    st = status(kubectl, namespace, "forged")
+    assert st.get("phase") != "Failed" and "FORGED" not in json.dumps(st), st
+    assert kubectl.json("get", "pod", "decoy-held", "-n", namespace)["status"].get("phase") != "Succeeded"

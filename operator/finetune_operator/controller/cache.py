@@ -31,12 +31,12 @@ def slim_finetunejob(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch Job: its name, labels (attempt) and creation time, spec.suspend and parallelism (the attempt's
-    nodes), its own deadline and start (controller/deadlines.py), status.conditions and its counts of ready and
-    succeeded pods."""
+    """A batch Job: its name, UID (its pods' controller), labels (attempt) and creation time, spec.suspend and
+    parallelism (the attempt's nodes), its own deadline and start (controller/deadlines.py), status.conditions and
+    its counts of ready and succeeded pods."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     meta = body.get("metadata") or {}
-    slim = {"metadata": _pick(meta, "name", "labels", "deletionTimestamp", "creationTimestamp"),
+    slim = {"metadata": _pick(meta, "name", "uid", "labels", "deletionTimestamp", "creationTimestamp"),
             "spec": _pick(spec, "suspend", "parallelism", "backoffLimit", "activeDeadlineSeconds"),
             "status": _pick(status, "conditions", "ready", "succeeded", "failed", "startTime")}
     # Who suspended it (controller/queueing.py), and what Kueue compares when the next attempt takes its Workload.

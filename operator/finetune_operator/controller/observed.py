@@ -67,6 +67,23 @@ def attempt_of(obj: dict[str, Any]) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def attempt_pods(pods: list[dict[str, Any]], name: str, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods of this job's attempts among those labelled as its: each one's controller is the Job of its own
+    attempt (<name>-a<attempt>), and that Job's UID when the Job is still there (the pods of a Job being deleted
+    outlive it). A pod that only carries the labels (anyone who may create pods can set them) neither holds back
+    a restart nor says why an attempt failed."""
+    uids = {w["metadata"]["name"]: w["metadata"].get("uid") for w in workloads}
+    kept = []
+    for pod in pods:
+        attempt = attempt_of(pod)
+        job = f"{name}-a{attempt}" if attempt is not None else None
+        owner = next((r for r in (pod.get("metadata") or {}).get("ownerReferences") or []
+                      if r.get("controller") and r.get("kind") == "Job" and r.get("apiVersion") == "batch/v1"), None)
+        if owner is not None and owner.get("name") == job and uids.get(job, owner.get("uid")) == owner.get("uid"):
+            kept.append(pod)
+    return kept
+
+
 def pod_ended(pod: dict[str, Any]) -> bool:
     """Succeeded or Failed: its containers have stopped and will not write anything again."""
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")

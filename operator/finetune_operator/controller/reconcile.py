@@ -28,7 +28,15 @@ from .in_place import pods_needed
 from .kube import Kube, NameConflict
 from .lifecycle import plan
 from .merge_patch import merge_patch
-from .observed import ATTEMPT_REFUSED, NAME_CONFLICT, attempt_of, job_failed, job_succeeded, pod_ended
+from .observed import (
+    ATTEMPT_REFUSED,
+    NAME_CONFLICT,
+    attempt_of,
+    attempt_pods,
+    job_failed,
+    job_succeeded,
+    pod_ended,
+)
 from .planning import OPERATOR_STATUS_FIELDS, Event, Observed, Plan, only_cosmetic
 from .runtimes import resolve
 from .settings import Settings
@@ -132,6 +140,7 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
         lost = current is not None and pods_needed(current, status)  # a pod of an attempt in place failed
         pods = kube.list_pods(view.namespace, view.name) if current_failed or waiting or preflight_passed or lost \
             or status.get("phase") == "Restarting" else []
+    pods = attempt_pods(pods, view.name, view.workloads)
     events = kube.list_job_events(view.namespace, current["metadata"]["name"]) if waiting and current else []
     # A new job asking for GPUs: does any node have that many? (A Warning at once instead of a wait.)
     gpus = job.spec.distributed.gpus_per_node if not isinstance(job, InvalidSpec) else 0

@@ -1,0 +1,83 @@
+"""What the operator takes for its own: an attempt's pods are those the attempt's Job controls, not whatever
+carries the job's labels; and every kind of object the operator owns is one the chart's children policy guards,
+so nobody but the operator can make one look owned by a FineTuneJob."""
+
+import itertools
+import re
+
+import pytest
+import yaml
+
+from finetune_operator.api import constants as c
+from finetune_operator.api.validation import validate_job
+from finetune_operator.controller.observed import attempt_pods
+from finetune_operator.render import RenderContext, render_all
+from finetune_operator.render.preflight import render_preflight
+from tests.builders import make_job
+from tests.conftest import ROOT
+
+JOB_UID = "uid-of-test-job-a2"
+
+
+def pod(attempt: int | None, owner: dict | None) -> dict:
+    labels = {c.LABEL_JOB: "test-job", **({c.LABEL_ATTEMPT: str(attempt)} if attempt is not None else {})}
+    meta = {"name": f"test-job-a{attempt}-0-x", "labels": labels, **({"ownerReferences": [owner]} if owner else {})}
+    return {"metadata": meta, "status": {"phase": "Running"}}
+
+
+def ref(name="test-job-a2", uid=JOB_UID, kind="Job", api="batch/v1", controller=True) -> dict:
+    return {"apiVersion": api, "kind": kind, "name": name, "uid": uid, "controller": controller}
+
+
+WORKLOADS = [{"metadata": {"name": "test-job-a2", "uid": JOB_UID}}]
+
+# Each way a pod may claim attempt 2 of test-job, and whether it is one of its pods.
+CLAIMS = {
+    "its own job's pod": (2, ref(), True),
+    "labels only": (2, None, False),
+    "another job's pod labelled as ours": (2, ref(name="other-a2", uid="uid-other"), False),
+    "owned by attempt 1's job, labelled attempt 2": (2, ref(name="test-job-a1", uid="uid-a1"), False),
+    "owner named right, another uid (a forged reference)": (2, ref(uid="uid-forged"), False),
+    "owner not its controller": (2, ref(controller=False), False),
+    "owned by a ReplicaSet of that name": (2, ref(kind="ReplicaSet", api="apps/v1"), False),
+    "no attempt label": (None, ref(), False),
+}
+
+
+@pytest.mark.parametrize("claim", CLAIMS)
+def test_only_the_pods_an_attempts_job_controls_are_its_pods(claim):
+    attempt, owner, kept = CLAIMS[claim]
+    assert attempt_pods([pod(attempt, owner)], "test-job", WORKLOADS) == ([pod(attempt, owner)] if kept else [])
+
+
+def test_the_pods_of_a_job_being_deleted_still_count_until_they_are_gone():
+    # A restart waits for the old gang to stop: the Job of attempt 1 is gone from the cache, its pods are not.
+    lingering = pod(1, ref(name="test-job-a1", uid="uid-a1"))
+    assert attempt_pods([lingering], "test-job", WORKLOADS) == [lingering]
+
+
+def _policy_resources() -> set[str]:
+    text = (ROOT / "charts" / "finetunejob" / "templates" / "admission-policy-children.yaml").read_text()
+    text = re.sub(r"\{\{-? /\*.*?\*/ -?\}\}", "", text, flags=re.S)  # the template's comment
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("{{"))
+    policy = next(d for d in yaml.safe_load_all(body.replace("{{ $operator }}", "op").replace(
+        "{{ .Release.Name }}", "r")) if d and d["kind"] == "ValidatingAdmissionPolicy")
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert all(set(r["operations"]) == {"CREATE", "UPDATE"} for r in rules)
+    return {f"{r}.{g}" if g else r for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+
+
+PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Job": "jobs.batch",
+           "NetworkPolicy": "networkpolicies.networking.k8s.io"}
+
+
+@pytest.mark.parametrize(("network_policy", "preflight"), list(itertools.product([False, True], repeat=2)))
+def test_every_kind_the_operator_owns_is_guarded_by_the_children_policy(network_policy, preflight):
+    spec = validate_job(make_job({"spec.runPolicy.preflight": preflight})).spec
+    ctx = RenderContext(name="test-job", namespace="ml", network_policy=network_policy)
+    kinds = {o["kind"] for o in render_all(spec, ctx)} | (
+        {o["kind"] for o in render_preflight(spec, ctx)} if preflight else set())
+    guarded = _policy_resources()
+    assert {PLURALS[k] for k in kinds} <= guarded, kinds
+    # The pods the Job controller makes from them, and the Kueue Workload the operator holds between attempts.
+    assert {"pods", "workloads.kueue.x-k8s.io"} <= guarded
