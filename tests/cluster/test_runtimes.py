@@ -261,3 +261,56 @@ def test_no_update_gets_a_running_job_around_its_limits_and_a_tightened_runtime_
         container = job["spec"]["template"]["spec"]["containers"][0]
         assert (job["spec"]["parallelism"], container["image"], container["resources"]["limits"]["nvidia.com/gpu"]) \
             == (2, "registry.local/trainer:small", "2")
+
+
+def test_a_job_started_before_any_default_runs_on_but_is_judged_by_it_once_edited(kubectl, operator, tenant):
+    """fiona's 1-GPU job starts in a namespace no runtime covers; then the admin adds a default allowing 1 GPU. Her
+    job runs on (a default added later caps nothing that runs), she may still suspend it and change its runPolicy;
+    an edit of what it runs is judged by that default on every write path (her 2 x 4 GPUs refused as a new job's
+    would be), and an edit within it starts the job anew under the default, recorded at its next attempt."""
+    ns = tenant
+    as_tenant(kubectl, TENANT, "apply", "-f", "-", input=json.dumps(make_job({
+        "metadata.name": "fiona", "metadata.namespace": ns, "spec.distributed": {"numNodes": 1, "gpusPerNode": 1},
+        "spec.training.precision": "bf16"})))
+    st = wait_status(kubectl, ns, "fiona", lambda s: s.get("phase") == "Running", operator, timeout=90)
+    assert "runtime" not in st
+    one_gpu = runtime("team-default", kind="FineTuneRuntime", namespace=ns, default=True,
+                      limits={"maxGpusPerJob": 1})
+    with runtimes(kubectl, one_gpu):
+        probe = make_job({"metadata.name": "probe", "metadata.namespace": ns,
+                          "spec.distributed": {"numNodes": 2, "gpusPerNode": 4}})
+        deadline = time.monotonic() + 30  # the admission policies see the new default shortly after
+        while "limits.maxGpusPerJob = 1" not in as_tenant(kubectl, TENANT, "apply", "--dry-run=server", "-f", "-",
+                                                          input=json.dumps(probe), check=False).stderr:
+            assert time.monotonic() < deadline, "the default never reached admission"
+            time.sleep(0.5)
+        for patch in ({"spec": {"suspend": True}}, {"spec": {"runPolicy": {"backoffLimit": 4}}}):
+            as_tenant(kubectl, TENANT, "patch", "ftj", "fiona", "-n", ns, "--type=merge", "-p", json.dumps(patch))
+        wait_status(kubectl, ns, "fiona", lambda s: s.get("phase") == "Suspended", operator, timeout=60)
+        bigger = {"numNodes": 2, "gpusPerNode": 4}
+        stored = kubectl.json("get", "ftj", "fiona", "-n", ns)
+        whole = {"apiVersion": stored["apiVersion"], "kind": stored["kind"],
+                 "metadata": {"name": "fiona", "namespace": ns},
+                 "spec": {**stored["spec"], "distributed": {**stored["spec"]["distributed"], **bigger},
+                          "suspend": False}}
+        paths = {
+            "merge patch": ("patch", "ftj", "fiona", "-n", ns, "--type=merge", "-p",
+                            json.dumps({"spec": {"distributed": bigger, "suspend": False}})),
+            "JSON patch": ("patch", "ftj", "fiona", "-n", ns, "--type=json", "-p", json.dumps(
+                [{"op": "replace", "path": "/spec/distributed/gpusPerNode", "value": 4}])),
+            "server-side apply": ("apply", "--server-side", "--force-conflicts", "-f", "-"),
+            "replace": ("replace", "-f", "-"),
+        }
+        for how, args in paths.items():
+            # An unconditional replace (no resourceVersion): the operator's status writes move it on meanwhile.
+            unconditional = {**stored, "metadata": {k: v for k, v in stored["metadata"].items()
+                                                    if k != "resourceVersion"}, "spec": whole["spec"]}
+            body = json.dumps(whole if how == "server-side apply" else unconditional) if args[-1] == "-" else None
+            refused = as_tenant(kubectl, TENANT, *args, input=body, check=False)
+            assert refused.returncode != 0 and "FineTuneRuntime team-default allows limits.maxGpusPerJob = 1" \
+                in refused.stderr, (how, refused.stderr)
+        as_tenant(kubectl, TENANT, "patch", "ftj", "fiona", "-n", ns, "--type=merge", "-p",
+                  json.dumps({"spec": {"training": {"learningRate": 0.00037}, "suspend": False}}))
+        resumed = wait_status(kubectl, ns, "fiona", lambda s: s.get("attempt") == 2 and s.get("runtime"), operator,
+                              timeout=90)
+        assert [(x["kind"], x["name"]) for x in resumed["runtime"]["layers"]] == [("FineTuneRuntime", "team-default")]

@@ -114,7 +114,7 @@ def own_attempts(view: Snapshot, uid: str) -> Snapshot:
 
 def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
           refused: tuple[int, str, str] | None = None) -> tuple[Any, Plan]:
-    runtime = resolve(kube, obj)
+    runtime = resolve(kube, obj, view.workloads)
     try:
         job: Any = validate_job(runtime.obj)
         if runtime.errors:

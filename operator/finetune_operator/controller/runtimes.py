@@ -6,27 +6,49 @@ attempt created suspended is not a start), its runtime is read live: spec.runtim
 FineTuneRuntime layered over the cluster's default ClusterFineTuneRuntime, each ClusterFineTuneRuntime only where its
 namespaceSelector matches the namespace's labels. The status write that starts it records the result in
 status.runtime (name, generation, digest, the merged template, each layer's limits), and from then on only that
-record is used, and checked on every
-pass: editing or deleting the runtime never changes a job that has started, and an edit of the job that breaks the
-limits it started with fails it before any attempt is created from it. A job that started with no runtime keeps none.
+record is used, and checked on every pass: editing or deleting the runtime never changes a job that has started,
+and an edit of the job that breaks the limits it started with fails it before any attempt is created from it. A job
+that started with no runtime keeps none while it runs what it started with; an edit of what it runs starts it anew
+under the runtimes that cover it then.
 """
 
 from typing import Any
 
+from ..api import constants as c
+from ..api.errors import InvalidSpec
 from ..api.runtime_layers import Resolved, apply_layers, choose_layers, recorded
+from ..api.validation import validate_job
+from ..render.workload import attempt_spec_hash
 from .kube import Kube
+from .observed import attempt_of
 
 
-def resolve(kube: Kube, obj: dict[str, Any]) -> Resolved:
+def resolve(kube: Kube, obj: dict[str, Any], workloads: list[dict[str, Any]] = ()) -> Resolved:
+    """`workloads`: the job's own attempts (their Jobs), which say what a job that started without a runtime
+    runs."""
     status = obj.get("status") or {}
     snapshot = status.get("runtime")
     if snapshot:
         return recorded(obj, snapshot)
-    if status.get("startTime"):
-        return Resolved(obj)  # started without a runtime: stays so
+    if status.get("startTime") and not edited_since_started(obj, workloads):
+        return Resolved(obj)  # started without a runtime, and runs what it started with: stays so
     namespace = obj["metadata"].get("namespace", "")
     layers, missing, reason = choose_layers(obj, kube.get_runtime, kube.default_runtimes,
                                             lambda: kube.namespace_labels(namespace))
     if missing is not None:
         return Resolved(obj, missing=missing, reason=reason)
     return apply_layers(obj, layers) if layers else Resolved(obj)
+
+
+def edited_since_started(obj: dict[str, Any], workloads: list[dict[str, Any]]) -> bool:
+    """Whether the job's spec (but suspend and runPolicy) is no longer what its newest attempt was rendered from:
+    then a job that started without a runtime starts anew under the runtimes that cover it now, as admission
+    judges such an edit (render/runtime_policy.py). Without an attempt to compare with, it is taken as unedited."""
+    newest = max(workloads, key=lambda w: attempt_of(w) or 0, default=None)
+    rendered = ((newest or {}).get("metadata") or {}).get("annotations", {}).get(c.ANNOTATION_ATTEMPT_SPEC_HASH)
+    if rendered is None:
+        return False
+    try:
+        return attempt_spec_hash(validate_job(obj).spec) != rendered
+    except InvalidSpec:
+        return True  # judged (and refused) with whatever covers it now

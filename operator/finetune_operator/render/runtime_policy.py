@@ -26,6 +26,7 @@ from ..api.grpo import MAX_REWARDS
 from ..api.runtime import ENDPOINT_FIELDS, LOCKABLE, LOCKED_LABELS
 from ..api.runtime_limits import LENDING
 from ..api.sources import MODEL_SOURCE_FIELDS, RESUME_FIELD
+from .job_rights_policy import changed_variable
 
 # Names under the release's (the chart substitutes RELEASE): two releases (watchNamespaces) must not collide.
 RELEASE = "RELEASE-NAME"
@@ -37,7 +38,8 @@ SNAPSHOT = "oldObject.status.runtime"
 MAX_LAYERS = 2  # the cluster default and the namespace's (status.RuntimeSnapshot.layers)
 
 # Whether the job's runtime is already recorded (by an operator that records each layer's limits), or the job started
-# with none: then the live runtimes judge it no more.
+# with none: then the live runtimes judge it no more, unless an update changes what it runs (variables.changed: every
+# spec field but suspend and runPolicy), which starts it anew under the runtimes that cover it now.
 RECORDED = (f"request.operation == 'UPDATE' && has(oldObject.status) && has({SNAPSHOT}) && "
             f"has({SNAPSHOT}.layers) && size({SNAPSHOT}.layers) > 0 && {SNAPSHOT}.layers.all(l, has(l.limits))")
 STARTED_WITHOUT = ("request.operation == 'UPDATE' && has(oldObject.status) && !has(oldObject.status.runtime) && "
@@ -254,8 +256,11 @@ def _live_variables(kind: str) -> list[dict[str, str]]:
     selected = (selector_matches("params.spec.namespaceSelector", "variables.namespaceLabels")
                 if kind == c.CLUSTER_RUNTIME_KIND else "true")
     return [
-        # A job already recorded (or started without a runtime) is judged by its snapshot, not by the live runtimes.
-        {"name": "live", "expression": f"!({RECORDED}) && !({STARTED_WITHOUT})"},
+        # A job already recorded is judged by its snapshot, not by the live runtimes; one started without a runtime
+        # by none, as long as what it runs is unchanged (a default added later must not cap a running job, nor
+        # leave it uncapped once it is edited).
+        changed_variable(),
+        {"name": "live", "expression": f"!({RECORDED}) && !(({STARTED_WITHOUT}) && size(variables.changed) == 0)"},
         {"name": "namespaceLabels", "expression": NAMESPACE_LABELS},
         {"name": "selected", "expression": selected},
         {"name": "named", "expression": named},

@@ -1,0 +1,85 @@
+"""A job that started before any runtime covered its namespace runs on without one while it runs what it started
+with; an edit of what it runs (every spec field but suspend and runPolicy) starts it anew under the runtimes that
+cover it now, at the operator as at admission (tests/cluster/test_runtimes.py)."""
+
+import copy
+from typing import Any
+
+import pytest
+
+from finetune_operator.api import constants as c
+from finetune_operator.api.validation import validate_job
+from finetune_operator.controller.runtimes import edited_since_started, resolve
+from finetune_operator.render.workload import attempt_spec_hash
+from tests.builders import make_job
+
+DEFAULT = {"apiVersion": c.API_VERSION, "kind": c.CLUSTER_RUNTIME_KIND, "metadata": {"name": "default-1gpu"},
+           "spec": {"default": True, "template": {}, "limits": {"maxGpusPerJob": 1}}}
+
+
+class Runtimes:
+    """What the operator reads about runtimes (controller/kube.py's three reads), from a list."""
+
+    def __init__(self, *runtimes: dict[str, Any]):
+        self.runtimes = runtimes
+
+    def get_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return next((r for r in self.runtimes if r["kind"] == kind and r["metadata"]["name"] == name), None)
+
+    def default_runtimes(self, namespace: str):
+        return [], [r for r in self.runtimes if r["spec"].get("default")]
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        return {}
+
+
+def started(**spec: Any) -> tuple[dict, list[dict]]:
+    """A 1-GPU job that started with no runtime, and its attempt 1's Job (the spec digest it was rendered from)."""
+    job = make_job({"metadata.name": "fiona", "metadata.namespace": "team-a", "spec.distributed.numNodes": 1,
+                    "spec.distributed.gpusPerNode": 1, **spec})
+    job["status"] = {"startTime": "2026-11-29T00:00:00Z", "attempt": 1, "phase": "Running"}
+    attempt = {"metadata": {"name": "fiona-a1", "labels": {c.LABEL_ATTEMPT: "1"},
+                            "annotations": {c.ANNOTATION_ATTEMPT_SPEC_HASH: attempt_spec_hash(validate_job(job).spec)}}}
+    return job, [attempt]
+
+
+# What an edit may change, and whether that changes what runs.
+EDITS = {
+    "suspend": ({"suspend": True}, False),
+    "runPolicy": ({"runPolicy": {"backoffLimit": 5}}, False),
+    "nodes and GPUs": ({"distributed": {"numNodes": 2, "gpusPerNode": 4}}, True),
+    "GPUs only": ({"distributed": {"numNodes": 1, "gpusPerNode": 2}}, True),
+    "the learning rate": ({"training": {"learningRate": 0.01}}, True),
+    "the image": ({"pod": {"image": "registry.local/other:1"}}, True),
+}
+
+
+def edit(job: dict, change: dict) -> dict:
+    edited = copy.deepcopy(job)
+    for key, value in change.items():
+        if isinstance(value, dict):
+            edited["spec"].setdefault(key, {}).update(value)
+        else:
+            edited["spec"][key] = value
+    return edited
+
+
+@pytest.mark.parametrize("what", EDITS)
+def test_an_edit_of_what_runs_is_judged_by_the_default_that_covers_it_now(what):
+    job, attempts = started()
+    change, runs_otherwise = EDITS[what]
+    edited = edit(job, change)
+    assert edited_since_started(edited, attempts) is runs_otherwise
+    resolved = resolve(Runtimes(DEFAULT), edited, attempts)
+    if not runs_otherwise:
+        assert resolved.snapshot is None and not resolved.errors  # unlimited as it started: not capped later
+        return
+    assert resolved.snapshot is not None and resolved.snapshot["name"] == "default-1gpu"
+    too_many = what in ("nodes and GPUs", "GPUs only")
+    assert any("maxGpusPerJob" in e.message for e in resolved.errors) is too_many, resolved.errors
+
+
+def test_unedited_or_without_an_attempt_to_compare_with_it_stays_without_a_runtime():
+    job, attempts = started()
+    assert resolve(Runtimes(DEFAULT), job, attempts).snapshot is None
+    assert resolve(Runtimes(DEFAULT), edit(job, {"distributed": {"numNodes": 2}}), []).snapshot is None
