@@ -12,6 +12,7 @@ that started with no runtime keeps none while it runs what it started with; an e
 under the runtimes that cover it then.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..api import constants as c
@@ -23,7 +24,7 @@ from .kube import Kube
 from .observed import attempt_of
 
 
-def resolve(kube: Kube, obj: dict[str, Any], workloads: list[dict[str, Any]] = ()) -> Resolved:
+def resolve(kube: Kube, obj: dict[str, Any], workloads: Sequence[dict[str, Any]] = ()) -> Resolved:
     """`workloads`: the job's own attempts (their Jobs), which say what a job that started without a runtime
     runs."""
     status = obj.get("status") or {}
@@ -40,7 +41,7 @@ def resolve(kube: Kube, obj: dict[str, Any], workloads: list[dict[str, Any]] = (
     return apply_layers(obj, layers) if layers else Resolved(obj)
 
 
-def edited_since_started(obj: dict[str, Any], workloads: list[dict[str, Any]]) -> bool:
+def edited_since_started(obj: dict[str, Any], workloads: Sequence[dict[str, Any]]) -> bool:
     """Whether the job's spec (but suspend and runPolicy) is no longer what its newest attempt was rendered from:
     then a job that started without a runtime starts anew under the runtimes that cover it now, as admission
     judges such an edit (render/runtime_policy.py). Without an attempt to compare with, it is taken as unedited."""
