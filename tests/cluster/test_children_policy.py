@@ -117,12 +117,14 @@ def test_an_owner_reference_to_a_finetunejob_is_the_operators_alone_on_every_wri
                                   json.dumps({"metadata": {"ownerReferences": [other, ref]}})), None),
         "another version of the API": (("patch", kind, "mine", "--type=merge", "-p", json.dumps(
             {"metadata": {"ownerReferences": [{**ref, "apiVersion": f"{c.GROUP}/v1"}]}})), None),
+        "the kind under another group": (("patch", kind, "mine", "--type=merge", "-p", json.dumps(
+            {"metadata": {"ownerReferences": [{**ref, "apiVersion": "evil.example/v1"}]}})), None),
     }
     for how, (args, body) in updates.items():
         n = "-n", namespace
         refused = as_tenant(kubectl, user, *args, *n, input=json.dumps(body) if body else None, check=False)
         assert refused.returncode != 0 and "only the FineTuneJob operator" in refused.stderr, (how, refused.stderr)
-    assert all(not r["apiVersion"].startswith(c.GROUP) for r in owners(kubectl, kind, "mine", namespace))
+    assert all(r["kind"] != c.KIND for r in owners(kubectl, kind, "mine", namespace))
 
     # Allowed beside it: another owner, the operator's own child, and the tenant annotating that child.
     as_tenant(kubectl, user, "patch", kind, "mine", "-n", namespace, "--type=merge", "-p",

@@ -40,6 +40,7 @@ CLAIMS = {
     "owner named right, another uid (a forged reference)": (2, ref(uid="uid-forged"), False),
     "owner not its controller": (2, ref(controller=False), False),
     "owned by a ReplicaSet of that name": (2, ref(kind="ReplicaSet", api="apps/v1"), False),
+    "owned by a Job of another group": (2, ref(api="evil.example/v1"), False),
     "no attempt label": (None, ref(), False),
 }
 
@@ -81,3 +82,17 @@ def test_every_kind_the_operator_owns_is_guarded_by_the_children_policy(network_
     assert {PLURALS[k] for k in kinds} <= guarded, kinds
     # The pods the Job controller makes from them, and the Kueue Workload the operator holds between attempts.
     assert {"pods", "workloads.kueue.x-k8s.io"} <= guarded
+
+
+@pytest.mark.parametrize(("api", "kind", "ours"), [
+    (c.API_VERSION, c.KIND, True), (f"{c.GROUP}/v1", c.KIND, True), ("evil.example/v1", c.KIND, False),
+    (c.API_VERSION, "Job", False), (f"{c.GROUP}x/v1alpha1", c.KIND, False)])
+def test_a_finetunejob_controls_what_its_group_and_kind_name_with_its_uid(api, kind, ours):
+    from finetune_operator.controller.kube import owner_conflict
+    from finetune_operator.controller.observed import finetunejob_controller
+
+    child = {"kind": "ConfigMap", "metadata": {"name": "victim-config", "ownerReferences": [
+        {"apiVersion": api, "kind": kind, "name": "victim", "uid": "u-1", "controller": True}]}}
+    owner = {"metadata": {"name": "victim", "uid": "u-1"}}
+    assert (finetunejob_controller(child) == "u-1") is ours
+    assert (owner_conflict(child, child, owner) is None) is ours

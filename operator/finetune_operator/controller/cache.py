@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import constants as c
+from .observed import finetunejob_controller
 
 
 def _pick(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
@@ -41,8 +42,7 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
             "status": _pick(status, "conditions", "ready", "succeeded", "failed", "startTime")}
     # Who suspended it (controller/queueing.py), and what Kueue compares when the next attempt takes its Workload.
     # Which FineTuneJob created it: a Job that merely carries our labels (someone else's) is never an attempt.
-    slim["metadata"]["owner"] = next((r.get("uid") for r in meta.get("ownerReferences") or []
-                                      if r.get("controller") and r.get("kind") == c.KIND), None)
+    slim["metadata"]["owner"] = finetunejob_controller(dict(body))
     kept = {k: v for k, v in (meta.get("annotations") or {}).items()
             if k in (c.ANNOTATION_SUSPENDED, c.ANNOTATION_POD_SET_HASH, c.ANNOTATION_ATTEMPT_SPEC_HASH,
                      c.ANNOTATION_RESTARTS_IN_PLACE, c.ANNOTATION_MIN_NODES)}

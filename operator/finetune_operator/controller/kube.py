@@ -14,6 +14,7 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from ..api import constants as c
 from .fencing import FENCE, Fence, fence_client, fenced_configuration
+from .observed import finetunejob_controller
 
 FIELD_MANAGER = "finetunejob-operator"
 # The nodes' shape is read at most this often (one list, only when a new job asks for GPUs), and not at all for a
@@ -54,7 +55,7 @@ def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: 
     meta = existing.get("metadata") or {}
     refs = meta.get("ownerReferences") or []
     if owner is not None:
-        if any(r.get("controller") and r.get("uid") == owner["metadata"]["uid"] for r in refs):
+        if finetunejob_controller(existing) == owner["metadata"]["uid"]:
             return None
     elif (meta.get("labels") or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY:
         return None

@@ -67,6 +67,17 @@ def attempt_of(obj: dict[str, Any]) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def finetunejob_controller(obj: dict[str, Any]) -> str | None:
+    """The UID of the FineTuneJob that controls `obj` (its controller ownerReference of our group and kind), or
+    None. The group counts: a reference of kind FineTuneJob under another apiVersion is nobody's of ours (and the
+    chart's children policy refuses it to anyone but the operator as well)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == c.KIND and (ref.get("apiVersion") or "").partition(
+                "/")[0] == c.GROUP:
+            return ref.get("uid")
+    return None
+
+
 def attempt_pods(pods: list[dict[str, Any]], name: str, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The pods of this job's attempts among those labelled as its: each one's controller is the Job of its own
     attempt (<name>-a<attempt>), and that Job's UID when the Job is still there (the pods of a Job being deleted
