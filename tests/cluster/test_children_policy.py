@@ -125,6 +125,22 @@ def test_an_owner_reference_to_a_finetunejob_is_the_operators_alone_on_every_wri
         refused = as_tenant(kubectl, user, *args, *n, input=json.dumps(body) if body else None, check=False)
         assert refused.returncode != 0 and "only the FineTuneJob operator" in refused.stderr, (how, refused.stderr)
     assert all(r["kind"] != c.KIND for r in owners(kubectl, kind, "mine", namespace))
+    # The job's UID under another kind first (not a FineTuneJob's, admitted), then that reference rewritten.
+    disguised = {**ref, "apiVersion": "example.invalid/v1", "kind": "Disguise"}
+    as_tenant(kubectl, user, "create", "-f", "-", input=json.dumps(build("disguised", namespace, [disguised])))
+    for field, value in (("kind", c.KIND), ("apiVersion", c.API_VERSION)):
+        refused = as_tenant(kubectl, user, "patch", kind, "disguised", "-n", namespace, "--type=json", "-p",
+                            json.dumps([{"op": "replace", "path": f"/metadata/ownerReferences/0/{field}",
+                                         "value": value}]), check=False)
+        assert refused.returncode != 0 and "only the FineTuneJob operator" in refused.stderr, (field, refused.stderr)
+    if kind == "Job":  # a Job of her own whose pods the Job controller would label as the job's
+        for name, labelled in (("pods-labelled", batch_job("pods-labelled", namespace, labels={c.LABEL_JOB: "victim"})),
+                               ("cron", {"apiVersion": "batch/v1", "kind": "CronJob",
+                                         "metadata": {"name": "cron", "namespace": namespace},
+                                         "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": batch_job(
+                                             "x", namespace, labels={c.LABEL_ATTEMPT: "1"})["spec"]}}})):
+            refused = as_tenant(kubectl, user, "create", "-f", "-", input=json.dumps(labelled), check=False)
+            assert refused.returncode != 0 and "finetunejob.dev/ labels" in refused.stderr, (name, refused.stderr)
 
     # Allowed beside it: another owner, the operator's own child, and the tenant annotating that child.
     as_tenant(kubectl, user, "patch", kind, "mine", "-n", namespace, "--type=merge", "-p",
@@ -132,9 +148,13 @@ def test_an_owner_reference_to_a_finetunejob_is_the_operators_alone_on_every_wri
     operator = operator_user(children_policy)
     kubectl.run("create", "rolebinding", "operator-edit", "--clusterrole=edit", f"--user={operator}", "-n", namespace)
     wait_can(kubectl, operator, namespace, "create", "jobs.batch")
-    as_tenant(kubectl, operator, "create", "-f", "-", input=json.dumps(build("victim-child", namespace, [ref])))
+    child = build("victim-child", namespace, [ref], **({"labels": {c.LABEL_JOB: "victim"}} if kind == "Job" else {}))
+    as_tenant(kubectl, operator, "create", "-f", "-", input=json.dumps(child))
     as_tenant(kubectl, user, "annotate", kind, "victim-child", "-n", namespace, "team=a")
     assert owners(kubectl, kind, "victim-child", namespace)[0]["uid"] == ref["uid"]
+    if kind == "Job":  # another controller (Kueue) edits the operator's suspended Job's pod template: admitted
+        as_tenant(kubectl, user, "patch", "job", "victim-child", "-n", namespace, "--type=merge", "-p", json.dumps(
+            {"spec": {"template": {"spec": {"nodeSelector": {"pool": "a"}}}}}))
 
 
 def _pod(name: str, namespace: str, labels: dict | None = None) -> dict:

@@ -209,7 +209,9 @@ def test_stale_cache_gets_409_and_replans_without_lost_updates(kubectl, control_
     running = kube.get_finetunejob(namespace, "racy")
     kubectl.run("patch", "ftj", "racy", "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(
         {"status": {"attempt": 2, "restarts": 1, "phase": "Restarting", "reason": "OOMKilled"}}))
-    failed = {"metadata": {"name": "racy-a1", "labels": {c.LABEL_ATTEMPT: "1"}, "owner": running["metadata"]["uid"]},
+    job_uid = kubectl.json("get", "job", "racy-a1", "-n", namespace)["metadata"]["uid"]
+    failed = {"metadata": {"name": "racy-a1", "uid": job_uid, "labels": {c.LABEL_ATTEMPT: "1"},
+                           "owner": running["metadata"]["uid"]},
               "spec": {},
               "status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}
     done = reconcile(kube, Snapshot(namespace, "racy", running, workloads=[failed]),

@@ -45,16 +45,41 @@ CLAIMS = {
 }
 
 
+FTJ_UID = "uid-of-test-job"
+
+
+def nothing_else(job: str):
+    raise AssertionError(f"{job} is among the job's own: not read")
+
+
 @pytest.mark.parametrize("claim", CLAIMS)
 def test_only_the_pods_an_attempts_job_controls_are_its_pods(claim):
     attempt, owner, kept = CLAIMS[claim]
-    assert attempt_pods([pod(attempt, owner)], "test-job", WORKLOADS) == ([pod(attempt, owner)] if kept else [])
+    # Jobs other than the job's own attempt 2: one of someone else's (test-job-a1 is another FineTuneJob's).
+    others = {"test-job-a1": ("uid-a1", "uid-of-another-finetunejob")}
+    found = attempt_pods([pod(attempt, owner)], "test-job", FTJ_UID, WORKLOADS, others.get)
+    assert found == ([pod(attempt, owner)] if kept else [])
 
 
-def test_the_pods_of_a_job_being_deleted_still_count_until_they_are_gone():
-    # A restart waits for the old gang to stop: the Job of attempt 1 is gone from the cache, its pods are not.
+# The Job a pod names, not among the job's own in the cache, as the API server has it: (Job UID, its FineTuneJob).
+ELSEWHERE = {
+    "gone (being deleted): its pods still count until they stop": (None, True),
+    "ours, not in the cache yet": (("uid-a1", FTJ_UID), True),
+    "a tenant's Job of that name": (("uid-a1", None), False),
+    "another FineTuneJob's": (("uid-a1", "uid-of-another"), False),
+    "ours, but another UID than the pod names": (("uid-a1-new", FTJ_UID), False),
+}
+
+
+@pytest.mark.parametrize("where", ELSEWHERE)
+def test_a_pod_of_a_job_not_in_the_cache_counts_only_if_that_job_is_gone_or_ours(where):
+    found, kept = ELSEWHERE[where]
     lingering = pod(1, ref(name="test-job-a1", uid="uid-a1"))
-    assert attempt_pods([lingering], "test-job", WORKLOADS) == [lingering]
+    asked = []
+    result = attempt_pods([lingering, lingering], "test-job", FTJ_UID, WORKLOADS,
+                          lambda job: asked.append(job) or found)
+    assert result == ([lingering, lingering] if kept else []) and asked == ["test-job-a1"]  # read once
+    assert attempt_pods([pod(2, ref())], "test-job", FTJ_UID, WORKLOADS, nothing_else) == [pod(2, ref())]
 
 
 def _policy_resources() -> set[str]:

@@ -156,6 +156,12 @@ class Kube:
         found = self._get(self.namespaces, None, namespace)
         return dict(((found or {}).get("metadata") or {}).get("labels") or {})
 
+    def job_controllers(self, namespace: str, name: str) -> tuple[str, str | None] | None:
+        """A batch Job's UID and the FineTuneJob that controls it (None: no FineTuneJob), or None when there is no
+        such Job. Read only for a pod whose Job is not among the job's own in the cache."""
+        found = self._get(self.jobs, namespace, name)
+        return None if found is None else (found["metadata"]["uid"], finetunejob_controller(found))
+
     def get_finetunejob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self.ftj, namespace, name)
 

@@ -1,6 +1,7 @@
 """Reading the observed children (batch Jobs and pods as plain dicts): conditions, readiness, exit codes."""
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -78,19 +79,32 @@ def finetunejob_controller(obj: dict[str, Any]) -> str | None:
     return None
 
 
-def attempt_pods(pods: list[dict[str, Any]], name: str, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def attempt_pods(pods: list[dict[str, Any]], name: str, uid: str, workloads: list[dict[str, Any]],
+                 job_controllers: Callable[[str], tuple[str, str | None] | None]) -> list[dict[str, Any]]:
     """The pods of this job's attempts among those labelled as its: each one's controller is the Job of its own
-    attempt (<name>-a<attempt>), and that Job's UID when the Job is still there (the pods of a Job being deleted
-    outlive it). A pod that only carries the labels (anyone who may create pods can set them) neither holds back
-    a restart nor says why an attempt failed."""
+    attempt (<name>-a<attempt>) with that Job's UID. A Job not among the job's own in the cache is read
+    (`job_controllers`: its UID and controlling FineTuneJob, or None when it is gone): the pods of a Job being
+    deleted outlive it and still count; those of a Job of that name someone else made do not. A pod that only
+    carries the labels (anyone who may create pods can set them) neither holds back a restart nor says why an
+    attempt failed."""
     uids = {w["metadata"]["name"]: w["metadata"].get("uid") for w in workloads}
+    looked: dict[str, tuple[str, str | None] | None] = {}
     kept = []
     for pod in pods:
         attempt = attempt_of(pod)
         job = f"{name}-a{attempt}" if attempt is not None else None
         owner = next((r for r in (pod.get("metadata") or {}).get("ownerReferences") or []
                       if r.get("controller") and r.get("kind") == "Job" and r.get("apiVersion") == "batch/v1"), None)
-        if owner is not None and owner.get("name") == job and uids.get(job, owner.get("uid")) == owner.get("uid"):
+        if job is None or owner is None or owner.get("name") != job:
+            continue
+        if job in uids:
+            ours = uids[job] == owner.get("uid")
+        else:
+            if job not in looked:
+                looked[job] = job_controllers(job)
+            found = looked[job]
+            ours = found is None or found == (owner.get("uid"), uid)
+        if ours:
             kept.append(pod)
     return kept
 

@@ -140,7 +140,8 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
         lost = current is not None and pods_needed(current, status)  # a pod of an attempt in place failed
         pods = kube.list_pods(view.namespace, view.name) if current_failed or waiting or preflight_passed or lost \
             or status.get("phase") == "Restarting" else []
-    pods = attempt_pods(pods, view.name, view.workloads)
+    pods = attempt_pods(pods, view.name, obj["metadata"]["uid"], view.workloads,
+                        lambda job: kube.job_controllers(view.namespace, job))
     events = kube.list_job_events(view.namespace, current["metadata"]["name"]) if waiting and current else []
     # A new job asking for GPUs: does any node have that many? (A Warning at once instead of a wait.)
     gpus = job.spec.distributed.gpus_per_node if not isinstance(job, InvalidSpec) else 0
