@@ -154,13 +154,17 @@ def test_a_stop_before_training_starts_exits_143_without_a_traceback(tiny_model_
     """Ctrl-C while the model loads or the data is tokenized: nothing to save yet, so a clean Interrupted (143,
     resumable), never exit 1 with a traceback."""
     proc = finetune("run", TINY, "--set", f"spec.model.name={tiny_model_dir}", "--output", str(tmp_path))
-    wait_until("the node's log", lambda: list((tmp_path / "logs").glob("node-0.log")), timeout=600, every=0.05)
-    time.sleep(1.0)  # the trainer is starting: importing torch, loading the tokenizer
+    node_log = tmp_path / "logs" / "node-0.log"
+    # The node's launcher has started its trainer, which now loads torch and the libraries it trains with (seconds
+    # on any machine): the stop comes before training, however fast or loaded the machine is.
+    wait_until("the node's launcher starting its trainer",
+               lambda: node_log.exists() and "resolved after" in node_log.read_text(), timeout=600, every=0.05)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
-    log = (tmp_path / "logs" / "node-0.log").read_text()
+    log = node_log.read_text()
     assert proc.returncode == exit_codes.INTERRUPTED, out + log[-3000:]
     assert "Traceback" not in out and "Interrupted (exit 143)" in out
+    assert "before training started; nothing to save yet" in out, out + log[-3000:]
     assert not list((tmp_path / "output").glob("checkpoint-*"))
 
 

@@ -265,6 +265,8 @@ def run_child(argv: list[str], result_dir: Path, tail: collections.deque | None 
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if STOPS:  # a stop that came while the child was being started (held by main): it is the child's now
+            child.send_signal(STOPS[-1])
         code = child.wait()
         reader.join(timeout=10)
         return exit_status(code)
@@ -288,9 +290,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"finetune launch: {exc}", file=sys.stderr)
             return EXIT_DNS_TIMEOUT
         print(f"finetune launch: {master} resolved after {waited:.1f}s", file=sys.stderr)
-    child = worker_command(args.config, os.environ)
-    child = replace(child, env={**thread_env(os.environ, cpu_limit(), usable_cpus()), **child.env})  # the pod's CPUs
-    return supervise(child, worker_required=restarts_in_place(os.environ))
+    # A stop (Ctrl-C in `finetune run`, a pod's SIGTERM) before the child exists is held, not a KeyboardInterrupt
+    # traceback: run_child forwards it as soon as the child is there, and the run ends Interrupted as any stop does.
+    held = {s: signal.signal(s, lambda signum, _frame: STOPS.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        child = worker_command(args.config, os.environ)
+        child = replace(child, env={**thread_env(os.environ, cpu_limit(), usable_cpus()), **child.env})  # its CPUs
+        return supervise(child, worker_required=restarts_in_place(os.environ))
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
 
 
 def supervise(child: Child, worker_required: bool) -> int:
