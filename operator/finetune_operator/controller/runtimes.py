@@ -19,9 +19,9 @@ from ..api import constants as c
 from ..api.errors import InvalidSpec
 from ..api.runtime_layers import Resolved, apply_layers, choose_layers, recorded
 from ..api.validation import validate_job
-from ..render.workload import attempt_spec_hash
 from .kube import Kube
 from .observed import attempt_of
+from .suspension import edited
 
 
 def resolve(kube: Kube, obj: dict[str, Any], workloads: Sequence[dict[str, Any]] = ()) -> Resolved:
@@ -46,10 +46,9 @@ def edited_since_started(obj: dict[str, Any], workloads: Sequence[dict[str, Any]
     then a job that started without a runtime starts anew under the runtimes that cover it now, as admission
     judges such an edit (render/runtime_policy.py). Without an attempt to compare with, it is taken as unedited."""
     newest = max(workloads, key=lambda w: attempt_of(w) or 0, default=None)
-    rendered = ((newest or {}).get("metadata") or {}).get("annotations", {}).get(c.ANNOTATION_ATTEMPT_SPEC_HASH)
-    if rendered is None:
+    if newest is None or c.ANNOTATION_ATTEMPT_SPEC_HASH not in (newest.get("metadata") or {}).get("annotations", {}):
         return False
     try:
-        return attempt_spec_hash(validate_job(obj).spec) != rendered
+        return edited(validate_job(obj).spec, newest)  # the comparison a resume after an edit makes
     except InvalidSpec:
         return True  # judged (and refused) with whatever covers it now
