@@ -14,7 +14,7 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from ..api import constants as c
 from .fencing import FENCE, Fence, fence_client, fenced_configuration
-from .observed import finetunejob_controller
+from .observed import controller_reference, finetunejob_controller
 
 FIELD_MANAGER = "finetunejob-operator"
 # The nodes' shape is read at most this often (one list, only when a new job asks for GPUs), and not at all for a
@@ -53,13 +53,12 @@ def owner_conflict(obj: dict[str, Any], existing: dict[str, Any] | None, owner: 
     if existing is None:
         return None
     meta = existing.get("metadata") or {}
-    refs = meta.get("ownerReferences") or []
     if owner is not None:
         if finetunejob_controller(existing) == owner["metadata"]["uid"]:
             return None
     elif (meta.get("labels") or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY:
         return None
-    controller = next((r for r in refs if r.get("controller")), None)
+    controller = controller_reference(existing)
     if controller is not None:
         whose = f"owned by {controller.get('kind')} {controller.get('name')}"
         if controller.get("kind") == c.KIND and controller.get("name") == (owner or {}).get("metadata", {}).get(

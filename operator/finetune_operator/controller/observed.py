@@ -68,15 +68,18 @@ def attempt_of(obj: dict[str, Any]) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def controller_reference(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """`obj`'s controller ownerReference (the API server allows one at most), or None."""
+    return next((r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")), None)
+
+
 def finetunejob_controller(obj: dict[str, Any]) -> str | None:
     """The UID of the FineTuneJob that controls `obj` (its controller ownerReference of our group and kind), or
     None. The group counts: a reference of kind FineTuneJob under another apiVersion is nobody's of ours (and the
     chart's children policy refuses it to anyone but the operator as well)."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == c.KIND and (ref.get("apiVersion") or "").partition(
-                "/")[0] == c.GROUP:
-            return ref.get("uid")
-    return None
+    ref = controller_reference(obj) or {}
+    ours = ref.get("kind") == c.KIND and (ref.get("apiVersion") or "").partition("/")[0] == c.GROUP
+    return ref.get("uid") if ours else None
 
 
 def attempt_pods(pods: list[dict[str, Any]], name: str, uid: str, workloads: list[dict[str, Any]],
@@ -93,9 +96,8 @@ def attempt_pods(pods: list[dict[str, Any]], name: str, uid: str, workloads: lis
     for pod in pods:
         attempt = attempt_of(pod)
         job = f"{name}-a{attempt}" if attempt is not None else None
-        owner = next((r for r in (pod.get("metadata") or {}).get("ownerReferences") or []
-                      if r.get("controller") and r.get("kind") == "Job" and r.get("apiVersion") == "batch/v1"), None)
-        if job is None or owner is None or owner.get("name") != job:
+        owner = controller_reference(pod) or {}
+        if job is None or (owner.get("apiVersion"), owner.get("kind"), owner.get("name")) != ("batch/v1", "Job", job):
             continue
         if job in uids:
             ours = uids[job] == owner.get("uid")
