@@ -154,6 +154,12 @@ def test_two_node_job_trains_and_reports(runtime, chart_operator, kubectl, contr
     assert (tmp_path / "pvc" / "shared" / "tiny-cpu-sft" / "final" / "adapter_model.safetensors").exists()
     summary = json.loads((tmp_path / "pods").glob("tiny-cpu-sft-a1-0-*/termination-log").__next__().read_text())
     assert summary["worldSize"] == 2 and summary["modelWrapper"] == "DistributedDataParallel"
+    # Caches are each pod's own: nothing on the claim that another writer could fill for the next attempt.
+    assert not (tmp_path / "pvc" / "shared" / "tiny-cpu-sft" / ".cache").exists()
+    if runtime == "processes":  # each node tokenized into its own emptyDir
+        for index in (0, 1):
+            pod = next((tmp_path / "pods").glob(f"tiny-cpu-sft-a1-{index}-*"))
+            assert list((pod / "cache" / "tokenized").glob("*/complete")), index
     # The preflight ran the real checks in its own pod first, then the gang started.
     check = json.loads(next((tmp_path / "pods").glob("tiny-cpu-sft-a0-0-*/termination-log")).read_text())
     assert check["exitCode"] == 0 and check["preflight"]["sources"][0]["kept"] > 0 and st["preflight"] == "Passed"

@@ -340,14 +340,6 @@ def test_preflight_job_is_one_small_cpu_pod_with_the_trainers_config_and_volumes
     assert pod["serviceAccountName"] == "finetunejob-trainer" and pod["securityContext"]["runAsNonRoot"] is True
 
 
-def test_hub_downloads_are_cached_on_the_output_volume_across_attempts():
-    job = validate_job(make_job({"spec.output.claimName": "shared"}))
-    envs = [{e["name"]: e.get("value") for e in render_workload(job.spec, RenderContext(
-        name=job.name, namespace="d", attempt=attempt))["spec"]["template"]["spec"]["containers"][0]["env"]}
-        for attempt in (1, 2)]
-    assert envs[0]["HF_HOME"] == envs[1]["HF_HOME"] == "/output/.cache/huggingface"
-
-
 def test_trackers_and_the_push_token_are_rendered_from_secrets_only():
     objs = render({"spec.tracking": {"reportTo": ["wandb", "mlflow"], "runName": "sft-v2",
                                      "mlflow": {"trackingUri": "http://mlflow.mlflow:5000"}},
@@ -367,14 +359,39 @@ def test_without_trackers_only_tensorboard_and_the_job_name():
     assert args["report_to"] == ["tensorboard"] and args["run_name"] == "test-job"
 
 
-def test_a_shared_cache_volume_holds_hub_downloads_and_tokenized_data():
-    objs = render({"spec.data.cacheDir": "/hf-cache/team",
-                   "spec.pod.volumes": [{"name": "hf-cache", "mountPath": "/hf-cache", "claimName": "hf-cache"}]})
-    assert env_of(objs)["HF_HOME"] == "/hf-cache/team/huggingface"
-    assert files(objs)[c.CONFIG_FILE]["cacheDir"] == "/hf-cache/team"
-    default = render()  # the job's own output volume, where a gang restart finds them again
-    assert env_of(default)["HF_HOME"] == f"{c.OUTPUT_MOUNT_PATH}/.cache/huggingface"
-    assert files(default)[c.CONFIG_FILE]["cacheDir"] == f"{c.OUTPUT_MOUNT_PATH}/.cache"
+SHARED_CACHE = {"spec.data.cacheDir": "/hf-cache/team",
+                "spec.pod.volumes": [{"name": "hf-cache", "mountPath": "/hf-cache", "claimName": "hf-cache"}]}
+
+
+@pytest.mark.parametrize("trust_remote_code", [False, True])
+@pytest.mark.parametrize(("where", "patch", "cache"), [
+    ("default", {}, c.CACHE_MOUNT_PATH),
+    ("shared claim", SHARED_CACHE, "/hf-cache/team"),
+    ("output volume", {"spec.data.cacheDir": f"{c.OUTPUT_MOUNT_PATH}/.cache"}, f"{c.OUTPUT_MOUNT_PATH}/.cache"),
+])
+def test_caches_are_the_pods_own_unless_cachedir_says_and_code_is_always(where, patch, cache, trust_remote_code):
+    """Whoever can write a cache chooses what is loaded from it: by default nothing outlives the pod, a cacheDir is
+    the user's choice for data and weights, and a model that brings code is always fetched into the pod."""
+    objs = render({**patch, "spec.model.trustRemoteCode": trust_remote_code})
+    env, config = env_of(objs), files(objs)[c.CONFIG_FILE]
+    pod_cache = c.CACHE_MOUNT_PATH
+    assert config["cacheDir"] == cache and config["podCacheDir"] == pod_cache
+    assert config["cacheNodeLocal"] is (where == "default")
+    assert env["HF_HOME"] == f"{pod_cache if trust_remote_code else cache}/huggingface"
+    assert env["HF_MODULES_CACHE"] == f"{pod_cache}/modules"
+    volumes = {v["name"]: v for v in objs["Job"]["spec"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in container(objs)["volumeMounts"] if m["mountPath"] == pod_cache)
+    assert volumes[mount["name"]] == {"name": mount["name"], "emptyDir": {}}
+    if where == "default":  # nothing of the cache on the output volume, which others may write
+        assert not any(str(v).startswith(c.OUTPUT_MOUNT_PATH) for v in (*env.values(), config["cacheDir"]))
+
+
+def test_the_same_cache_paths_on_every_attempt():
+    job = validate_job(make_job({"spec.output.claimName": "shared"}))
+    envs = [{e["name"]: e.get("value") for e in render_workload(job.spec, RenderContext(
+        name=job.name, namespace="d", attempt=attempt))["spec"]["template"]["spec"]["containers"][0]["env"]}
+        for attempt in (1, 2)]
+    assert envs[0]["HF_HOME"] == envs[1]["HF_HOME"] == f"{c.CACHE_MOUNT_PATH}/huggingface"
 
 
 @pytest.mark.parametrize(("distributed", "sharded"), [

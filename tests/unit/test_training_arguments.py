@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from finetune_operator.api import constants as c
 from finetune_operator.api.training import MANAGED_TRAINING_ARGUMENTS
 from finetune_operator.api.transformers_names import (
     OPTIMIZER_NAMES,
@@ -120,6 +121,29 @@ def test_the_trainer_caches_where_the_config_says(tmp_path):
         path = tmp_path / "trainer.json"
         path.write_text(config_files(job.spec, ctx)["trainer.json"])
         assert load_config(path).cache == Path(expected)
+
+
+@pytest.mark.parametrize("trust_remote_code", [False, True])
+@pytest.mark.parametrize("cache_dir", [None, "/hf-cache/team", "/output/.cache"])
+@pytest.mark.parametrize("local_run", [False, True])
+def test_s3_models_are_staged_where_nobody_else_writes_when_they_bring_code(tmp_path, trust_remote_code, cache_dir,
+                                                                             local_run):
+    """The trainer's side of render's cache paths: which cache s3:// models go to, and who tokenizes first."""
+    from finetune_trainer.config import load_config
+
+    job = validate_job(make_job({"spec.model.trustRemoteCode": trust_remote_code, "spec.data.cacheDir": cache_dir,
+                                 "spec.pod.volumes": [{"name": "hf-cache", "mountPath": "/hf-cache",
+                                                       "claimName": "hf-cache"}]}))
+    ctx = RenderContext(name=job.name, namespace="d", **({"output_dir": str(tmp_path),
+                                                          "cache_dir": str(tmp_path / ".cache")} if local_run else {}))
+    path = tmp_path / "trainer.json"
+    path.write_text(config_files(job.spec, ctx)["trainer.json"])
+    cfg = load_config(path)
+    pod_cache = tmp_path / ".cache" if local_run else Path(c.CACHE_MOUNT_PATH)
+    shared = tmp_path / ".cache" if local_run else Path(cache_dir or c.CACHE_MOUNT_PATH)
+    assert cfg.cache == shared and cfg.pod_cache_dir == pod_cache
+    assert cfg.model_cache == (pod_cache if trust_remote_code else shared)
+    assert cfg.cache_node_local is (not local_run and cache_dir is None)
 
 
 @pytest.mark.parametrize("extra", [{"logging_strategy": "no"}, {"logging_strategy": "epoch"},

@@ -23,6 +23,8 @@ class TrainerConfig:
     output_dir: Path
     resume_from: str | None
     cache_dir: Path | None = None  # spec.data.cacheDir as rendered; None: <output>/.cache
+    pod_cache_dir: Path | None = None  # the pod's own emptyDir (render.trainer_config.pod_cache_dir)
+    cache_node_local: bool = False  # `cache` is each node's own: each node's first process tokenizes the data
     job_uid: str | None = None  # the FineTuneJob (UID) and attempt this trainer reports to (status.reporter)
     attempt: int | None = None
     # method.grpo's reward functions from ConfigMaps: ConfigMap name -> where it is mounted (render/grpo.py).
@@ -31,6 +33,14 @@ class TrainerConfig:
     @property
     def cache(self) -> Path:
         return self.cache_dir or self.output_dir / ".cache"
+
+    @property
+    def model_cache(self) -> Path:
+        """Where s3:// models are staged: a model that brings code (trustRemoteCode) always into the pod's own cache,
+        which nobody else writes, so its modules cannot be swapped between the check and the import."""
+        if self.spec.model.trust_remote_code and self.pod_cache_dir is not None:
+            return self.pod_cache_dir
+        return self.cache
 
 
 def load_config(path: str | Path) -> TrainerConfig:
@@ -49,6 +59,8 @@ def load_config(path: str | Path) -> TrainerConfig:
             output_dir=Path(doc["outputDir"]),
             resume_from=doc.get("resumeFrom"),
             cache_dir=Path(doc["cacheDir"]) if doc.get("cacheDir") else None,
+            pod_cache_dir=Path(doc["podCacheDir"]) if doc.get("podCacheDir") else None,
+            cache_node_local=bool(doc.get("cacheNodeLocal", False)),
             job_uid=doc["job"].get("uid"),
             attempt=doc["job"].get("attempt"),
             reward_code=dict(doc.get("rewardCode") or {}),

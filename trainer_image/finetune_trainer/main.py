@@ -100,7 +100,7 @@ def run(config_path: str) -> dict[str, Any]:
     marks = {"started": workers.started()}
     cfg = load_config(config_path)
     main_process = os.environ.get(c.ENV_RANK, "0") == "0"  # TrainingArguments' process_index 0, checked below
-    objectstore.configure(cfg.spec.s3, cfg.cache)
+    objectstore.configure(cfg.spec.s3, cfg.model_cache)
     from finetune_trainer.outputs.status_report import StatusReporter, Warnings
 
     reporter = (StatusReporter.in_cluster(cfg.namespace, cfg.job_name, cfg.job_uid, cfg.attempt)

@@ -282,31 +282,59 @@ def staged_path(uri: str, cache: Path, configs_only: bool = False) -> Path:
 
 def stage_model(uri: str, cache: Path | None = None, field: str = "spec.model.name", configs_only: bool = False
                 ) -> Path:
-    """The model (or adapter, tokenizer) at `uri` in the node's cache, downloaded once: every process of the node
-    calls this; a file lock lets one download while the others wait, and a complete copy is reused by later
-    attempts (resumable: files already there are skipped)."""
+    """The model (or adapter, tokenizer) at `uri` in the node's cache: every process of the node calls this; a file
+    lock lets one download while the others wait. What an earlier attempt (or another job, in a shared cacheDir) left
+    there is checked against the store, not trusted: the listing is read again, weights whose size and ETag still
+    match are kept, and everything else is fetched again (see `refresh`)."""
     import fcntl
 
     dest = staged_path(uri, cache or _CACHE[0], configs_only)
     dest.mkdir(parents=True, exist_ok=True)
-    done = dest / ".complete"
+    for name in STAGING_FILES:  # written below: never through a link to somewhere else
+        if (dest / name).is_symlink():
+            (dest / name).unlink()
     with open(dest / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return dest
         try:
             files = model_files(listing(uri, CONFIG_FILES if configs_only else MODEL_FILES), uri)
             if not any(relative(f, uri) in ("config.json", "adapter_config.json", "tokenizer_config.json")
                        for f in files):
                 raise ConfigError(f"{field} is {uri}, but it holds no model (no config.json, adapter_config.json or "
                                   f"tokenizer_config.json under it); point it at the directory save_pretrained wrote")
+            refresh(dest, {relative(f, uri) for f in files})
             with_retries(lambda: download(files, uri, dest), attempts=5)
         except (ConfigError, StorageRefused):
             raise
         except Exception as exc:  # s3fs and botocore raise many types
             raise failure(exc, uri, ConfigError) from exc
-        done.write_text("")
     return dest
+
+
+# What a cached copy never keeps from an earlier attempt: what decides which code runs and how the weights are read
+# (configs, tokenizer files, remote code). Small, so fetched again every time; the weights are kept by size and ETag.
+ALWAYS_FETCHED = CONFIG_FILES
+STAGING_FILES = (".lock", ".s3-manifest.json")
+
+
+def refresh(dest: Path, wanted: set[str]) -> None:
+    """Before a staged copy is used: drop every file the store does not list (a planted module, a stale shard, a
+    half-written .part) and the files always fetched again, so that `download` writes them anew."""
+    import fnmatch
+
+    manifest_path = dest / ".s3-manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for path in sorted(dest.rglob("*"), reverse=True):  # files before their directories
+        name = path.relative_to(dest).as_posix()
+        if name in STAGING_FILES:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+            continue
+        if name not in wanted or path.is_symlink() or any(fnmatch.fnmatch(path.name, p) for p in ALWAYS_FETCHED):
+            path.unlink()
+            manifest.pop(name, None)
+    manifest_path.write_text(json.dumps({k: v for k, v in manifest.items() if k in wanted}))
 
 
 def local_source(name: str | None, field: str = "spec.model.name", configs_only: bool = False) -> str | None:

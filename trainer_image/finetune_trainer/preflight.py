@@ -160,7 +160,7 @@ def run(config_path: str) -> dict[str, Any]:
     cfg = load_config(config_path)
     from finetune_trainer import objectstore
 
-    objectstore.configure(cfg.spec.s3, cfg.cache)
+    objectstore.configure(cfg.spec.s3, cfg.model_cache)
     if cfg.spec.output.uri:  # the bucket exists and takes writes with these credentials (else 77)
         objectstore.check_bucket(cfg.spec.output.uri)
         from finetune_trainer.outputs.owner import OwnerRecord, take_over_asked, writer_of

@@ -176,6 +176,7 @@ ENV_LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"  # the processes of this node (
 # Hugging Face's cache root (models, tokenizers, datasets downloaded from the Hub), and the other libraries'
 # compile caches: all on a writable volume, the root filesystem being read-only.
 ENV_HF_HOME: Final = "HF_HOME"
+ENV_HF_MODULES_CACHE: Final = "HF_MODULES_CACHE"
 ENV_TORCH_EXTENSIONS_DIR: Final = "TORCH_EXTENSIONS_DIR"
 ENV_TRITON_CACHE_DIR: Final = "TRITON_CACHE_DIR"
 # DeepSpeed picks its accelerator from this ("cpu" for CPU jobs); NCCL's log level (spec.distributed.ncclDebug).
@@ -216,6 +217,9 @@ RESERVED_ENV_NAMES: Final = frozenset(
         "NVIDIA_VISIBLE_DEVICES",
         # The trainer loads checkpoints as data only (torch.load weights-only); this one would turn that off.
         "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",
+        # Where Hub downloads and remote code are kept: the operator keeps code in the pod's own cache (render/env.py).
+        ENV_HF_HOME,
+        ENV_HF_MODULES_CACHE,
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,

@@ -9,6 +9,8 @@ from .base import ApiModel
 from .constants import (
     DEFAULT_GPU_RESOURCE,
     DEFAULT_TERMINATION_GRACE_SECONDS,
+    ENV_HF_HOME,
+    ENV_HF_MODULES_CACHE,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     SECRET_ENV_NAMES,
@@ -52,10 +54,10 @@ def extended_resource_name(name: str) -> str:
 def reject_reserved_env_name(name: str) -> str:
     """Raises when `name` belongs to torchrun's rendezvous contract or to our trainer."""
     if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
-        raise ValueError(
-            f"{name} is set by the operator for torchrun/the trainer and may not be overridden; "
-            "use the spec field instead (e.g. distributed.rendezvousPort)"
-        )
+        instead = ("set spec.data.cacheDir to a writable volume of pod.volumes to keep Hub downloads there"
+                   if name in (ENV_HF_HOME, ENV_HF_MODULES_CACHE) else
+                   "use the spec field instead (e.g. distributed.rendezvousPort)")
+        raise ValueError(f"{name} is set by the operator for torchrun/the trainer and may not be overridden; {instead}")
     return name
 
 

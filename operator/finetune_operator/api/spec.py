@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .base import ApiModel
+from .constants import CACHE_MOUNT_PATH
 from .data import DataSpec
 from .distributed import DistributedSpec
 from .elastic import elastic_rules
@@ -293,15 +294,15 @@ def _cache_rules(spec: Any) -> list[FieldError]:
     cache = spec.data.cache_dir
     if cache is None:
         return []
-    writable = [spec.output.mount_path, *(v.mount_path for v in spec.pod.volumes if not v.read_only)]
+    writable = [spec.output.mount_path, CACHE_MOUNT_PATH,
+                *(v.mount_path for v in spec.pod.volumes if not v.read_only)]
     if any(cache == m or cache.startswith(m.rstrip("/") + "/") for m in writable):
         return []
     read_only = [v.mount_path for v in spec.pod.volumes if v.read_only]
     why = ("is on a read-only volume" if any(cache == m or cache.startswith(m.rstrip("/") + "/") for m in read_only)
            else "is on no volume, and the pods' root filesystem is read-only")
     return [FieldError("data.cacheDir", cache, why, "mount a writable volume there with pod.volumes (e.g. a shared "
-                       "cache claim at /hf-cache and cacheDir: /hf-cache), or remove cacheDir to cache in the output "
-                       "volume")]
+                       "cache claim at /hf-cache and cacheDir: /hf-cache), or remove cacheDir to cache in each pod")]
 
 
 def _credential_rules(spec: Any) -> list[FieldError]:

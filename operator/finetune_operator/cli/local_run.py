@@ -115,7 +115,8 @@ def node_environment(job: ValidatedJob, ctx: RenderContext, workdir: Path, rank:
         c.ENV_STOP_CAUSE: "Ctrl-C in finetune run (or a SIGTERM sent to it)",  # how stop() reaches the nodes
         c.ENV_NODES_SHARING_CPUS: str(job.spec.distributed.num_nodes),  # one CPU limit for every node here
         # The rendered values point at pod volumes; locally the user's caches serve (a model is downloaded once).
-        c.ENV_HF_HOME: os.environ.get(c.ENV_HF_HOME, str(Path.home() / ".cache" / "huggingface")),
+        c.ENV_HF_HOME: (hf_home := os.environ.get(c.ENV_HF_HOME, str(Path.home() / ".cache" / "huggingface"))),
+        c.ENV_HF_MODULES_CACHE: os.environ.get(c.ENV_HF_MODULES_CACHE, str(Path(hf_home) / "modules")),
         c.ENV_TORCH_EXTENSIONS_DIR: str(extensions_dir()),
         c.ENV_TRITON_CACHE_DIR: str(workdir / "cache" / "triton"),
     })

@@ -8,7 +8,7 @@ from ..api.elastic import in_place_restart_limit, restarts_in_place
 from ..api.spec import FineTuneJobSpec
 from .context import RenderContext
 from .names import master_address, pod_address
-from .trainer_config import cache_dir
+from .trainer_config import cache_dir, pod_cache_dir
 
 # The keys of spec.s3.credentialsSecret, as boto reads them from the environment (a session token only for
 # temporary credentials).
@@ -31,9 +31,12 @@ def trainer_env(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str, Any
         {"name": c.ENV_JOB_NAME, "value": ctx.name},
         {"name": c.ENV_JOB_NAMESPACE, "valueFrom": _field_ref("metadata.namespace")},
         {"name": c.ENV_POD_NAME, "valueFrom": _field_ref("metadata.name")},
-        # Hub downloads (models, tokenizers, datasets) go to the output volume (or data.cacheDir), where the next
-        # attempt of a gang restart finds them instead of downloading again (the root filesystem is read-only).
-        {"name": c.ENV_HF_HOME, "value": posixpath.join(cache_dir(spec, ctx), "huggingface")},
+        # Hub downloads (models, tokenizers, datasets) go to the cache (the root filesystem is read-only). A model
+        # that brings code is always downloaded into the pod's own cache, and transformers copies and imports remote
+        # code from the pod's own modules directory: code never comes from a volume someone else can write.
+        {"name": c.ENV_HF_HOME, "value": posixpath.join(
+            pod_cache_dir(ctx) if spec.model.trust_remote_code else cache_dir(spec, ctx), "huggingface")},
+        {"name": c.ENV_HF_MODULES_CACHE, "value": posixpath.join(pod_cache_dir(ctx), "modules")},
         {"name": c.ENV_TORCH_EXTENSIONS_DIR, "value": posixpath.join(c.CACHE_MOUNT_PATH, "torch_extensions")},
         {"name": c.ENV_TRITON_CACHE_DIR, "value": posixpath.join(c.CACHE_MOUNT_PATH, "triton")},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

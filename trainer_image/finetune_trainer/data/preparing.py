@@ -65,21 +65,21 @@ class PreparingHeartbeat:
 
 
 @contextmanager
-def rank_zero_first(process_index: int, world_size: int) -> Iterator[None]:
-    """Rank 0 runs the body first (tokenizes and caches); the others wait with a long timeout, then run it (and
-    load the cache). Like TrainingArguments.main_process_first, but not bounded by the collective timeout."""
+def rank_zero_first(first: bool, world_size: int) -> Iterator[None]:
+    """The `first` processes run the body first (tokenize and cache); the others wait with a long timeout, then run
+    it (and load the cache). Like TrainingArguments.main_process_first, but not bounded by the collective timeout."""
     import torch.distributed as dist
 
     if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
         yield
         return
     group = dist.new_group(backend="gloo", timeout=DATA_BARRIER_TIMEOUT)
-    if process_index != 0:
+    if not first:
         dist.barrier(group=group)
     try:
         yield
     finally:
-        if process_index == 0:
+        if first:
             dist.barrier(group=group)
 
 
@@ -103,9 +103,10 @@ def prepare_data(cfg: "TrainerConfig", args: Any, tokenizer: Any, reporter: Stat
         return prepare_streaming(cfg.spec.data, tokenizer, args.seed)
 
     # Rank 0 tokenizes and caches, reporting a heartbeat; the others wait, then load the cache instead of
-    # tokenizing inside a collective.
+    # tokenizing inside a collective. A cache of each node's own: the first process of every node tokenizes.
     cache = cfg.cache / "tokenized"
-    with rank_zero_first(args.process_index, args.world_size):
+    first = args.local_process_index == 0 if cfg.cache_node_local else args.process_index == 0
+    with rank_zero_first(first, args.world_size):
         if args.process_index != 0:
             return prepare(cfg.spec.data, tokenizer, cache, args.seed)
         with PreparingHeartbeat(cfg.output_dir, reporter) as heartbeat:
