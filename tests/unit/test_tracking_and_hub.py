@@ -122,3 +122,50 @@ def test_the_token_role_is_read_from_whoami_and_unknown_when_it_cannot_be():
     assert token_role(Api({"auth": {"accessToken": {"role": "fineGrained"}}})) == "fineGrained"
     assert token_role(Api({"name": "acme", "auth": {"type": "oauth"}})) is None
     assert token_role(Api(OSError("connection refused"))) is None
+
+
+WANDB_RUN = """
+import json, sys
+from pathlib import Path
+from finetune_trainer.config import load_config
+from finetune_trainer.outputs import tracking
+tracking.configure(load_config(sys.argv[1]), resuming=False, rank=0)
+import wandb
+run = wandb.init()
+print(json.dumps({"base_url": run.settings.base_url}))
+run.finish()
+"""
+
+
+@pytest.mark.parametrize("planted", ["file", "link"])
+def test_wandb_never_takes_its_server_from_a_settings_file_on_the_output_volume(tmp_path, planted):
+    """Real wandb (offline): a settings file anyone who can write the output volume planted would have sent the
+    lent API key to its base_url. The file is removed (a link to it too, its target untouched) and the server is
+    named in the environment, which wins over any settings file."""
+    import json
+    import subprocess
+    import sys
+
+    from finetune_operator.render import RenderContext
+    from finetune_operator.render.configmap import config_files
+
+    output = tmp_path / "output"
+    (output / "wandb").mkdir(parents=True)
+    settings = "[default]\nbase_url = http://127.0.0.1:9/planted\n"
+    victim = tmp_path / "victim"
+    victim.write_text(settings)
+    if planted == "file":
+        (output / "wandb" / "settings").write_text(settings)
+    else:
+        (output / "wandb" / "settings").symlink_to(victim)
+    job = validate_job(make_job({"spec.tracking": {"reportTo": ["wandb"], "wandb": {"offline": True}}}))
+    config = tmp_path / "trainer.json"
+    config.write_text(config_files(job.spec, RenderContext(name=job.name, namespace="d", output_dir=str(output),
+                                                           cache_dir=str(tmp_path / "cache")))["trainer.json"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    done = subprocess.run([sys.executable, "-c", WANDB_RUN, str(config)], cwd=output, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["base_url"] == tracking.DEFAULT_WANDB_BASE_URL
+    assert not (output / "wandb" / "settings").exists() and not (output / "wandb" / "settings").is_symlink()
+    assert victim.read_text() == settings

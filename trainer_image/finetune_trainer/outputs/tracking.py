@@ -14,6 +14,9 @@ from finetune_trainer.config import TrainerConfig
 
 log = logging.getLogger(__name__)
 RUNS_FILE = "tracking.json"
+DEFAULT_WANDB_BASE_URL = "https://api.wandb.ai"
+# wandb reads settings (base_url among them) from <WANDB_DIR>/wandb/settings; nothing of ours writes that file.
+WANDB_WORKSPACE_SETTINGS = ("wandb", "settings")
 
 
 def tracker_environment(cfg: TrainerConfig, recorded: dict[str, str]) -> dict[str, str]:
@@ -22,16 +25,18 @@ def tracker_environment(cfg: TrainerConfig, recorded: dict[str, str]) -> dict[st
     project = t.project or cfg.namespace
     env: dict[str, str] = {}
     if "wandb" in t.report_to:
-        # Run files beside the model (offline runs are synced from there); the root filesystem is read-only.
-        wandb_home = str(cfg.output_dir / ".cache" / "wandb")
+        # Run files beside the model (offline runs are synced from there); the root filesystem is read-only. The
+        # settings wandb reads (its config directory) live in the pod's own cache, and the server is always named:
+        # a settings file someone planted on the output volume would otherwise send the API key to its base_url.
+        wandb_home = str((cfg.pod_cache_dir or cfg.cache) / "wandb")
+        w = t.wandb
         env.update(WANDB_PROJECT=project, WANDB_DIR=str(cfg.output_dir), WANDB_CACHE_DIR=wandb_home,
                    WANDB_CONFIG_DIR=wandb_home, WANDB_DATA_DIR=wandb_home,
-                   WANDB_RUN_ID=recorded.get("wandb") or uuid.uuid4().hex[:12], WANDB_RESUME="allow")
-        w = t.wandb
+                   WANDB_RUN_ID=recorded.get("wandb") or uuid.uuid4().hex[:12], WANDB_RESUME="allow",
+                   WANDB_BASE_URL=(w.base_url if w is not None and w.base_url else None)
+                   or os.environ.get("WANDB_BASE_URL") or DEFAULT_WANDB_BASE_URL)
         if w is not None and w.offline:
             env["WANDB_MODE"] = "offline"
-        if w is not None and w.base_url:
-            env["WANDB_BASE_URL"] = w.base_url
         if w is not None and w.entity:
             env["WANDB_ENTITY"] = w.entity
     if "mlflow" in t.report_to:
@@ -59,6 +64,11 @@ def configure(cfg: TrainerConfig, resuming: bool, rank: int) -> dict[str, str]:
         return {}
     recorded = read_runs(cfg.output_dir) if resuming else {}
     os.environ.update(tracker_environment(cfg, recorded))
+    planted = cfg.output_dir.joinpath(*WANDB_WORKSPACE_SETTINGS)
+    if "wandb" in cfg.spec.tracking.report_to and (planted.exists() or planted.is_symlink()):
+        planted.unlink()  # every rank: none may read it, and a link is removed, never followed
+        log.warning("removed %s: wandb would have taken its settings (such as the server it sends the API key to) "
+                    "from the output volume; set spec.tracking.wandb instead", planted)
     runs = {**recorded, **({"wandb": os.environ["WANDB_RUN_ID"]} if "wandb" in cfg.spec.tracking.report_to else {})}
     if rank == 0:
         write_runs(cfg.output_dir, runs)
