@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from finetune_operator.api import constants as c
 from finetune_operator.api.runtime_layers import resolve_offline
 from tests.builders import make_job
 from tests.cluster.test_faults import FAIL_ATTEMPTS, FAIL_EXIT_CODE
@@ -272,8 +273,13 @@ def test_a_job_started_before_any_default_runs_on_but_is_judged_by_it_once_edite
     as_tenant(kubectl, TENANT, "apply", "-f", "-", input=json.dumps(make_job({
         "metadata.name": "fiona", "metadata.namespace": ns, "spec.distributed": {"numNodes": 1, "gpusPerNode": 1},
         "spec.training.precision": "bf16"})))
+    # gina's 2-GPU job too: over the default to come, which only an edit of what it runs may bring to bear.
+    as_tenant(kubectl, TENANT, "apply", "-f", "-", input=json.dumps(make_job({
+        "metadata.name": "gina", "metadata.namespace": ns, "spec.distributed": {"numNodes": 1, "gpusPerNode": 2}})))
     st = wait_status(kubectl, ns, "fiona", lambda s: s.get("phase") == "Running", operator, timeout=90)
-    assert "runtime" not in st
+    assert "runtime" not in st and st.get("startedSpecDigest")  # what it runs, recorded as it started
+    wait_status(kubectl, ns, "gina", lambda s: s.get("phase") == "Running" and s.get("startedSpecDigest"), operator,
+                timeout=90)
     one_gpu = runtime("team-default", kind="FineTuneRuntime", namespace=ns, default=True,
                       limits={"maxGpusPerJob": 1})
     with runtimes(kubectl, one_gpu):
@@ -284,6 +290,16 @@ def test_a_job_started_before_any_default_runs_on_but_is_judged_by_it_once_edite
                                                           input=json.dumps(probe), check=False).stderr:
             assert time.monotonic() < deadline, "the default never reached admission"
             time.sleep(0.5)
+        # A Kueue label (queue, priority, time limit) reaches gina's next attempt: changing one is an edit of what
+        # she runs, judged by the default, by `kubectl label` and by a patch of the labels alike.
+        for label in c.KUEUE_JOB_LABELS:
+            for how in (("label", "ftj", "gina", "-n", ns, f"{label}=86400"),
+                        ("patch", "ftj", "gina", "-n", ns, "--type=merge", "-p",
+                         json.dumps({"metadata": {"labels": {label: "86400"}}}))):
+                refused = as_tenant(kubectl, TENANT, *how, check=False)
+                assert refused.returncode != 0 and "limits.maxGpusPerJob = 1" in refused.stderr, (label, how,
+                                                                                                  refused.stderr)
+        as_tenant(kubectl, TENANT, "label", "ftj", "gina", "-n", ns, "team=vision")  # not what it runs: allowed
         for patch in ({"spec": {"suspend": True}}, {"spec": {"runPolicy": {"backoffLimit": 4}}}):
             as_tenant(kubectl, TENANT, "patch", "ftj", "fiona", "-n", ns, "--type=merge", "-p", json.dumps(patch))
         wait_status(kubectl, ns, "fiona", lambda s: s.get("phase") == "Suspended", operator, timeout=60)

@@ -10,7 +10,7 @@ import pytest
 from finetune_operator.api import constants as c
 from finetune_operator.api.validation import validate_job
 from finetune_operator.controller.runtimes import edited_since_started, resolve
-from finetune_operator.render.workload import attempt_spec_hash
+from finetune_operator.render.workload import attempt_spec_hash, started_spec_digest
 from tests.builders import make_job
 
 DEFAULT = {"apiVersion": c.API_VERSION, "kind": c.CLUSTER_RUNTIME_KIND, "metadata": {"name": "default-1gpu"},
@@ -37,9 +37,12 @@ def started(**spec: Any) -> tuple[dict, list[dict]]:
     """A 1-GPU job that started with no runtime, and its attempt 1's Job (the spec digest it was rendered from)."""
     job = make_job({"metadata.name": "fiona", "metadata.namespace": "team-a", "spec.distributed.numNodes": 1,
                     "spec.distributed.gpusPerNode": 1, **spec})
-    job["status"] = {"startTime": "2026-11-29T00:00:00Z", "attempt": 1, "phase": "Running"}
+    job["metadata"]["labels"] = {c.LABEL_KUEUE_QUEUE: "team-a-low"}
+    spec = validate_job(job).spec
+    job["status"] = {"startTime": "2026-11-29T00:00:00Z", "attempt": 1, "phase": "Running",
+                     "startedSpecDigest": started_spec_digest(spec, job["metadata"]["labels"])}
     attempt = {"metadata": {"name": "fiona-a1", "labels": {c.LABEL_ATTEMPT: "1"},
-                            "annotations": {c.ANNOTATION_ATTEMPT_SPEC_HASH: attempt_spec_hash(validate_job(job).spec)}}}
+                            "annotations": {c.ANNOTATION_ATTEMPT_SPEC_HASH: attempt_spec_hash(spec)}}}
     return job, [attempt]
 
 
@@ -54,10 +57,21 @@ EDITS = {
 }
 
 
+# The Kueue labels that reach the next attempt's Job: which queue (and so whose quota), which priority.
+RELABELS = {
+    "the queue": {c.LABEL_KUEUE_QUEUE: "prod-high"},
+    "the priority": {c.LABEL_KUEUE_PRIORITY: "urgent"},
+    "the time limit": {c.KUEUE_MAX_EXEC_TIME: "86400"},
+}
+EDITS.update({name: ({"metadata.labels": labels}, True) for name, labels in RELABELS.items()})
+
+
 def edit(job: dict, change: dict) -> dict:
     edited = copy.deepcopy(job)
     for key, value in change.items():
-        if isinstance(value, dict):
+        if key == "metadata.labels":
+            edited["metadata"]["labels"].update(value)
+        elif isinstance(value, dict):
             edited["spec"].setdefault(key, {}).update(value)
         else:
             edited["spec"][key] = value
@@ -79,7 +93,33 @@ def test_an_edit_of_what_runs_is_judged_by_the_default_that_covers_it_now(what):
     assert any("maxGpusPerJob" in e.message for e in resolved.errors) is too_many, resolved.errors
 
 
-def test_unedited_or_without_an_attempt_to_compare_with_it_stays_without_a_runtime():
+@pytest.mark.parametrize("attempts_seen", ["its attempt's Job", "no Job (suspended, a failed create)"])
+@pytest.mark.parametrize("what", EDITS)
+def test_the_digest_recorded_at_start_judges_an_edit_with_or_without_an_attempt(what, attempts_seen):
     job, attempts = started()
-    assert resolve(Runtimes(DEFAULT), job, attempts).snapshot is None
-    assert resolve(Runtimes(DEFAULT), edit(job, {"distributed": {"numNodes": 2}}), []).snapshot is None
+    change, runs_otherwise = EDITS[what]
+    seen = attempts if attempts_seen.startswith("its") else []
+    assert resolve(Runtimes(DEFAULT), job, seen).snapshot is None  # unedited: stays without a runtime
+    assert (resolve(Runtimes(DEFAULT), edit(job, change), seen).snapshot is not None) is runs_otherwise
+
+
+def test_the_digest_counts_what_the_user_set_so_an_upgrade_that_adds_defaults_keeps_it():
+    job, _ = started()
+    spec = validate_job(job).spec
+    spelled_out = copy.deepcopy(job)  # every default written out, as a newer schema's defaulting would
+    spelled_out["spec"] = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert started_spec_digest(validate_job(spelled_out).spec, job["metadata"]["labels"]) == \
+        job["status"]["startedSpecDigest"]
+    assert not edited_since_started(spelled_out, [])
+
+
+@pytest.mark.parametrize("what", EDITS)
+def test_a_job_started_before_the_record_is_compared_with_its_attempt(what):
+    """Started by an operator that recorded no digest: its newest attempt's Job says what it runs (the labels are
+    not in that digest), and with no Job it is taken as unedited."""
+    job, attempts = started()
+    del job["status"]["startedSpecDigest"]
+    change, runs_otherwise = EDITS[what]
+    edited = edit(job, change)
+    assert edited_since_started(edited, attempts) is (runs_otherwise and what not in RELABELS)
+    assert not edited_since_started(edited, [])

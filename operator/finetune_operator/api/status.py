@@ -288,6 +288,10 @@ class FineTuneJobStatus(ApiModel):
                                       description="The time of the last notice posted as an Event.")
     runtime: RuntimeSnapshot | None = Field(default=None, description="The runtime the job runs with, recorded "
                                             "when it started.")
+    started_spec_digest: str | None = Field(
+        default=None, max_length=64, description="For a job that started with no runtime: a digest of what it runs "
+        "(its spec but suspend and runPolicy, and its Kueue queue and priority labels), recorded when it started. "
+        "An edit that changes it starts the job anew under the runtimes that cover it then.")
     preflight: Literal["Running", "Passed", "Failed"] | None = Field(
         default=None, description="The preflight check's outcome (spec.runPolicy.preflight).")
     memory_estimate: MemoryEstimateStatus | None = Field(

@@ -18,6 +18,7 @@ from ..api.status import TERMINAL_PHASES
 from ..api.validation import ValidatedJob
 from ..fit import WARN_FRACTION
 from ..render.preflight import PREFLIGHT_ATTEMPT
+from ..render.workload import started_spec_digest
 from . import goodput, queueing
 from .conditions import set_conditions
 from .deadlines import active_clock, active_seconds, attempt_deadline, follow_deadline
@@ -75,6 +76,10 @@ def plan(job: ValidatedJob | InvalidSpec, obs: Observed, settings: Settings = Se
         # Recorded when the job first really starts (never for an attempt created suspended): what every attempt,
         # and every later edit, is judged against (controller/runtimes.py).
         st["runtime"] = obs.runtime
+    elif st.get("startTime") and obs.runtime_missing is None and isinstance(job, ValidatedJob):
+        # Runs with no runtime, started so or edited while none covered it: what every later edit is compared with
+        # (controller/runtimes.py).
+        st["startedSpecDigest"] = started_spec_digest(job.spec, obs.labels)
     _keep_admission(p, obs, settings)
     goodput.account(p.status, obs.status, obs.now, p.status.get("gpus") or 0, p.restarted,
                     0 if isinstance(job, InvalidSpec) else _resume_step(job, obs.status))

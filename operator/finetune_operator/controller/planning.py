@@ -12,7 +12,7 @@ OPERATOR_STATUS_FIELDS = ("phase", "reason", "message", "conditions", "attempt",
                           "nodes", "gpus", "globalBatchSize", "startTime", "completionTime", "observedGeneration",
                           "goodput", "preflight", "noticePosted", "kueueDeactivated", "activeSeconds", "activeSince",
                           "disruptions", "runtime", "memoryEstimate", "restartsInPlace", "nodesLost",
-                          "recovery")
+                          "recovery", "startedSpecDigest")
 CONDITION_TYPES = ("Created", "Waiting", "Running", "Restarting", "Suspended", "Stalled", "TopologyChangePending",
                    "Succeeded", "Failed")
 

@@ -15,10 +15,10 @@ under the runtimes that cover it then.
 from collections.abc import Sequence
 from typing import Any
 
-from ..api import constants as c
 from ..api.errors import InvalidSpec
 from ..api.runtime_layers import Resolved, apply_layers, choose_layers, recorded
 from ..api.validation import validate_job
+from ..render.workload import started_spec_digest
 from .kube import Kube
 from .observed import attempt_of
 from .suspension import edited
@@ -42,13 +42,16 @@ def resolve(kube: Kube, obj: dict[str, Any], workloads: Sequence[dict[str, Any]]
 
 
 def edited_since_started(obj: dict[str, Any], workloads: Sequence[dict[str, Any]]) -> bool:
-    """Whether the job's spec (but suspend and runPolicy) is no longer what its newest attempt was rendered from:
-    then a job that started without a runtime starts anew under the runtimes that cover it now, as admission
-    judges such an edit (render/runtime_policy.py). Without an attempt to compare with, it is taken as unedited."""
-    newest = max(workloads, key=lambda w: attempt_of(w) or 0, default=None)
-    if newest is None or c.ANNOTATION_ATTEMPT_SPEC_HASH not in (newest.get("metadata") or {}).get("annotations", {}):
-        return False
+    """Whether what the job runs (its spec but suspend and runPolicy, its Kueue labels) is no longer what it started
+    with (status.startedSpecDigest): then a job that started without a runtime starts anew under the runtimes that
+    cover it now, as admission judges such an edit (render/runtime_policy.py). A job an operator started before that
+    record existed is compared with its newest attempt's Job (taken as unedited without one)."""
     try:
-        return edited(validate_job(obj).spec, newest)  # the comparison a resume after an edit makes
+        spec = validate_job(obj).spec
     except InvalidSpec:
         return True  # judged (and refused) with whatever covers it now
+    digest = ((obj.get("status") or {}).get("startedSpecDigest"))
+    if digest is not None:
+        return digest != started_spec_digest(spec, (obj.get("metadata") or {}).get("labels") or {})
+    newest = max(workloads, key=lambda w: attempt_of(w) or 0, default=None)
+    return newest is not None and edited(spec, newest)  # the comparison a resume after an edit makes

@@ -249,6 +249,19 @@ def lent_rules(who: str, locked: Callable[[str], str]) -> list[Rule]:
             for path in ENDPOINT_FIELDS]
 
 
+def _label_value(root: str, key: str) -> str:
+    return f"(has({root}.metadata.labels) && '{key}' in {root}.metadata.labels ? {root}.metadata.labels['{key}'] : '')"
+
+
+def relabelled_variable() -> dict[str, str]:
+    """The Kueue labels an update changes (queue, priority, time limit): they reach the next attempt's Job, so they
+    are part of what a job runs, as status.startedSpecDigest counts them (render/workload.py)."""
+    parts = " + ".join(
+        f"({_label_value('object', k)} != {_label_value('oldObject', k)} ? ['metadata.labels[{k}]'] : [])"
+        for k in c.KUEUE_JOB_LABELS)
+    return {"name": "relabelled", "expression": f"request.operation == 'UPDATE' ? {parts} : []"}
+
+
 def _live_variables(kind: str) -> list[dict[str, str]]:
     named = (f"has(object.spec.runtimeRef) && object.spec.runtimeRef.name == params.metadata.name && "
              f"(has(object.spec.runtimeRef.kind) ? object.spec.runtimeRef.kind : '{c.CLUSTER_RUNTIME_KIND}') == "
@@ -260,7 +273,9 @@ def _live_variables(kind: str) -> list[dict[str, str]]:
         # by none, as long as what it runs is unchanged (a default added later must not cap a running job, nor
         # leave it uncapped once it is edited).
         changed_variable(),
-        {"name": "live", "expression": f"!({RECORDED}) && !(({STARTED_WITHOUT}) && size(variables.changed) == 0)"},
+        relabelled_variable(),
+        {"name": "live", "expression": f"!({RECORDED}) && !(({STARTED_WITHOUT}) && size(variables.changed) == 0 && "
+                                       "size(variables.relabelled) == 0)"},
         {"name": "namespaceLabels", "expression": NAMESPACE_LABELS},
         {"name": "selected", "expression": selected},
         {"name": "named", "expression": named},

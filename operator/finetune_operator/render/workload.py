@@ -51,6 +51,15 @@ def attempt_spec_hash(spec: FineTuneJobSpec) -> str:
     return _digest(spec, APPLIED_AT_ONCE)
 
 
+def started_spec_digest(spec: FineTuneJobSpec, labels: dict[str, str]) -> str:
+    """What a job that started with no runtime runs, recorded in status.startedSpecDigest: the spec but what applies
+    at once, and the Kueue labels that choose its queue and priority. Only the fields the user set (their values
+    included) count, so an operator upgrade that adds a field with a default leaves it unchanged."""
+    body = json.dumps([spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE, exclude_defaults=True),
+                       {k: labels[k] for k in c.KUEUE_JOB_LABELS if k in labels}], sort_keys=True).encode()
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
 def pod_set_hash(job: dict[str, Any]) -> str:
     """What Kueue compares between a Job and the Workload it runs under (the pod count, containers and
     tolerations): equal, the next attempt can take over the Workload its predecessor was admitted with."""
