@@ -121,3 +121,34 @@ def test_a_finetunejob_controls_what_its_group_and_kind_name_with_its_uid(api, k
     owner = {"metadata": {"name": "victim", "uid": "u-1"}}
     assert (finetunejob_controller(child) == "u-1") is ours
     assert (owner_conflict(child, child, owner) is None) is ours
+
+
+FTJ_UID = "uid-of-test-job"
+WORKLOAD_OWNERS = {  # an ownerReference of a Kueue Workload -> (the Job it is Kueue's Workload of, held by us)
+    "the attempt's Job": (ref(), ("test-job-a2", JOB_UID), False),
+    "a Job of another group": (ref(api="jobset.x-k8s.io/v1alpha2"), (None, None), False),
+    "the Job, not as controller": (ref(controller=False), (None, None), False),
+    "the Job, another UID": (ref(uid="uid-of-someone-elses"), ("test-job-a2", "uid-of-someone-elses"), False),
+    "held by this FineTuneJob": (ref("test-job", FTJ_UID, c.KIND, c.API_VERSION), (None, None), True),
+    "held by one of the same name before": (ref("test-job", "uid-of-a-deleted-one", c.KIND, c.API_VERSION),
+                                            (None, None), False),
+    "the kind under another group": (ref("test-job", FTJ_UID, c.KIND, "evil.example/v1"), (None, None), False),
+    "held, not as controller": (ref("test-job", FTJ_UID, c.KIND, c.API_VERSION, controller=False), (None, None),
+                                False),
+}
+
+
+@pytest.mark.parametrize("owner", WORKLOAD_OWNERS)
+def test_a_kueue_workload_is_an_attempts_or_held_only_by_group_kind_and_uid(owner):
+    """Kueue's Workload of an attempt is the one that attempt's Job (by UID) controls; one held between attempts is
+    this FineTuneJob's only under its UID (not a deleted job's of the same name, nor the kind of another group)."""
+    from finetune_operator.controller import queueing
+    from finetune_operator.controller.cache import slim_workload_kueue
+
+    reference, (job, job_uid), held = WORKLOAD_OWNERS[owner]
+    slim = slim_workload_kueue({"metadata": {"name": "wl", "ownerReferences": [reference]},
+                                "spec": {"active": True}, "status": {}})
+    assert (slim["job"], slim["jobUid"]) == (job, job_uid)
+    attempt_job = {"metadata": {"name": "test-job-a2", "uid": JOB_UID}}
+    assert (queueing.kueue_workload([slim], attempt_job) is slim) is (owner == "the attempt's Job")
+    assert (queueing.held([slim], "test-job", FTJ_UID) is slim) is held

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import constants as c
-from .observed import finetunejob_controller
+from .observed import controller_reference, finetunejob_controller
 
 
 def _pick(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
@@ -56,10 +56,14 @@ def slim_workload_kueue(body: Mapping[str, Any]) -> dict[str, Any]:
     the holder, whether it is active, its priority and conditions."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     meta = body.get("metadata") or {}
-    owners = meta.get("ownerReferences") or []
-    owner = next((o.get("name") for o in owners if o.get("kind") == "Job"), None)
-    holder = next((o.get("name") for o in owners if o.get("kind") == c.KIND and o.get("controller")), None)
-    return {"name": meta.get("name"), "job": owner, "holder": holder, "active": spec.get("active", True),
+    # Kueue's Workload of a Job is controlled by that Job (batch/v1, by UID); one held between attempts by its
+    # FineTuneJob (our group and kind, by UID). A reference of another group or kind is nobody's of ours.
+    ref = controller_reference(body) or {}
+    job = ref if ref.get("kind") == "Job" and ref.get("apiVersion") == "batch/v1" else {}
+    holder_uid = finetunejob_controller(body)
+    return {"name": meta.get("name"), "job": job.get("name"), "jobUid": job.get("uid"),
+            "holder": ref.get("name") if holder_uid else None, "holderUid": holder_uid,
+            "active": spec.get("active", True),
             "priority": spec.get("priority"), "priorityClassName": (spec.get("priorityClassRef") or {}).get("name")
             or spec.get("priorityClassName"),
             "podSetHash": (meta.get("annotations") or {}).get(c.ANNOTATION_POD_SET_HASH),

@@ -108,7 +108,7 @@ def _keep_admission(p: Plan, obs: Observed, settings: Settings) -> None:
     its Job is deleted and handed to the Job of the next attempt; a job that ends releases it, and so does a next
     attempt that is not created in time (settings.kueue_hold_grace_seconds past its backoff: a Job that cannot be
     created, refused by an admission policy, must not keep the queue's GPUs from everyone else)."""
-    held = queueing.held(obs.kueue_workloads, obs.name)
+    held = queueing.held(obs.kueue_workloads, obs.name, obs.uid)
     if p.status.get("phase") in TERMINAL_PHASES:
         if held is not None:
             p.kueue_active = (held["name"], False)

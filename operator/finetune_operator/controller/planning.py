@@ -49,6 +49,7 @@ class Observed:
     runtime: dict[str, Any] | None = None
     runtime_missing: str | None = None
     runtime_reason: str = "RuntimeNotFound"  # or RuntimeNotAllowed: the reason the job waits with
+    uid: str | None = None  # the FineTuneJob's: what a Workload it holds names (None only in tests of the plan)
 
 
 @dataclass(frozen=True)

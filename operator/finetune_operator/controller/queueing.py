@@ -22,9 +22,10 @@ NEVER_ADMITTED = ("QueueTooSmall", "LocalQueueMissing")
 
 
 def kueue_workload(kueue_workloads: list[dict[str, Any]], job: dict[str, Any]) -> dict[str, Any] | None:
-    """Kueue's Workload of the attempt's Job, if Kueue made one."""
-    name = job["metadata"]["name"]
-    return next((w for w in kueue_workloads if w.get("job") == name), None)
+    """Kueue's Workload of the attempt's Job, if Kueue made one: the Workload that Job (by name and UID) controls."""
+    name, uid = job["metadata"]["name"], job["metadata"].get("uid")
+    return next((w for w in kueue_workloads if w.get("job") == name and (uid is None or w.get("jobUid") == uid)),
+                None)
 
 
 def finished(kueue: dict[str, Any]) -> bool:
@@ -37,11 +38,12 @@ def admitted(kueue: dict[str, Any]) -> bool:
             and bool(kueue.get("active", True)))
 
 
-def held(kueue_workloads: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    """The Workload the FineTuneJob `name` holds between a failed attempt and the next, if any (one released,
-    inactive or finished, holds nothing)."""
+def held(kueue_workloads: list[dict[str, Any]], name: str, uid: str | None) -> dict[str, Any] | None:
+    """The Workload the FineTuneJob `name` (this one: its UID) holds between a failed attempt and the next, if any
+    (one released, inactive or finished, holds nothing)."""
     return next((w for w in kueue_workloads if w.get("holder") == name and not w.get("job")
-                 and w.get("active", True) and not finished(w)), None)
+                 and (uid is None or w.get("holderUid") == uid) and w.get("active", True) and not finished(w)),
+                None)
 
 
 def suspended_by_operator(job: dict[str, Any]) -> bool:

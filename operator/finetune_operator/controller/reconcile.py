@@ -155,7 +155,7 @@ def _plan(kube: Kube, obj: dict[str, Any], view: Snapshot, settings: Settings,
         old_pods=sum(1 for p in pods if (attempt_of(p) or 0) < attempt and not pod_ended(p)),
         events=events, looked=waiting, nodes=nodes, quotas=quotas, kueue_workloads=view.kueue_workloads,
         refused=refused, runtime=runtime.snapshot, runtime_missing=runtime.missing,
-        runtime_reason=runtime.reason,
+        runtime_reason=runtime.reason, uid=obj["metadata"].get("uid"),
     )
     return job, plan(job, observed, settings)
 
