@@ -169,3 +169,34 @@ def test_wandb_never_takes_its_server_from_a_settings_file_on_the_output_volume(
     assert json.loads(done.stdout.strip().splitlines()[-1])["base_url"] == tracking.DEFAULT_WANDB_BASE_URL
     assert not (output / "wandb" / "settings").exists() and not (output / "wandb" / "settings").is_symlink()
     assert victim.read_text() == settings
+
+
+@pytest.mark.parametrize("recorded", ["this job's run", "another experiment's run", "another job's run in its project",
+                                      "no such run"])
+def test_a_resumed_attempt_continues_only_an_mlflow_run_of_its_own(tmp_path, monkeypatch, recorded):
+    """tracking.json is on the output volume: a run id planted there would have sent this job's metrics into any
+    run the job's MLflow credentials reach. Real MLflow, with a file store."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    store = f"file://{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = config({"spec.tracking": {"reportTo": ["mlflow"], "mlflow": {"trackingUri": store}}}, tmp_path / "out")
+    cfg.output_dir.mkdir()
+    client = MlflowClient(tracking_uri=store)
+    experiment = {"this job's run": "team-a", "another experiment's run": "finance",
+                  "another job's run in its project": "team-a"}.get(recorded)
+    run_id = "0" * 32
+    if experiment is not None:
+        mlflow.set_tracking_uri(store)
+        ids = {e.name: e.experiment_id for e in client.search_experiments()}
+        exp_id = ids.get(experiment) or client.create_experiment(experiment)
+        owner = "other-job" if recorded == "another job's run in its project" else "llama-sft"
+        run_id = client.create_run(exp_id, tags={"finetunejob.name": owner,
+                                                 "finetunejob.namespace": "team-a"}).info.run_id
+    tracking.write_runs(cfg.output_dir, {"mlflow": run_id})
+    runs = tracking.configure(cfg, resuming=True, rank=0)
+    ours = recorded == "this job's run"
+    assert (runs.get("mlflow") == run_id) is ours and (os.environ.get("MLFLOW_RUN_ID") == run_id) is ours
+    assert (tracking.read_runs(cfg.output_dir).get("mlflow") == run_id) is ours

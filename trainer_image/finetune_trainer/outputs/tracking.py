@@ -64,6 +64,14 @@ def configure(cfg: TrainerConfig, resuming: bool, rank: int) -> dict[str, str]:
         return {}
     recorded = read_runs(cfg.output_dir) if resuming else {}
     os.environ.update(tracker_environment(cfg, recorded))
+    if rank == 0 and recorded.get("mlflow") and not own_mlflow_run(cfg, recorded["mlflow"]):
+        # tracking.json sits on the output volume: a run id planted there would send this job's metrics (with the
+        # credentials it has) into someone else's run. MLflow's run ids are global, so it must be this job's.
+        log.warning("the recorded MLflow run %s is not this job's (experiment %s, tags finetunejob.name/namespace); "
+                    "a new run starts", recorded["mlflow"], os.environ.get("MLFLOW_EXPERIMENT_NAME"))
+        for name in ("MLFLOW_RUN_ID", "MLFLOW_MAX_LOG_PARAMS"):
+            os.environ.pop(name, None)
+        recorded = {k: v for k, v in recorded.items() if k != "mlflow"}
     planted = cfg.output_dir.joinpath(*WANDB_WORKSPACE_SETTINGS)
     if "wandb" in cfg.spec.tracking.report_to and (planted.exists() or planted.is_symlink()):
         planted.unlink()  # every rank: none may read it, and a link is removed, never followed
@@ -73,6 +81,23 @@ def configure(cfg: TrainerConfig, resuming: bool, rank: int) -> dict[str, str]:
     if rank == 0:
         write_runs(cfg.output_dir, runs)
     return runs
+
+
+def own_mlflow_run(cfg: TrainerConfig, run_id: str) -> bool:
+    """Whether `run_id` is a run this job started: in its experiment, tagged with its name and namespace (as
+    tracker_environment tags them). A server that cannot say counts as no."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient()
+        run = client.get_run(run_id)
+        experiment = client.get_experiment(run.info.experiment_id)
+    except Exception as exc:  # any failure to confirm it: a new run, not someone else's
+        log.warning("cannot read MLflow run %s: %s", run_id, exc)
+        return False
+    tags = run.data.tags
+    return (experiment.name == os.environ.get("MLFLOW_EXPERIMENT_NAME")
+            and tags.get("finetunejob.name") == cfg.job_name and tags.get("finetunejob.namespace") == cfg.namespace)
 
 
 def read_runs(output_dir: Path) -> dict[str, str]:
