@@ -65,6 +65,7 @@ def test_a_staged_copy_holds_what_the_store_lists_and_nothing_planted(minio, upl
             for p in (tmp_path / "moved").glob("*.safetensors"):
                 os.replace(p, dest / p.name)
 
+    objectstore.configure(objectstore.settings())  # a process of the next attempt
     staged = objectstore.stage_model(uri, cache, configs_only=configs_only)
 
     assert staged == dest
@@ -87,6 +88,7 @@ def test_a_model_replaced_in_the_store_is_staged_again_and_unchanged_weights_are
     dest = objectstore.stage_model(uri, cache)
     weights = next(dest.glob("*.safetensors"))
     kept = weights.stat().st_ino, weights.stat().st_mtime_ns
+    objectstore.configure(objectstore.settings())  # another process (this one reconciles a copy once)
     again = objectstore.stage_model(uri, cache)  # nothing changed: the weights are not downloaded again
     assert (weights.stat().st_ino, weights.stat().st_mtime_ns) == kept and again == dest
 
@@ -96,6 +98,65 @@ def test_a_model_replaced_in_the_store_is_staged_again_and_unchanged_weights_are
     fs.pipe_file(f"{uri}/config.json", json.dumps(config).encode())
     new_weights = weights.read_bytes()[::-1]
     fs.pipe_file(f"{uri}/{weights.name}", new_weights)
+    objectstore.configure(objectstore.settings())
     objectstore.stage_model(uri, cache)
     assert json.loads((dest / "config.json").read_text())["finetune_test_revision"] == 2
     assert weights.read_bytes() == new_weights
+
+
+def test_a_process_that_stages_again_never_takes_a_file_from_one_reading_the_copy(minio, uploaded, tmp_path):
+    """Every rank of a node stages the same model, and one may already be loading it: the configs fetched again
+    replace the old ones atomically, so a reader never finds one missing (a review saw config.json gone for 0.4 s)."""
+    import threading
+
+    uri = f"{uploaded}/models/tiny"
+    cache = tmp_path / "cache"
+    dest = objectstore.stage_model(uri, cache)
+    readable = [p for p in tree(dest).values() if p.is_file()]
+    missing, stop = [], threading.Event()
+
+    def read_all():
+        while not stop.is_set():
+            missing.extend(p.name for p in readable if not p.exists())
+
+    reader = threading.Thread(target=read_all)
+    reader.start()
+    try:
+        for _ in range(3):
+            objectstore.configure(objectstore.settings())  # another rank's process
+            objectstore.stage_model(uri, cache)
+    finally:
+        stop.set()
+        reader.join()
+    assert not missing, sorted(set(missing))
+
+
+@pytest.mark.parametrize("where", ["the copy", "the cache's models/"])
+def test_a_link_planted_for_the_copy_never_lets_staging_clear_what_it_points_to(minio, uploaded, tmp_path, where):
+    """A writer of a shared cache links the copy's directory to the job's output: staging would have removed the
+    checkpoints there as files the store does not list."""
+    uri = f"{uploaded}/models/tiny"
+    cache = tmp_path / "shared-cache"
+    dest = objectstore.staged_path(uri, cache)
+    victim = tmp_path / "output"
+    (victim / "checkpoint-100").mkdir(parents=True)
+    (victim / "checkpoint-100" / "model.safetensors").write_text("weights of a run")
+    (victim / "status.json").write_text("{}")
+    link = dest if where == "the copy" else dest.parent
+    link.parent.mkdir(parents=True)
+    link.symlink_to(victim, target_is_directory=True)
+    staged = objectstore.stage_model(uri, cache)
+    assert not staged.is_symlink() and not staged.parent.is_symlink() and (staged / "config.json").is_file()
+    assert sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*")) == [
+        "checkpoint-100", "checkpoint-100/model.safetensors", "status.json"]
+
+
+@pytest.mark.parametrize("manifest", ["{\"config.json\": \"abc", "[1, 2]", "{\"config.json\": 3}"])
+def test_a_torn_or_foreign_manifest_is_no_manifest(minio, uploaded, tmp_path, manifest):
+    uri = f"{uploaded}/models/tiny"
+    cache = tmp_path / "cache"
+    dest = objectstore.stage_model(uri, cache)
+    (dest / ".s3-manifest.json").write_text(manifest)
+    objectstore.configure(objectstore.settings())
+    assert objectstore.stage_model(uri, cache) == dest
+    assert json.loads((dest / ".s3-manifest.json").read_text()).keys() == tree(dest).keys() - {"sub"}

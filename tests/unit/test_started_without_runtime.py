@@ -123,3 +123,16 @@ def test_a_job_started_before_the_record_is_compared_with_its_attempt(what):
     edited = edit(job, change)
     assert edited_since_started(edited, attempts) is (runs_otherwise and what not in RELABELS)
     assert not edited_since_started(edited, [])
+
+
+@pytest.mark.parametrize("label", c.KUEUE_JOB_LABELS)
+def test_an_empty_kueue_label_is_none_as_admission_compares_them(label):
+    """Admission's relabelled variable takes an empty label for an absent one; so does the digest, or `kubectl
+    label ... queue-name=` would pass admission unjudged and make the operator judge a running job anew."""
+    job, attempts = started()
+    emptied = copy.deepcopy(job)
+    emptied["metadata"]["labels"] = {k: v for k, v in job["metadata"]["labels"].items() if k != label}
+    emptied["status"]["startedSpecDigest"] = started_spec_digest(validate_job(emptied).spec,
+                                                                 emptied["metadata"]["labels"])
+    emptied["metadata"]["labels"][label] = ""
+    assert not edited_since_started(emptied, attempts)

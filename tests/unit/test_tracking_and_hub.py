@@ -124,12 +124,14 @@ def test_the_token_role_is_read_from_whoami_and_unknown_when_it_cannot_be():
     assert token_role(Api(OSError("connection refused"))) is None
 
 
-WANDB_RUN = """
+WANDB_RUN = r"""
 import json, sys
 from pathlib import Path
 from finetune_trainer.config import load_config
 from finetune_trainer.outputs import tracking
 tracking.configure(load_config(sys.argv[1]), resuming=False, rank=0)
+if sys.argv[2] == "True":  # planted again after the removal, before wandb starts
+    (Path.cwd() / "wandb" / "settings").write_text("[default]\nbase_url = http://127.0.0.1:9/planted\n")
 import wandb
 run = wandb.init()
 print(json.dumps({"base_url": run.settings.base_url}))
@@ -137,11 +139,10 @@ run.finish()
 """
 
 
-@pytest.mark.parametrize("planted", ["file", "link"])
-def test_wandb_never_takes_its_server_from_a_settings_file_on_the_output_volume(tmp_path, planted):
+def test_wandb_never_takes_its_server_from_a_settings_file_on_the_output_volume(tmp_path):
     """Real wandb (offline): a settings file anyone who can write the output volume planted would have sent the
-    lent API key to its base_url. The file is removed (a link to it too, its target untouched) and the server is
-    named in the environment, which wins over any settings file."""
+    lent API key to its base_url. The file is removed and the server is named in the environment, which wins over
+    any settings file (one planted again after the removal, too)."""
     import json
     import subprocess
     import sys
@@ -151,24 +152,42 @@ def test_wandb_never_takes_its_server_from_a_settings_file_on_the_output_volume(
 
     output = tmp_path / "output"
     (output / "wandb").mkdir(parents=True)
-    settings = "[default]\nbase_url = http://127.0.0.1:9/planted\n"
-    victim = tmp_path / "victim"
-    victim.write_text(settings)
-    if planted == "file":
-        (output / "wandb" / "settings").write_text(settings)
-    else:
-        (output / "wandb" / "settings").symlink_to(victim)
+    (output / "wandb" / "settings").write_text("[default]\nbase_url = http://127.0.0.1:9/planted\n")
     job = validate_job(make_job({"spec.tracking": {"reportTo": ["wandb"], "wandb": {"offline": True}}}))
     config = tmp_path / "trainer.json"
     config.write_text(config_files(job.spec, RenderContext(name=job.name, namespace="d", output_dir=str(output),
                                                            cache_dir=str(tmp_path / "cache")))["trainer.json"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    done = subprocess.run([sys.executable, "-c", WANDB_RUN, str(config)], cwd=output, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1])["base_url"] == tracking.DEFAULT_WANDB_BASE_URL
-    assert not (output / "wandb" / "settings").exists() and not (output / "wandb" / "settings").is_symlink()
-    assert victim.read_text() == settings
+    for replanted in (False, True):
+        done = subprocess.run([sys.executable, "-c", WANDB_RUN, str(config), str(replanted)], cwd=output, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout.strip().splitlines()[-1])["base_url"] == tracking.DEFAULT_WANDB_BASE_URL
+        assert (output / "wandb" / "settings").exists() is replanted
+
+
+@pytest.mark.parametrize("planted", ["file", "link", "the wandb directory, linked", "a directory", "nothing"])
+def test_a_planted_wandb_settings_file_is_removed_and_no_link_is_followed(tmp_path, planted):
+    output, elsewhere = tmp_path / "output", tmp_path / "elsewhere"
+    output.mkdir()
+    elsewhere.mkdir()
+    victim = elsewhere / "settings"
+    victim.write_text("[default]\nbase_url = http://127.0.0.1:9/planted\n")
+    if planted == "the wandb directory, linked":
+        (output / "wandb").symlink_to(elsewhere, target_is_directory=True)
+    else:
+        (output / "wandb").mkdir()
+    if planted == "file":
+        (output / "wandb" / "settings").write_text(victim.read_text())
+    elif planted == "link":
+        (output / "wandb" / "settings").symlink_to(victim)
+    elif planted == "a directory":  # configparser skips what it cannot open: harmless, and left alone
+        (output / "wandb" / "settings").mkdir()
+    for _ in range(2):  # every rank tries: the second finds nothing to remove
+        tracking.remove_workspace_settings(output)
+    assert not (output / "wandb").is_symlink() and not (output / "wandb" / "settings").is_symlink()
+    assert (output / "wandb" / "settings").is_dir() is (planted == "a directory")
+    assert not (output / "wandb" / "settings").is_file() and victim.is_file()
 
 
 @pytest.mark.parametrize("recorded", ["this job's run", "another experiment's run", "another job's run in its project",

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from finetune_operator.api.constants import HF_CACHE_ENV_NAMES
 from finetune_operator.api.errors import InvalidSpec
 from finetune_operator.api.validation import validate_job
 from tests.builders import DELETE, make_job
@@ -439,8 +440,6 @@ def test_a_single_value_where_a_list_belongs_shows_the_list():
 
 
 def test_object_storage_mistakes_are_named_with_their_fix():
-    from finetune_operator.api.errors import InvalidSpec
-
     with pytest.raises(InvalidSpec) as raised:
         validate_job(make_job({
             "spec.model.name": "s3://A_Bucket/models/x", "spec.output.uri": "s3://ok-bucket/runs/x",
@@ -469,3 +468,15 @@ def test_a_password_in_a_url_is_never_repeated_in_an_error():
         validate_job(make_job({"spec.s3": {"endpointURL": "https://admin:hunter2@minio.example:9000"}}))
     text = str(caught.value)
     assert "spec.s3.endpointURL" in text and "hunter2" not in text and "https://***@minio.example:9000" in text
+
+
+@pytest.mark.parametrize("name", sorted(HF_CACHE_ENV_NAMES))
+@pytest.mark.parametrize("where", ["spec.pod.env", "spec.pod.secretEnv"])
+def test_the_hub_cache_variables_are_the_operators_and_the_error_says_to_use_cache_dir(name, where):
+    """Code never comes from a cache someone else writes (render/env.py): none of the variables that move a Hub,
+    transformers or datasets cache may point one elsewhere."""
+    entry = {"name": name, "value": "/shared/hf"} if where == "spec.pod.env" else \
+        {"name": name, "secretName": "s", "key": "k"}
+    with pytest.raises(InvalidSpec) as refused:
+        validate_job(make_job({where: [entry]}))
+    assert f"{where}[0].name" in refused.value.summary() and "spec.data.cacheDir" in refused.value.summary()

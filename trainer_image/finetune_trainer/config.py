@@ -22,7 +22,7 @@ class TrainerConfig:
     training_arguments: dict[str, Any]
     output_dir: Path
     resume_from: str | None
-    cache_dir: Path | None = None  # spec.data.cacheDir as rendered; None: <output>/.cache
+    cache_dir: Path | None = None  # render.trainer_config.cache_dir; None (a config from before it): <output>/.cache
     pod_cache_dir: Path | None = None  # the pod's own emptyDir (render.trainer_config.pod_cache_dir)
     cache_node_local: bool = False  # `cache` is each node's own: each node's first process tokenizes the data
     job_uid: str | None = None  # the FineTuneJob (UID) and attempt this trainer reports to (status.reporter)

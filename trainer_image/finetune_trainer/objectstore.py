@@ -6,10 +6,12 @@ Configured once per process from the spec (`configure`): the data, model and out
 Credentials are never passed here: boto reads them from the environment (the Secret's keys), a web identity token
 (IRSA) or ~/.aws, as it does for the AWS CLI."""
 
+import contextlib
 import hashlib
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from finetune_trainer.errors import ConfigError, DataError, StorageRefused, Stor
 _SETTINGS: list[S3Spec] = [S3Spec()]
 _CACHE: list[Path] = [Path.home() / ".cache" / "finetunejob-models"]
 _FILESYSTEMS: dict[str, Any] = {}
+_STAGED: set[tuple[str, str]] = set()  # (directory, uri) this process has reconciled with the store
 
 
 def configure(s3: S3Spec, cache: Path | None = None) -> None:
@@ -30,6 +33,7 @@ def configure(s3: S3Spec, cache: Path | None = None) -> None:
     if cache is not None:
         _CACHE[0] = cache
     _FILESYSTEMS.clear()
+    _STAGED.clear()
 
 
 def settings() -> S3Spec:
@@ -189,7 +193,30 @@ def listing(uri: str, patterns: Iterable[str] | None = None) -> list[RemoteFile]
 
 
 def relative(remote: RemoteFile, uri: str) -> str:
-    return remote.uri[len(uri.rstrip("/")) + 1:]
+    """The object's name under the prefix `uri`, as a path under the directory it is downloaded into: a key that
+    would climb out of it (`..`, an empty part) is refused, not followed."""
+    name = remote.uri[len(uri.rstrip("/")) + 1:]
+    parts = name.split("/")
+    if not name or any(part in ("", ".", "..") for part in parts):
+        raise ConfigError(f"{remote.uri} under {uri} has a name that would be written outside the directory it is "
+                          "downloaded into ('..', '.' or an empty part); rename or remove that object")
+    return name
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    """ETags of the files already downloaded; a manifest that is torn or not ours is no manifest (all fetched)."""
+    try:
+        manifest = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else {}
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in manifest.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(manifest, dict) else {}
+
+
+def write_manifest(path: Path, manifest: dict[str, str]) -> None:
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.part")
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, path)  # never torn, and never written through a link planted at the name
 
 
 def download(files: list[RemoteFile], uri: str, dest: Path) -> int:
@@ -198,19 +225,21 @@ def download(files: list[RemoteFile], uri: str, dest: Path) -> int:
     fs = filesystem()
     dest.mkdir(parents=True, exist_ok=True)
     manifest_path = dest / ".s3-manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = read_manifest(manifest_path)
     fetched = 0
     for remote in files:
         name = relative(remote, uri)
         target = dest / name
-        if manifest.get(name) == remote.etag and target.exists() and target.stat().st_size == remote.size:
+        if (manifest.get(name) == remote.etag and not target.is_symlink() and target.is_file()
+                and target.stat().st_size == remote.size):
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
+        # A name nobody can guess or share: two downloaders never write one file, nor through a planted link.
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
         fs.get_file(remote.uri, str(tmp))
-        os.replace(tmp, target)
+        os.replace(tmp, target)  # atomic: a reader sees the old file or the new one, never a missing or half one
         manifest[name] = remote.etag
-        manifest_path.write_text(json.dumps(manifest))
+        write_manifest(manifest_path, manifest)
         fetched += remote.size
     return fetched
 
@@ -285,15 +314,18 @@ def stage_model(uri: str, cache: Path | None = None, field: str = "spec.model.na
     """The model (or adapter, tokenizer) at `uri` in the node's cache: every process of the node calls this; a file
     lock lets one download while the others wait. What an earlier attempt (or another job, in a shared cacheDir) left
     there is checked against the store, not trusted: the listing is read again, weights whose size and ETag still
-    match are kept, and everything else is fetched again (see `refresh`)."""
+    match are kept, and everything else is fetched again (see `refresh`). Once per process: the files other
+    processes already read are replaced atomically, never removed."""
+    dest = staged_path(uri, cache or _CACHE[0], configs_only)
+    if (key := (str(dest), uri)) in _STAGED:
+        return dest
     import fcntl
 
-    dest = staged_path(uri, cache or _CACHE[0], configs_only)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in STAGING_FILES:  # written below: never through a link to somewhere else
-        if (dest / name).is_symlink():
-            (dest / name).unlink()
-    with open(dest / ".lock", "w") as lock:
+    real_directory(dest)
+    if (dest / ".lock").is_symlink():
+        (dest / ".lock").unlink()
+    lock_fd = os.open(dest / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(lock_fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             files = model_files(listing(uri, CONFIG_FILES if configs_only else MODEL_FILES), uri)
@@ -307,7 +339,20 @@ def stage_model(uri: str, cache: Path | None = None, field: str = "spec.model.na
             raise
         except Exception as exc:  # s3fs and botocore raise many types
             raise failure(exc, uri, ConfigError) from exc
+    _STAGED.add(key)
     return dest
+
+
+def real_directory(dest: Path) -> None:
+    """`dest` and the cache's models/ above it as directories of their own: a link planted in a shared cache (to
+    the job's output, say) would have had `refresh` clear and fill wherever it points."""
+    for path in (dest.parent, dest):
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+    if os.path.realpath(dest) != os.path.join(os.path.realpath(dest.parent.parent), "models", dest.name):
+        raise ConfigError(f"the model cache {dest} leads elsewhere ({os.path.realpath(dest)}); a cache someone else "
+                          "can write (data.cacheDir) is not one to share with them")
 
 
 # What a cached copy never keeps from an earlier attempt: what decides which code runs and how the weights are read
@@ -317,24 +362,29 @@ STAGING_FILES = (".lock", ".s3-manifest.json")
 
 
 def refresh(dest: Path, wanted: set[str]) -> None:
-    """Before a staged copy is used: drop every file the store does not list (a planted module, a stale shard, a
-    half-written .part) and the files always fetched again, so that `download` writes them anew."""
+    """Before a staged copy is used: remove every file and link the store does not list (a planted module, a stale
+    shard, a half-written .part) and every link, and forget the ETags of the files always fetched again, so that
+    `download` replaces them. A listed file is replaced by `download`, never removed: another process may be
+    reading it."""
     import fnmatch
 
     manifest_path = dest / ".s3-manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    for path in sorted(dest.rglob("*"), reverse=True):  # files before their directories
-        name = path.relative_to(dest).as_posix()
-        if name in STAGING_FILES:
-            continue
-        if path.is_dir() and not path.is_symlink():
-            if not any(path.iterdir()):
-                path.rmdir()
-            continue
-        if name not in wanted or path.is_symlink() or any(fnmatch.fnmatch(path.name, p) for p in ALWAYS_FETCHED):
-            path.unlink()
-            manifest.pop(name, None)
-    manifest_path.write_text(json.dumps({k: v for k, v in manifest.items() if k in wanted}))
+    manifest = read_manifest(manifest_path)
+    for root, dirs, names in os.walk(dest, topdown=False, followlinks=False):
+        for entry in [*names, *dirs]:
+            path = Path(root) / entry
+            name = path.relative_to(dest).as_posix()
+            if name in STAGING_FILES and not path.is_symlink():
+                continue
+            if path.is_symlink() or (name not in wanted and not path.is_dir()):
+                path.unlink()
+                manifest.pop(name, None)
+            elif path.is_dir():
+                with contextlib.suppress(OSError):  # empty: a planted one, or the stores' layout changed
+                    path.rmdir()
+            elif any(fnmatch.fnmatch(path.name, p) for p in ALWAYS_FETCHED):
+                manifest.pop(name, None)
+    write_manifest(manifest_path, {k: v for k, v in manifest.items() if k in wanted})
 
 
 def local_source(name: str | None, field: str = "spec.model.name", configs_only: bool = False) -> str | None:

@@ -200,6 +200,9 @@ DEFAULT_METRICS_PORT: Final = 8080
 # Non-root uid/gid of the operator image (Dockerfile) and of the chart's pod securityContext.
 OPERATOR_UID: Final = 65532
 
+# Where huggingface_hub, transformers and datasets cache (data.cacheDir sets them, through HF_HOME).
+HF_CACHE_ENV_NAMES: Final = frozenset({ENV_HF_HOME, ENV_HF_MODULES_CACHE, "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
+                                       "TRANSFORMERS_CACHE", "HF_DATASETS_CACHE"})
 # Names a user env entry may not set: torchrun/torch.distributed would silently be redirected.
 RESERVED_ENV_NAMES: Final = frozenset(
     {
@@ -218,8 +221,7 @@ RESERVED_ENV_NAMES: Final = frozenset(
         # The trainer loads checkpoints as data only (torch.load weights-only); this one would turn that off.
         "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",
         # Where Hub downloads and remote code are kept: the operator keeps code in the pod's own cache (render/env.py).
-        ENV_HF_HOME,
-        ENV_HF_MODULES_CACHE,
+        *HF_CACHE_ENV_NAMES,
         ENV_CONFIG,
         ENV_JOB_NAME,
         ENV_JOB_NAMESPACE,

@@ -9,8 +9,7 @@ from .base import ApiModel
 from .constants import (
     DEFAULT_GPU_RESOURCE,
     DEFAULT_TERMINATION_GRACE_SECONDS,
-    ENV_HF_HOME,
-    ENV_HF_MODULES_CACHE,
+    HF_CACHE_ENV_NAMES,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     SECRET_ENV_NAMES,
@@ -55,7 +54,7 @@ def reject_reserved_env_name(name: str) -> str:
     """Raises when `name` belongs to torchrun's rendezvous contract or to our trainer."""
     if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
         instead = ("set spec.data.cacheDir to a writable volume of pod.volumes to keep Hub downloads there"
-                   if name in (ENV_HF_HOME, ENV_HF_MODULES_CACHE) else
+                   if name in HF_CACHE_ENV_NAMES else
                    "use the spec field instead (e.g. distributed.rendezvousPort)")
         raise ValueError(f"{name} is set by the operator for torchrun/the trainer and may not be overridden; {instead}")
     return name

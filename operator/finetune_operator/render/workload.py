@@ -53,10 +53,10 @@ def attempt_spec_hash(spec: FineTuneJobSpec) -> str:
 
 def started_spec_digest(spec: FineTuneJobSpec, labels: dict[str, str]) -> str:
     """What a job that started with no runtime runs, recorded in status.startedSpecDigest: the spec but what applies
-    at once, and the Kueue labels that choose its queue and priority. Only the fields the user set (their values
-    included) count, so an operator upgrade that adds a field with a default leaves it unchanged."""
+    at once, and the Kueue labels that choose its queue and priority (an empty one is none, as admission compares
+    them). Only the fields not at their default count, so an upgrade that adds a field with a default leaves it."""
     body = json.dumps([spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE, exclude_defaults=True),
-                       {k: labels[k] for k in c.KUEUE_JOB_LABELS if k in labels}], sort_keys=True).encode()
+                       {k: labels[k] for k in c.KUEUE_JOB_LABELS if labels.get(k)}], sort_keys=True).encode()
     return hashlib.sha256(body).hexdigest()[:16]
 
 

@@ -106,8 +106,13 @@ def prepare_data(cfg: "TrainerConfig", args: Any, tokenizer: Any, reporter: Stat
     # tokenizing inside a collective. A cache of each node's own: the first process of every node tokenizes.
     cache = cfg.cache / "tokenized"
     first = args.local_process_index == 0 if cfg.cache_node_local else args.process_index == 0
-    with rank_zero_first(first, args.world_size):
-        if args.process_index != 0:
+    if args.process_index != 0:
+        with rank_zero_first(first, args.world_size):
             return prepare(cfg.spec.data, tokenizer, cache, args.seed)
-        with PreparingHeartbeat(cfg.output_dir, reporter) as heartbeat:
-            return prepare(cfg.spec.data, tokenizer, cache, args.seed, on_progress=heartbeat.update)
+    # The heartbeat goes on while rank 0 waits for the other nodes (each tokenizing into its own cache, a new pod
+    # of an elastic gang from scratch): the stall watchdog hears from it all along.
+    with PreparingHeartbeat(cfg.output_dir, reporter) as heartbeat, rank_zero_first(first, args.world_size):
+        prepared = prepare(cfg.spec.data, tokenizer, cache, args.seed, on_progress=heartbeat.update)
+        if args.world_size > 1 and cfg.cache_node_local:
+            heartbeat.update("waiting for the other nodes to tokenize the data into their own caches")
+        return prepared

@@ -1,6 +1,7 @@
 """spec.tracking -> the environment transformers' tracker callbacks read, and one tracker run per job: an attempt
 that resumes a checkpoint continues the run the first attempt started (ids kept in tracking.json beside it)."""
 
+import contextlib
 import json
 import logging
 import os
@@ -72,15 +73,27 @@ def configure(cfg: TrainerConfig, resuming: bool, rank: int) -> dict[str, str]:
         for name in ("MLFLOW_RUN_ID", "MLFLOW_MAX_LOG_PARAMS"):
             os.environ.pop(name, None)
         recorded = {k: v for k, v in recorded.items() if k != "mlflow"}
-    planted = cfg.output_dir.joinpath(*WANDB_WORKSPACE_SETTINGS)
-    if "wandb" in cfg.spec.tracking.report_to and (planted.exists() or planted.is_symlink()):
-        planted.unlink()  # every rank: none may read it, and a link is removed, never followed
-        log.warning("removed %s: wandb would have taken its settings (such as the server it sends the API key to) "
-                    "from the output volume; set spec.tracking.wandb instead", planted)
+    if "wandb" in cfg.spec.tracking.report_to:
+        remove_workspace_settings(cfg.output_dir)
     runs = {**recorded, **({"wandb": os.environ["WANDB_RUN_ID"]} if "wandb" in cfg.spec.tracking.report_to else {})}
     if rank == 0:
         write_runs(cfg.output_dir, runs)
     return runs
+
+
+def remove_workspace_settings(output_dir: Path) -> None:
+    """wandb reads <WANDB_DIR>/wandb/settings, which nothing of ours writes: one found on the output volume was put
+    there by someone else, to choose the server (or proxy) that receives the API key. A link (the file's, or the
+    wandb directory's) is removed, never followed; every rank may try at once."""
+    wandb_dir = output_dir / WANDB_WORKSPACE_SETTINGS[0]
+    for path in (wandb_dir, wandb_dir / WANDB_WORKSPACE_SETTINGS[1]):
+        if path.is_symlink() or (path == wandb_dir / WANDB_WORKSPACE_SETTINGS[1] and path.is_file()):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            log.warning("removed %s: wandb would have taken its settings (such as the server it sends the API key "
+                        "to) from the output volume; set spec.tracking.wandb instead", path)
+            if path == wandb_dir:
+                return
 
 
 def own_mlflow_run(cfg: TrainerConfig, run_id: str) -> bool:
