@@ -160,3 +160,53 @@ def test_a_torn_or_foreign_manifest_is_no_manifest(minio, uploaded, tmp_path, ma
     objectstore.configure(objectstore.settings())
     assert objectstore.stage_model(uri, cache) == dest
     assert json.loads((dest / ".s3-manifest.json").read_text()).keys() == tree(dest).keys() - {"sub"}
+
+
+def test_a_copy_swapped_for_a_link_while_the_store_is_listed_clears_nothing_it_leads_to(minio, uploaded, tmp_path,
+                                                                                          monkeypatch):
+    """Another tenant of a shared cache swaps the copy's directory for a link to the job's output while staging
+    waits on the store (or the lock): the work goes on in the directory opened, never through the link."""
+    uri = f"{uploaded}/models/tiny"
+    cache = tmp_path / "shared-cache"
+    victim = tmp_path / "output"
+    (victim / "checkpoint-100").mkdir(parents=True)
+    (victim / "checkpoint-100" / "model.safetensors").write_text("weights of a run")
+    dest = objectstore.staged_path(uri, cache)
+    real_listing = objectstore.listing
+
+    def listing_while_swapped(*args, **kwargs):
+        if not dest.is_symlink():
+            os.rename(dest, dest.with_name("moved-away"))
+            dest.symlink_to(victim, target_is_directory=True)
+        return real_listing(*args, **kwargs)
+
+    monkeypatch.setattr(objectstore, "listing", listing_while_swapped)
+    objectstore.stage_model(uri, cache)
+    assert sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*")) == [
+        "checkpoint-100", "checkpoint-100/model.safetensors"]
+    assert (dest.with_name("moved-away") / "config.json").is_file()  # staged where it was opened
+
+
+def test_a_download_that_fails_midway_leaves_no_part_behind(minio, uploaded, tmp_path, monkeypatch):
+    uri = f"{uploaded}/models/tiny"
+    cache = tmp_path / "cache"
+    real = objectstore.filesystem()
+    failures = []
+
+    class DropsTheFirstWeights:  # the real client, whose first weights download breaks off halfway
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def get_file(self, rpath, lpath):
+            if rpath.endswith(".safetensors") and not failures:
+                failures.append(rpath)
+                with open(lpath, "wb") as f:
+                    f.write(b"half")
+                raise ConnectionError("connection reset by peer")
+            return real.get_file(rpath, lpath)
+
+    monkeypatch.setattr(objectstore, "filesystem", lambda: DropsTheFirstWeights())
+    monkeypatch.setattr(objectstore.time, "sleep", lambda seconds: None)
+    dest = objectstore.stage_model(uri, cache)
+    assert failures and not [p.name for p in dest.rglob("*.part")]
+    assert (dest / "model.safetensors").read_bytes() == real.cat_file(f"{uri}/model.safetensors")

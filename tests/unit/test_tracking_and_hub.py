@@ -166,7 +166,8 @@ def test_wandb_never_takes_its_server_from_a_settings_file_on_the_output_volume(
         assert (output / "wandb" / "settings").exists() is replanted
 
 
-@pytest.mark.parametrize("planted", ["file", "link", "the wandb directory, linked", "a directory", "nothing"])
+@pytest.mark.parametrize("planted", ["file", "link", "the wandb directory, linked", "a directory", "nothing",
+                                     "the .wandb directory"])
 def test_a_planted_wandb_settings_file_is_removed_and_no_link_is_followed(tmp_path, planted):
     output, elsewhere = tmp_path / "output", tmp_path / "elsewhere"
     output.mkdir()
@@ -183,11 +184,15 @@ def test_a_planted_wandb_settings_file_is_removed_and_no_link_is_followed(tmp_pa
         (output / "wandb" / "settings").symlink_to(victim)
     elif planted == "a directory":  # configparser skips what it cannot open: harmless, and left alone
         (output / "wandb" / "settings").mkdir()
+    elif planted == "the .wandb directory":  # wandb reads .wandb/settings instead once .wandb exists
+        (output / ".wandb").mkdir()
+        (output / ".wandb" / "settings").write_text(victim.read_text())
     for _ in range(2):  # every rank tries: the second finds nothing to remove
         tracking.remove_workspace_settings(output)
     assert not (output / "wandb").is_symlink() and not (output / "wandb" / "settings").is_symlink()
     assert (output / "wandb" / "settings").is_dir() is (planted == "a directory")
     assert not (output / "wandb" / "settings").is_file() and victim.is_file()
+    assert not (output / ".wandb" / "settings").exists()
 
 
 @pytest.mark.parametrize("recorded", ["this job's run", "another experiment's run", "another job's run in its project",

@@ -24,7 +24,7 @@ from finetune_trainer.errors import ConfigError, DataError, StorageRefused, Stor
 _SETTINGS: list[S3Spec] = [S3Spec()]
 _CACHE: list[Path] = [Path.home() / ".cache" / "finetunejob-models"]
 _FILESYSTEMS: dict[str, Any] = {}
-_STAGED: set[tuple[str, str]] = set()  # (directory, uri) this process has reconciled with the store
+_STAGED: set[str] = set()  # the copies this process has reconciled with the store
 
 
 def configure(s3: S3Spec, cache: Path | None = None) -> None:
@@ -185,6 +185,8 @@ def listing(uri: str, patterns: Iterable[str] | None = None) -> list[RemoteFile]
     out = []
     for key, info in sorted(found.items()):
         name = key[len(prefix.removeprefix("s3://")):] if not key.startswith("s3://") else key[len(prefix):]
+        if name.endswith("/"):  # a folder marker (the S3 console makes them): no file of its own
+            continue
         if patterns is not None and not any(fnmatch.fnmatch(name, p) for p in patterns):
             continue
         out.append(RemoteFile(f"s3://{key.removeprefix('s3://')}", int(info.get("size") or 0),
@@ -236,8 +238,12 @@ def download(files: list[RemoteFile], uri: str, dest: Path) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         # A name nobody can guess or share: two downloaders never write one file, nor through a planted link.
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
-        fs.get_file(remote.uri, str(tmp))
-        os.replace(tmp, target)  # atomic: a reader sees the old file or the new one, never a missing or half one
+        try:
+            fs.get_file(remote.uri, str(tmp))
+            os.replace(tmp, target)  # atomic: a reader sees the old file or the new one, never a missing or half one
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a retry writes another name: nothing half-written piles up
+            raise
         manifest[name] = remote.etag
         write_manifest(manifest_path, manifest)
         fetched += remote.size
@@ -305,7 +311,9 @@ CONFIG_FILES = ("*.json", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jin
 
 def staged_path(uri: str, cache: Path, configs_only: bool = False) -> Path:
     """Where a model from `uri` is kept on this node (the cache survives attempts on a claim or cacheDir)."""
-    digest = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    # The store counts: one bucket name on two endpoints is two models, never one copy both reconcile in turn.
+    where = json.dumps([_SETTINGS[0].endpoint_url or "", uri.rstrip("/")])
+    digest = hashlib.sha256(where.encode()).hexdigest()[:16]
     return cache / "models" / (f"{digest}-configs" if configs_only else digest)
 
 
@@ -317,29 +325,36 @@ def stage_model(uri: str, cache: Path | None = None, field: str = "spec.model.na
     match are kept, and everything else is fetched again (see `refresh`). Once per process: the files other
     processes already read are replaced atomically, never removed."""
     dest = staged_path(uri, cache or _CACHE[0], configs_only)
-    if (key := (str(dest), uri)) in _STAGED:
+    if str(dest) in _STAGED:
         return dest
     import fcntl
 
     real_directory(dest)
-    if (dest / ".lock").is_symlink():
-        (dest / ".lock").unlink()
-    lock_fd = os.open(dest / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(lock_fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            files = model_files(listing(uri, CONFIG_FILES if configs_only else MODEL_FILES), uri)
-            if not any(relative(f, uri) in ("config.json", "adapter_config.json", "tokenizer_config.json")
-                       for f in files):
-                raise ConfigError(f"{field} is {uri}, but it holds no model (no config.json, adapter_config.json or "
-                                  f"tokenizer_config.json under it); point it at the directory save_pretrained wrote")
-            refresh(dest, {relative(f, uri) for f in files})
-            with_retries(lambda: download(files, uri, dest), attempts=5)
-        except (ConfigError, StorageRefused):
-            raise
-        except Exception as exc:  # s3fs and botocore raise many types
-            raise failure(exc, uri, ConfigError) from exc
-    _STAGED.add(key)
+    directory = pinned_directory(dest)
+    # Everything below works in the directory opened, whatever its path is made to lead to meanwhile.
+    work = Path(f"/proc/self/fd/{directory}") if Path("/proc/self/fd").is_dir() else dest
+    try:
+        if (work / ".lock").is_symlink():
+            (work / ".lock").unlink()
+        lock_fd = os.open(work / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        with os.fdopen(lock_fd, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                files = model_files(listing(uri, CONFIG_FILES if configs_only else MODEL_FILES), uri)
+                if not any(relative(f, uri) in ("config.json", "adapter_config.json", "tokenizer_config.json")
+                           for f in files):
+                    raise ConfigError(f"{field} is {uri}, but it holds no model (no config.json, adapter_config.json "
+                                      "or tokenizer_config.json under it); point it at the directory save_pretrained "
+                                      "wrote")
+                refresh(work, {relative(f, uri) for f in files})
+                with_retries(lambda: download(files, uri, work), attempts=5)
+            except (ConfigError, StorageRefused):
+                raise
+            except Exception as exc:  # s3fs and botocore raise many types
+                raise failure(exc, uri, ConfigError) from exc
+    finally:
+        os.close(directory)
+    _STAGED.add(str(dest))
     return dest
 
 
@@ -353,6 +368,20 @@ def real_directory(dest: Path) -> None:
     if os.path.realpath(dest) != os.path.join(os.path.realpath(dest.parent.parent), "models", dest.name):
         raise ConfigError(f"the model cache {dest} leads elsewhere ({os.path.realpath(dest)}); a cache someone else "
                           "can write (data.cacheDir) is not one to share with them")
+
+
+def pinned_directory(dest: Path) -> int:
+    """`dest`, opened as the directory it is (neither it nor models/ above it followed as a link)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        parent = os.open(dest.parent, flags)
+        try:
+            return os.open(dest.name, flags, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except OSError as exc:
+        raise ConfigError(f"the model cache {dest} was replaced by a link while it was staged ({exc}); a cache "
+                          "someone else can write (data.cacheDir) is not one to share with them") from exc
 
 
 # What a cached copy never keeps from an earlier attempt: what decides which code runs and how the weights are read

@@ -202,7 +202,8 @@ OPERATOR_UID: Final = 65532
 
 # Where huggingface_hub, transformers and datasets cache (data.cacheDir sets them, through HF_HOME).
 HF_CACHE_ENV_NAMES: Final = frozenset({ENV_HF_HOME, ENV_HF_MODULES_CACHE, "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
-                                       "TRANSFORMERS_CACHE", "HF_DATASETS_CACHE"})
+                                       "TRANSFORMERS_CACHE", "HF_DATASETS_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE",
+                                       "HUGGINGFACE_ASSETS_CACHE"})
 # Names a user env entry may not set: torchrun/torch.distributed would silently be redirected.
 RESERVED_ENV_NAMES: Final = frozenset(
     {

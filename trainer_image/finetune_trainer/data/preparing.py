@@ -8,6 +8,7 @@
 """
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from finetune_trainer.outputs.status_report import StatusReporter
 if TYPE_CHECKING:
     from finetune_trainer.config import TrainerConfig
 
+log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 30.0
 DATA_BARRIER_TIMEOUT = timedelta(hours=24)
 
@@ -41,14 +43,19 @@ class PreparingHeartbeat:
         self.beat()
 
     def beat(self) -> None:
+        """Never raises: a heartbeat that cannot be written must not keep rank 0 from the collective the other
+        ranks wait in (they would wait out its 24 h timeout)."""
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "phase": "Preparing",
                   "message": self.message, "elapsedSeconds": round(time.monotonic() - self.started)}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.reporter is not None:
-            self.reporter.report({"progress": {"phase": "Preparing", "message": self.message,
-                                               "updatedAt": record["time"]}}, force=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            if self.reporter is not None:
+                self.reporter.report({"progress": {"phase": "Preparing", "message": self.message,
+                                                   "updatedAt": record["time"]}}, force=True)
+        except Exception as exc:  # the file's volume full or read-only, the API server away: said, not fatal
+            log.warning("cannot report the data preparation's progress: %s", exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -34,6 +34,7 @@ def tracker_environment(cfg: TrainerConfig, recorded: dict[str, str]) -> dict[st
         env.update(WANDB_PROJECT=project, WANDB_DIR=str(cfg.output_dir), WANDB_CACHE_DIR=wandb_home,
                    WANDB_CONFIG_DIR=wandb_home, WANDB_DATA_DIR=wandb_home,
                    WANDB_RUN_ID=recorded.get("wandb") or uuid.uuid4().hex[:12], WANDB_RESUME="allow",
+                   WANDB_USE_DOT_WANDB="false",  # not <output>/.wandb, which it would use if someone made one
                    WANDB_BASE_URL=(w.base_url if w is not None and w.base_url else None)
                    or os.environ.get("WANDB_BASE_URL") or DEFAULT_WANDB_BASE_URL)
         if w is not None and w.offline:
@@ -85,15 +86,16 @@ def remove_workspace_settings(output_dir: Path) -> None:
     """wandb reads <WANDB_DIR>/wandb/settings, which nothing of ours writes: one found on the output volume was put
     there by someone else, to choose the server (or proxy) that receives the API key. A link (the file's, or the
     wandb directory's) is removed, never followed; every rank may try at once."""
-    wandb_dir = output_dir / WANDB_WORKSPACE_SETTINGS[0]
-    for path in (wandb_dir, wandb_dir / WANDB_WORKSPACE_SETTINGS[1]):
-        if path.is_symlink() or (path == wandb_dir / WANDB_WORKSPACE_SETTINGS[1] and path.is_file()):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            log.warning("removed %s: wandb would have taken its settings (such as the server it sends the API key "
-                        "to) from the output volume; set spec.tracking.wandb instead", path)
-            if path == wandb_dir:
-                return
+    for directory in (WANDB_WORKSPACE_SETTINGS[0], f".{WANDB_WORKSPACE_SETTINGS[0]}"):
+        wandb_dir = output_dir / directory
+        for path in (wandb_dir, wandb_dir / WANDB_WORKSPACE_SETTINGS[1]):
+            if path.is_symlink() or (path != wandb_dir and path.is_file()):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                log.warning("removed %s: wandb would have taken its settings (such as the server it sends the API "
+                            "key to) from the output volume; set spec.tracking.wandb instead", path)
+                if path == wandb_dir:
+                    break
 
 
 def own_mlflow_run(cfg: TrainerConfig, run_id: str) -> bool:
