@@ -146,8 +146,9 @@ class DataSpec(ApiModel):
     )
     cache_dir: AbsolutePath | None = Field(
         default=None, max_length=4096,
-        description="Where Hub downloads (HF_HOME: models, tokenizers, datasets), s3:// models and tokenized data "
-        "are cached; default the pod's own emptyDir (/cache, on the node's disk), so each new pod downloads again. "
+        description="Where Hub downloads (HF_HOME: models, tokenizers, datasets), models from object storage and "
+        "tokenized data are cached; default the pod's own emptyDir (/cache, on the node's disk), so each new pod "
+        "downloads again. "
         "Point it into a writable volume of pod.volumes (e.g. a team's shared cache claim) so that every job "
         "downloads a model once: "
         "whoever can write that volume chooses the weights jobs load from it (a model with trustRemoteCode is always "

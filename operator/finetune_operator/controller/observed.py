@@ -1,7 +1,7 @@
 """Reading the observed children (batch Jobs and pods as plain dicts): conditions, readiness, exit codes."""
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -68,12 +68,12 @@ def attempt_of(obj: dict[str, Any]) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-def controller_reference(obj: dict[str, Any]) -> dict[str, Any] | None:
+def controller_reference(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     """`obj`'s controller ownerReference (the API server allows one at most), or None."""
     return next((r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")), None)
 
 
-def finetunejob_controller(obj: dict[str, Any]) -> str | None:
+def finetunejob_controller(obj: Mapping[str, Any]) -> str | None:
     """The UID of the FineTuneJob that controls `obj` (its controller ownerReference of our group and kind), or
     None. The group counts: a reference of kind FineTuneJob under another apiVersion is nobody's of ours (and the
     chart's children policy refuses it to anyone but the operator as well)."""
