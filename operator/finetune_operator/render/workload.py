@@ -32,9 +32,13 @@ def trainer_command(ctx: RenderContext) -> list[str]:
     return ["python", "-m", "finetune_trainer.launch", "--config", f"{ctx.config_dir}/{c.CONFIG_FILE}"]
 
 
+def _hash(value: Any) -> str:
+    """The digest every annotation and status field of ours carries: 16 hex digits of the JSON's SHA-256."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _digest(spec: FineTuneJobSpec, exclude: set[str] | None = None) -> str:
-    body = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude=exclude), sort_keys=True).encode()
-    return hashlib.sha256(body).hexdigest()[:16]
+    return _hash(spec.model_dump(mode="json", by_alias=True, exclude=exclude))
 
 
 def spec_hash(spec: FineTuneJobSpec) -> str:
@@ -55,18 +59,15 @@ def started_spec_digest(spec: FineTuneJobSpec, labels: dict[str, str]) -> str:
     """What a job that started with no runtime runs, recorded in status.startedSpecDigest: the spec but what applies
     at once, and the Kueue labels that choose its queue and priority (an empty one is none, as admission compares
     them). Only the fields not at their default count, so an upgrade that adds a field with a default leaves it."""
-    body = json.dumps([spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE, exclude_defaults=True),
-                       {k: labels[k] for k in c.KUEUE_JOB_LABELS if labels.get(k)}], sort_keys=True).encode()
-    return hashlib.sha256(body).hexdigest()[:16]
+    return _hash([spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE, exclude_defaults=True),
+                  {k: labels[k] for k in c.KUEUE_JOB_LABELS if labels.get(k)}])
 
 
 def pod_set_hash(job: dict[str, Any]) -> str:
     """What Kueue compares between a Job and the Workload it runs under (the pod count, containers and
     tolerations): equal, the next attempt can take over the Workload its predecessor was admitted with."""
     template = job["spec"]["template"]["spec"]
-    body = json.dumps([job["spec"]["parallelism"], template["containers"], template.get("tolerations")],
-                      sort_keys=True).encode()
-    return hashlib.sha256(body).hexdigest()[:16]
+    return _hash([job["spec"]["parallelism"], template["containers"], template.get("tolerations")])
 
 
 def render_workload(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
