@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from finetune_trainer import objectstore
+from finetune_trainer import model_staging, objectstore
 
 PLANTS = {
     "evil.py": "import os; os.system('id > /tmp/pwned')\n",
@@ -52,10 +52,10 @@ def test_a_staged_copy_holds_what_the_store_lists_and_nothing_planted(minio, upl
                                                                       earlier):
     uri = f"{uploaded}/models/tiny"
     cache = tmp_path / "shared-cache"
-    dest = objectstore.staged_path(uri, cache, configs_only)
+    dest = model_staging.staged_path(uri, cache, configs_only)
     victim = None
     if earlier == "planted-after-a-real-copy":
-        objectstore.stage_model(uri, cache, configs_only=configs_only)
+        model_staging.stage_model(uri, cache, configs_only=configs_only)
         for name in ("config.json", "tokenizer.json"):
             (dest / name).unlink()
         dest.rename(tmp_path / "moved")
@@ -66,11 +66,11 @@ def test_a_staged_copy_holds_what_the_store_lists_and_nothing_planted(minio, upl
                 os.replace(p, dest / p.name)
 
     objectstore.configure(objectstore.settings())  # a process of the next attempt
-    staged = objectstore.stage_model(uri, cache, configs_only=configs_only)
+    staged = model_staging.stage_model(uri, cache, configs_only=configs_only)
 
     assert staged == dest
-    listed = {objectstore.relative(f, uri): f for f in objectstore.model_files(
-        objectstore.listing(uri, objectstore.CONFIG_FILES if configs_only else objectstore.MODEL_FILES), uri)}
+    listed = {objectstore.relative(f, uri): f for f in model_staging.model_files(
+        objectstore.listing(uri, model_staging.CONFIG_FILES if configs_only else model_staging.MODEL_FILES), uri)}
     here = tree(dest)
     assert set(here) == set(listed), sorted(set(here) ^ set(listed))
     fs = minio.filesystem()
@@ -85,11 +85,11 @@ def test_a_staged_copy_holds_what_the_store_lists_and_nothing_planted(minio, upl
 def test_a_model_replaced_in_the_store_is_staged_again_and_unchanged_weights_are_kept(minio, uploaded, tmp_path):
     uri = f"{uploaded}/models/tiny"
     cache = tmp_path / "shared-cache"
-    dest = objectstore.stage_model(uri, cache)
+    dest = model_staging.stage_model(uri, cache)
     weights = next(dest.glob("*.safetensors"))
     kept = weights.stat().st_ino, weights.stat().st_mtime_ns
     objectstore.configure(objectstore.settings())  # another process (this one reconciles a copy once)
-    again = objectstore.stage_model(uri, cache)  # nothing changed: the weights are not downloaded again
+    again = model_staging.stage_model(uri, cache)  # nothing changed: the weights are not downloaded again
     assert (weights.stat().st_ino, weights.stat().st_mtime_ns) == kept and again == dest
 
     fs = minio.filesystem()
@@ -99,7 +99,7 @@ def test_a_model_replaced_in_the_store_is_staged_again_and_unchanged_weights_are
     new_weights = weights.read_bytes()[::-1]
     fs.pipe_file(f"{uri}/{weights.name}", new_weights)
     objectstore.configure(objectstore.settings())
-    objectstore.stage_model(uri, cache)
+    model_staging.stage_model(uri, cache)
     assert json.loads((dest / "config.json").read_text())["finetune_test_revision"] == 2
     assert weights.read_bytes() == new_weights
 
@@ -111,7 +111,7 @@ def test_a_process_that_stages_again_never_takes_a_file_from_one_reading_the_cop
 
     uri = f"{uploaded}/models/tiny"
     cache = tmp_path / "cache"
-    dest = objectstore.stage_model(uri, cache)
+    dest = model_staging.stage_model(uri, cache)
     readable = [p for p in tree(dest).values() if p.is_file()]
     missing, stop = [], threading.Event()
 
@@ -124,7 +124,7 @@ def test_a_process_that_stages_again_never_takes_a_file_from_one_reading_the_cop
     try:
         for _ in range(3):
             objectstore.configure(objectstore.settings())  # another rank's process
-            objectstore.stage_model(uri, cache)
+            model_staging.stage_model(uri, cache)
     finally:
         stop.set()
         reader.join()
@@ -137,7 +137,7 @@ def test_a_link_planted_for_the_copy_never_lets_staging_clear_what_it_points_to(
     checkpoints there as files the store does not list."""
     uri = f"{uploaded}/models/tiny"
     cache = tmp_path / "shared-cache"
-    dest = objectstore.staged_path(uri, cache)
+    dest = model_staging.staged_path(uri, cache)
     victim = tmp_path / "output"
     (victim / "checkpoint-100").mkdir(parents=True)
     (victim / "checkpoint-100" / "model.safetensors").write_text("weights of a run")
@@ -145,7 +145,7 @@ def test_a_link_planted_for_the_copy_never_lets_staging_clear_what_it_points_to(
     link = dest if where == "the copy" else dest.parent
     link.parent.mkdir(parents=True)
     link.symlink_to(victim, target_is_directory=True)
-    staged = objectstore.stage_model(uri, cache)
+    staged = model_staging.stage_model(uri, cache)
     assert not staged.is_symlink() and not staged.parent.is_symlink() and (staged / "config.json").is_file()
     assert sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*")) == [
         "checkpoint-100", "checkpoint-100/model.safetensors", "status.json"]
@@ -155,10 +155,10 @@ def test_a_link_planted_for_the_copy_never_lets_staging_clear_what_it_points_to(
 def test_a_torn_or_foreign_manifest_is_no_manifest(minio, uploaded, tmp_path, manifest):
     uri = f"{uploaded}/models/tiny"
     cache = tmp_path / "cache"
-    dest = objectstore.stage_model(uri, cache)
+    dest = model_staging.stage_model(uri, cache)
     (dest / ".s3-manifest.json").write_text(manifest)
     objectstore.configure(objectstore.settings())
-    assert objectstore.stage_model(uri, cache) == dest
+    assert model_staging.stage_model(uri, cache) == dest
     assert json.loads((dest / ".s3-manifest.json").read_text()).keys() == tree(dest).keys() - {"sub"}
 
 
@@ -171,7 +171,7 @@ def test_a_copy_swapped_for_a_link_while_the_store_is_listed_clears_nothing_it_l
     victim = tmp_path / "output"
     (victim / "checkpoint-100").mkdir(parents=True)
     (victim / "checkpoint-100" / "model.safetensors").write_text("weights of a run")
-    dest = objectstore.staged_path(uri, cache)
+    dest = model_staging.staged_path(uri, cache)
     real_listing = objectstore.listing
 
     def listing_while_swapped(*args, **kwargs):
@@ -181,7 +181,7 @@ def test_a_copy_swapped_for_a_link_while_the_store_is_listed_clears_nothing_it_l
         return real_listing(*args, **kwargs)
 
     monkeypatch.setattr(objectstore, "listing", listing_while_swapped)
-    objectstore.stage_model(uri, cache)
+    model_staging.stage_model(uri, cache)
     assert sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*")) == [
         "checkpoint-100", "checkpoint-100/model.safetensors"]
     assert (dest.with_name("moved-away") / "config.json").is_file()  # staged where it was opened
@@ -207,6 +207,6 @@ def test_a_download_that_fails_midway_leaves_no_part_behind(minio, uploaded, tmp
 
     monkeypatch.setattr(objectstore, "filesystem", lambda: DropsTheFirstWeights())
     monkeypatch.setattr(objectstore.time, "sleep", lambda seconds: None)
-    dest = objectstore.stage_model(uri, cache)
+    dest = model_staging.stage_model(uri, cache)
     assert failures and not [p.name for p in dest.rglob("*.part")]
     assert (dest / "model.safetensors").read_bytes() == real.cat_file(f"{uri}/model.safetensors")

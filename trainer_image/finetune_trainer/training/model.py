@@ -53,8 +53,8 @@ def no_vocabulary(directory: str | None, field: str, given: str | None) -> None:
 
 
 def source(name: str | None, field: str = "spec.model.name", configs_only: bool = False) -> str | None:
-    """Where from_pretrained reads a model, tokenizer or adapter (objectstore.local_source: s3:// staged here)."""
-    from finetune_trainer.objectstore import local_source
+    """Where from_pretrained reads a model, tokenizer or adapter (model_staging.local_source: s3:// staged here)."""
+    from finetune_trainer.model_staging import local_source
 
     return local_source(name, field, configs_only)
 
