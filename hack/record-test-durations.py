@@ -1,7 +1,8 @@
-"""Writes tests/durations.json from a JUnit report of a full run: the seconds each test file took (setup, call and
-teardown of its cases). tests/conftest.py starts the longest files first under pytest-xdist, so the last minutes run
-short files on every worker instead of one long file alone.
-Usage: .venv/bin/python hack/record-test-durations.py REPORT.xml [OUT]   (from ./hack/test.sh --junitxml=REPORT.xml)"""
+"""Writes tests/durations.json from a full run's JUnit report or timeline (FINETUNE_TEST_TIMELINE, .jsonl): the
+seconds each test file took (setup, call and teardown of its cases). tests/conftest.py starts the longest files
+first under pytest-xdist, so the last minutes run short files on every worker instead of one long file alone.
+Usage: .venv/bin/python hack/record-test-durations.py REPORT.xml|TIMELINE.jsonl [OUT]
+  (from ./hack/test.sh --junitxml=REPORT.xml, or FINETUNE_TEST_TIMELINE=TIMELINE.jsonl ./hack/test.sh)"""
 
 from __future__ import annotations
 
@@ -27,10 +28,18 @@ def test_file(classname: str) -> str | None:
 
 def main(report: Path, out: Path = OUT) -> None:
     seconds: dict[str, float] = defaultdict(float)
-    for case in ET.parse(report).getroot().iter("testcase"):  # noqa: S314 - our own pytest run's report
-        path = test_file(case.get("classname", ""))
-        if path is not None:
-            seconds[path] += float(case.get("time", 0))
+    if report.suffix == ".jsonl":
+        for line in report.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                path = record["test"].split("::")[0]
+                if (ROOT / path).is_file():
+                    seconds[path] += record["end"] - record["start"]
+    else:
+        for case in ET.parse(report).getroot().iter("testcase"):  # noqa: S314 - our own pytest run's report
+            path = test_file(case.get("classname", ""))
+            if path is not None:
+                seconds[path] += float(case.get("time", 0))
     out.write_text(json.dumps({p: round(s) for p, s in sorted(seconds.items())}, indent=1) + "\n")
     print(f"{out}: {len(seconds)} files, {sum(seconds.values()):.0f} s in all")
 
