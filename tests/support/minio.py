@@ -61,8 +61,14 @@ class MinIO:
         env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
                "MINIO_BROWSER": "off", "MINIO_UPDATE": "off"}
         idle = ["ionice", "-c", "3"] if self.niced and shutil.which("ionice") else []
+        # The console's port named too: left to MinIO, it is one the kernel hands out, which once was the very port
+        # just picked for the server ("--console-address port cannot be same as --address port").
+        console = free_port()
+        while console == port:
+            console = free_port()
         self.proc = subprocess.Popen([*idle, str(self.binary), "server", str(self.work / "data"), "--address",
-                                      f"127.0.0.1:{self.port}", "--quiet"], env=env, stdout=log, stderr=log,
+                                      f"127.0.0.1:{self.port}", "--console-address", f"127.0.0.1:{console}",
+                                      "--quiet"], env=env, stdout=log, stderr=log,
                                      preexec_fn=(lambda: os.nice(19)) if self.niced else None)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
