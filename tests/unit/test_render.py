@@ -166,6 +166,18 @@ def test_cpu_job_requests_no_gpu_and_sets_use_cpu():
     assert args["use_cpu"] is True and args["bf16"] is False and args["fp16"] is False
 
 
+@pytest.mark.parametrize("gpus", [0, 8])
+def test_ephemeral_storage_is_requested_and_bounded_beside_cpu_memory_and_gpus(gpus):
+    objs = render({"spec.distributed.gpusPerNode": gpus, "spec.distributed.numNodes": 2,
+                   "spec.resources.ephemeralStorage": "200Gi", "spec.resources.memory": "64Gi",
+                   **({"spec.training.precision": "fp32"} if gpus == 0 else {})})
+    res = container(objs)["resources"]  # one template for every node's pod (an Indexed Job)
+    assert res["requests"] == res["limits"] == {"ephemeral-storage": "200Gi", "memory": "64Gi",
+                                                **({"nvidia.com/gpu": "8"} if gpus else {})}
+    unset = container(render({}))["resources"]
+    assert "ephemeral-storage" not in unset["requests"] and "ephemeral-storage" not in unset["limits"]
+
+
 def test_command_is_an_argv_list_and_user_strings_stay_data():
     hostile = "x'; rm -rf / #\n$(id)"
     objs = render({"spec.pod.env": [{"name": "NOTE", "value": hostile}],

@@ -106,6 +106,8 @@ BAD_INPUTS = [
     ("memory-not-quantity", {"spec.resources.memory": "lots"}, "spec.resources.memory", "has an invalid format"),
     ("shm-shell-injection", {"spec.resources.shmSize": "1Gi; rm -rf /"}, "spec.resources.shmSize",
      "has an invalid format"),
+    ("ephemeral-storage-not-quantity", {"spec.resources.ephemeralStorage": "200 GB"},
+     "spec.resources.ephemeralStorage", "has an invalid format"),
     ("image-with-space", {"spec.pod.image": "x:1 --privileged"}, "spec.pod.image", "has an invalid format"),
     ("sub-path-parent", {"spec.output.claimName": "c", "spec.output.subPath": "a/../../etc"}, "spec.output.subPath",
      "may not contain '..'"),

@@ -69,6 +69,13 @@ class ResourcesSpec(ApiModel):
     )
     cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="CPU per pod, e.g. 16 or 500m.")
     memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="Memory per pod, e.g. 128Gi.")
+    ephemeral_storage: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN,
+        description="Local disk per pod (its ephemeral-storage request and limit), e.g. 200Gi: the pod's /cache "
+        "(models from object storage staged there, tokenized data unless data.cacheDir names a volume) and /tmp. "
+        "The scheduler then places the pod on a node with that much free, and the kubelet evicts a pod that writes "
+        "more; unset: no bound, as for any pod.",
+    )
     peak_tflops_per_gpu: float | None = Field(
         default=None, gt=0, le=1e6,
         description="Dense peak TFLOP/s of one GPU at the training precision, for status.progress.mfu; only needed "

@@ -170,7 +170,7 @@ def _container(spec: FineTuneJobSpec, ctx: RenderContext) -> dict[str, Any]:
     if spec.distributed.gpus_per_node > 0:
         limits[res.gpu_resource_name] = str(spec.distributed.gpus_per_node)
         requests[res.gpu_resource_name] = str(spec.distributed.gpus_per_node)
-    for name, value in (("cpu", res.cpu), ("memory", res.memory)):
+    for name, value in (("cpu", res.cpu), ("memory", res.memory), ("ephemeral-storage", res.ephemeral_storage)):
         if value is not None:
             requests[name] = value
             limits[name] = value
