@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the operator image (Dockerfile) and the trainer image (trainer_image/Dockerfile, on its virtualenv's image
 # localhost/finetunejob-trainer-deps, the Dockerfile's `deps` stage) with podman, and prints the operator's and the
-# trainer's names, one per line. No Docker engine and no registry needed; with Docker, see README "Build the images".
+# trainer's names, one per line. No Docker engine and no registry needed; with Docker, see
+# docs/operations/install.md#the-images.
 #   TRAINER_VARIANT=cpu|cuda (default cpu: what the tests and kind run; cuda prebuilds DeepSpeed's CUDA ops)
 #   BASE_IMAGE (default python:3.11-slim-bookworm): pulled when a registry answers; otherwise a stand-in with the
 #   same Python, built from Debian's packages (debootstrap) and cached, is used instead.

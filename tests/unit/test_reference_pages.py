@@ -28,11 +28,12 @@ def _strings(path: Path) -> set[str]:
 
 
 def _trainer_reasons(path: Path) -> set[str]:
-    """The reasons a trainer module gives: warn("X", ...) and a TrainerError's `reason = "X"`."""
+    """The reasons a trainer module gives: warn("X", ...) or warnings("X", ...) (main's Warnings, called by the
+    name it has there) and a TrainerError's `reason = "X"`."""
     found = set()
     for n in ast.walk(ast.parse(path.read_text())):
-        if isinstance(n, ast.Call) and (getattr(n.func, "id", None) == "warn" or getattr(n.func, "attr", None)
-                                        == "warn") and n.args and isinstance(n.args[0], ast.Constant):
+        name = getattr(n.func, "id", None) or getattr(n.func, "attr", None) if isinstance(n, ast.Call) else None
+        if name in ("warn", "warnings") and n.args and isinstance(n.args[0], ast.Constant):
             found.add(n.args[0].value)
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "reason" for t in n.targets):
             values = [n.value.body, n.value.orelse] if isinstance(n.value, ast.IfExp) else [n.value]

@@ -73,8 +73,8 @@ ANNOTATION_POD_SET_HASH: Final = f"{GROUP}/pod-set-hash"
 # When the FineTuneJob took a failed attempt's admitted Workload over: held longer than the restart's backoff and
 # a grace, it is released (the next attempt could not be created to take it).
 ANNOTATION_HELD_SINCE: Final = f"{GROUP}/held-since"
-# On an attempt's Job that restarts in place (api/elastic.py): its pods may fail and be replaced alone, which the
-# operator counts against this many (runPolicy.inPlaceRestarts as the attempt was rendered).
+# On an attempt's Job that restarts in place: its pods may fail and be replaced alone, which the operator counts
+# against this many (runPolicy.inPlaceRestarts as the attempt was rendered).
 ANNOTATION_RESTARTS_IN_PLACE: Final = f"{GROUP}/restarts-in-place"
 # On an elastic attempt's Job: the fewest nodes it trains on (distributed.minNodes as the attempt was rendered).
 ANNOTATION_MIN_NODES: Final = f"{GROUP}/min-nodes"

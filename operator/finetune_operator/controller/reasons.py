@@ -22,7 +22,7 @@ REASONS: Final = {
     "SpecChanged": Reason("Pending; Event Normal", "resumed after the spec was edited: the next attempt runs the "
                           "edit, from the newest checkpoint (not counted as a restart)"),
     "RuntimeNotFound": Reason("Pending; Event Warning", "spec.runtimeRef names a runtime that does not exist (looked "
-                              "at again every few seconds)"),
+                              "at again every 30 seconds)"),
     "RuntimeNotAllowed": Reason("Pending; Event Warning", "the ClusterFineTuneRuntime's namespaceSelector does not "
                                 "take the job's namespace: it waits until the namespace is labelled for it"),
     "Unschedulable": Reason("Pending; Event Warning", "no node can run a pod of the job (too many GPUs per node, a "
@@ -126,6 +126,8 @@ TRAINER_NOTICES: Final = {
                              "save_only_model elsewhere): a new optimizer, the learning-rate schedule from its start",
     "DataSkipIgnored": "the run resumed with extraArgs.ignore_data_skip: the epoch's batches it had trained on are "
                        "trained on again",
+    "ResumedAtFinalStep": "the newest checkpoint is already at the final step (a job created again over a "
+                          "finished run's output): nothing was trained, the final model was saved from it",
 }
 
 # CamelCase words the operator reads from Kubernetes and Kueue (pod, Job and Workload conditions and reasons,
