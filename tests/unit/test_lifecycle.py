@@ -808,6 +808,48 @@ def test_schedule_retries_are_bounded():
     assert p.delete_workloads == ["test-job-a1"] and "after 2 retries" in p.status["message"]
 
 
+# The kubelet's three evictions for a pod's own local disk (pkg/kubelet/eviction/helpers.go), with no
+# DisruptionTarget condition; the trainer exits 143 in the second it is given, or is killed.
+STORAGE_EVICTIONS = [
+    'Container trainer exceeded its local ephemeral storage limit "200Gi". ',
+    "Pod ephemeral local storage usage exceeds the total limit of containers 200Gi. ",
+    'Usage of EmptyDir volume "cache" exceeds the limit "200Gi". ',
+]
+
+
+def storage_evicted(message, exit_code):
+    evicted = pod(0, "Failed", exit_code)
+    return {**evicted, "status": {**evicted["status"], "reason": "Evicted", "message": message}}
+
+
+@pytest.mark.parametrize("exit_code", [143, 137])
+@pytest.mark.parametrize("message", STORAGE_EVICTIONS, ids=["container", "pod", "emptydir"])
+@pytest.mark.parametrize("restarts", [0, 3])
+def test_a_pod_evicted_for_its_own_disk_use_is_a_counted_failure_that_says_how_to_fix_it(message, exit_code,
+                                                                                         restarts):
+    """Never a disruption (uncounted, so retried for ever, downloading the model again each time)."""
+    st = running_status(attempt=restarts + 1, restarts=restarts)
+    p = plan(job(**{"spec.runPolicy.backoffLimit": 3}),
+             observe(st, [workload(restarts + 1, failed=True)], [storage_evicted(message, exit_code), pod(1)]),
+             SETTINGS)
+    if restarts == 3:
+        assert (p.status["phase"], p.status["reason"]) == ("Failed", "BackoffLimitExceeded"), p.status
+    else:
+        assert (p.status["phase"], p.status["reason"]) == ("Restarting", "EphemeralStorageExceeded"), p.status
+        assert p.status["restarts"] == 1 and not p.status.get("disruptions")
+    assert message.strip() in p.status["message"] and "spec.resources.ephemeralStorage" in p.status["message"]
+
+
+def test_a_node_short_of_disk_is_still_a_disruption():
+    """Node pressure is the node's doing: the kubelet marks it with DisruptionTarget (TerminationByKubelet)."""
+    evicted = storage_evicted("The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, "
+                              "available: 9Gi. ", 143)
+    evicted["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                        "reason": "TerminationByKubelet", "message": "The node was low on resource"}]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], [evicted, pod(1)]), SETTINGS)
+    assert (p.status["phase"], p.status["reason"]) == ("Restarting", "Disrupted"), p.status
+
+
 def test_a_trainer_notice_becomes_one_warning_event():
     notice = {"time": ts(T0), "reason": "LossSpike", "message": "the loss spiked to 40 at step 20"}
     status = running_status(notice=notice)

@@ -6,7 +6,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from ..api import exit_codes
 from ..api.status import PHASES
-from .observed import DISRUPTED, WAITING_REASONS
+from .observed import DISRUPTED, STORAGE_EXCEEDED, WAITING_REASONS
 
 RECONCILE_SECONDS = Histogram("finetunejob_reconcile_duration_seconds", "Duration of one reconcile pass.",
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
@@ -14,7 +14,7 @@ RESTARTS = Counter("finetunejob_gang_restarts_total", "Gang restarts started, by
 # The reasons a gang restarts for, each served at 0 from the start: increase() and rate() count nothing for a series
 # whose first sample is already 1, so the first OOMKilled restart of an operator's life would read 0 on the
 # dashboard (a reason not listed here, e.g. one a trainer names itself, is counted from its second restart on).
-RESTART_REASONS = (DISRUPTED, "OOMKilled", "Error", "Stalled", "PodFailed",
+RESTART_REASONS = (DISRUPTED, "OOMKilled", "Error", "Stalled", "PodFailed", STORAGE_EXCEEDED,
                    *sorted(r for code, r in exit_codes.REASONS.items()
                            if code not in (exit_codes.SUCCESS, exit_codes.INTERRUPTED)
                            and not exit_codes.is_permanent(code)))

@@ -170,6 +170,22 @@ def _disruption(pod: dict[str, Any]) -> str | None:
     return None
 
 
+# The kubelet evicts a pod that writes more local disk than its ephemeral-storage limit (or an emptyDir more than
+# its sizeLimit) with no DisruptionTarget condition: a cause of the job's own, counted against backoffLimit, never a
+# disruption (the trainer may exit 143 in the second it is given, which alone would read as one).
+STORAGE_EXCEEDED = "EphemeralStorageExceeded"
+STORAGE_EVICTION_WORDS = ("local ephemeral storage", "ephemeral local storage", "emptydir volume")  # its 3 messages
+
+
+def _over_its_disk(pod: dict[str, Any]) -> str | None:
+    """The kubelet's message when it evicted the pod for its own local disk use, else None."""
+    status = pod.get("status") or {}
+    message = str(status.get("message") or "")
+    if status.get("reason") == "Evicted" and any(w in message.lower() for w in STORAGE_EVICTION_WORDS):
+        return message
+    return None
+
+
 def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
     """(exit code, reason, message) that best explains a failed attempt; permanent causes win over retryable ones.
 
@@ -178,6 +194,12 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
     for pod in pods:
         status = pod.get("status") or {}
         term = _terminated(pod)
+        over = _over_its_disk(pod)
+        if over is not None:
+            failures.append((None, STORAGE_EXCEEDED, f"{pod['metadata']['name']}: {over}; raise "
+                             "spec.resources.ephemeralStorage, or move what fills it to a volume: output.claimName "
+                             "for checkpoints, data.cacheDir for models and tokenized data"))
+            continue
         disruption = _disruption(pod)
         if disruption is not None:
             failures.append((None, DISRUPTED, f"{pod['metadata']['name']}: {disruption}"))

@@ -61,6 +61,9 @@ REASONS: Final = {
                         "GPU's out-of-memory error)"),
     "Stalled": Reason("Restarting; Event Warning", "no progress heartbeat within runPolicy.stallTimeoutSeconds (also "
                       "the Stalled condition)"),
+    "EphemeralStorageExceeded": Reason("Restarting; Event Warning", "the kubelet evicted a pod that wrote more "
+                                       "local disk than spec.resources.ephemeralStorage (counted against "
+                                       "runPolicy.backoffLimit)"),
     "PodFailed": Reason("Restarting; Event Warning", "a pod failed without a container exit code (the kubelet's "
                         "reason when it gives one)"),
     "ScheduleTimeout": Reason("Restarting; Event Warning", "not every node ran within "
