@@ -178,6 +178,20 @@ def test_ephemeral_storage_is_requested_and_bounded_beside_cpu_memory_and_gpus(g
     assert "ephemeral-storage" not in unset["requests"] and "ephemeral-storage" not in unset["limits"]
 
 
+def test_the_preflight_pod_asks_for_the_jobs_ephemeral_storage_and_keeps_its_own_small_cpu_and_memory():
+    """A namespace quota on ephemeral-storage refuses a pod that does not state it: the preflight states the job's."""
+    from finetune_operator.render.preflight import PREFLIGHT_RESOURCES, render_preflight
+
+    job = validate_job(make_job({"spec.resources.ephemeralStorage": "50Gi", "spec.resources.memory": "64Gi"}))
+    (_, pre) = render_preflight(job.spec, CTX)
+    res = pre["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res == {"requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "50Gi"},
+                   "limits": {"memory": "8Gi", "ephemeral-storage": "50Gi"}}
+    assert "ephemeral-storage" not in PREFLIGHT_RESOURCES["requests"]  # the shared constant is left alone
+    (_, plain) = render_preflight(validate_job(make_job()).spec, CTX)
+    assert plain["spec"]["template"]["spec"]["containers"][0]["resources"] == PREFLIGHT_RESOURCES
+
+
 def test_command_is_an_argv_list_and_user_strings_stay_data():
     hostile = "x'; rm -rf / #\n$(id)"
     objs = render({"spec.pod.env": [{"name": "NOTE", "value": hostile}],

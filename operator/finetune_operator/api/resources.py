@@ -31,6 +31,21 @@ QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+def positive_quantity(value: str | None) -> str | None:
+    """A size or CPU count above zero: the pattern alone takes -5Gi (the apiserver refuses the pod) and 0 (a limit
+    of nothing, which the kubelet enforces)."""
+    mantissa = re.match(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", value or "")
+    if value is None or mantissa is None or not re.fullmatch(QUANTITY_PATTERN, value):
+        return value  # not a quantity at all: the pattern says so
+    if value.startswith("-") or float(mantissa.group(0)) == 0:
+        raise ValueError(f"{value} is not above zero; give a positive quantity such as 500m, 16 or 200Gi, or leave "
+                         "the field out")
+    return value
+
+
+PositiveQuantity = Annotated[str, AfterValidator(positive_quantity)]
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # An extended resource: the apiserver refuses any other container resource name that is not cpu/memory/storage.
 EXTENDED_RESOURCE_PATTERN = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -67,14 +82,18 @@ class ResourcesSpec(ApiModel):
         json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN},
         description="Extended resource that counts GPUs (nvidia.com/gpu, amd.com/gpu, ...).",
     )
-    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="CPU per pod, e.g. 16 or 500m.")
-    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="Memory per pod, e.g. 128Gi.")
-    ephemeral_storage: str | None = Field(
+    cpu: PositiveQuantity | None = Field(default=None, pattern=QUANTITY_PATTERN,
+                                         description="CPU per pod, e.g. 16 or 500m.")
+    memory: PositiveQuantity | None = Field(default=None, pattern=QUANTITY_PATTERN,
+                                            description="Memory per pod, e.g. 128Gi.")
+    ephemeral_storage: PositiveQuantity | None = Field(
         default=None, pattern=QUANTITY_PATTERN,
-        description="Local disk per pod (its ephemeral-storage request and limit), e.g. 200Gi: the pod's /cache "
-        "(models from object storage staged there, tokenized data unless data.cacheDir names a volume) and /tmp. "
-        "The scheduler then places the pod on a node with that much free, and the kubelet evicts a pod that writes "
-        "more; unset: no bound, as for any pod.",
+        description="Local disk per pod (its ephemeral-storage request and limit), e.g. 200Gi: every volume of the "
+        "pod on the node's disk, /cache (models from object storage staged there, tokenized data unless "
+        "data.cacheDir names a volume), /tmp, and the output directory when output.claimName is unset (checkpoints, "
+        "their upload snapshots, final/). The scheduler places the pod on a node with that much free; the kubelet "
+        "evicts a pod that writes more (EphemeralStorageExceeded, counted against runPolicy.backoffLimit). Unset: "
+        "no bound, as for any pod.",
     )
     peak_tflops_per_gpu: float | None = Field(
         default=None, gt=0, le=1e6,
@@ -86,7 +105,7 @@ class ResourcesSpec(ApiModel):
         description="Memory of one GPU in GiB, for the memory fit check (preflight); unset: read from the "
         "nvidia.com/gpu.product node selector when it names a known GPU, else the check only reports its estimate.",
     )
-    shm_size: str = Field(
+    shm_size: PositiveQuantity = Field(
         default="8Gi",
         pattern=QUANTITY_PATTERN,
         description="Size of /dev/shm (a memory-backed emptyDir); dataloader workers and NCCL need more than 64Mi.",

@@ -33,6 +33,10 @@ def render_preflight(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str
     template = job["spec"]["template"]
     template["metadata"]["labels"][c.LABEL_COMPONENT] = "preflight"
     container = template["spec"]["containers"][0]
-    container.update(command=preflight_command(pre), resources=PREFLIGHT_RESOURCES)
+    resources = {kind: dict(values) for kind, values in PREFLIGHT_RESOURCES.items()}
+    if spec.resources.ephemeral_storage is not None:  # a namespace quota on it would refuse a pod without it
+        for kind in ("requests", "limits"):
+            resources[kind]["ephemeral-storage"] = spec.resources.ephemeral_storage
+    container.update(command=preflight_command(pre), resources=resources)
     container.pop("ports", None)
     return [render_config_map(spec, ctx), job]
