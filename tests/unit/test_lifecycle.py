@@ -837,7 +837,18 @@ def test_a_pod_evicted_for_its_own_disk_use_is_a_counted_failure_that_says_how_t
     else:
         assert (p.status["phase"], p.status["reason"]) == ("Restarting", "EphemeralStorageExceeded"), p.status
         assert p.status["restarts"] == 1 and not p.status.get("disruptions")
-    assert message.strip() in p.status["message"] and "spec.resources.ephemeralStorage" in p.status["message"]
+    fix = "sizeLimit in spec.pod.volumes" if "EmptyDir" in message else "spec.resources.ephemeralStorage"
+    assert message.strip() in p.status["message"] and fix in p.status["message"]
+
+
+@pytest.mark.parametrize("first", ["evicted", "peer"])
+def test_the_disk_eviction_explains_the_attempt_whichever_pod_is_listed_first(first):
+    """The Job controller stops the gang's other pods (143, a disruption by itself) once one is evicted."""
+    evicted = storage_evicted(STORAGE_EVICTIONS[1], 137)
+    peer = pod(1, "Failed", 143)
+    pods = [evicted, peer] if first == "evicted" else [peer, evicted]
+    p = plan(job(), observe(running_status(), [workload(1, failed=True)], pods), SETTINGS)
+    assert (p.status["phase"], p.status["reason"]) == ("Restarting", "EphemeralStorageExceeded"), p.status
 
 
 def test_a_node_short_of_disk_is_still_a_disruption():

@@ -3,7 +3,7 @@
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
 
 from .base import ApiModel
 from .constants import (
@@ -45,7 +45,9 @@ def positive_quantity(value: str | None) -> str | None:
     return value
 
 
-PositiveQuantity = Annotated[str, AfterValidator(positive_quantity)]
+# The pattern inside the type, not on the Field: on an optional field pydantic enforces a Field pattern but leaves it
+# out of the JSON schema, and the CRD would take any string.
+PositiveQuantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN), AfterValidator(positive_quantity)]
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # An extended resource: the apiserver refuses any other container resource name that is not cpu/memory/storage.
 EXTENDED_RESOURCE_PATTERN = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -82,12 +84,10 @@ class ResourcesSpec(ApiModel):
         json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN},
         description="Extended resource that counts GPUs (nvidia.com/gpu, amd.com/gpu, ...).",
     )
-    cpu: PositiveQuantity | None = Field(default=None, pattern=QUANTITY_PATTERN,
-                                         description="CPU per pod, e.g. 16 or 500m.")
-    memory: PositiveQuantity | None = Field(default=None, pattern=QUANTITY_PATTERN,
-                                            description="Memory per pod, e.g. 128Gi.")
+    cpu: PositiveQuantity | None = Field(default=None, description="CPU per pod, e.g. 16 or 500m.")
+    memory: PositiveQuantity | None = Field(default=None, description="Memory per pod, e.g. 128Gi.")
     ephemeral_storage: PositiveQuantity | None = Field(
-        default=None, pattern=QUANTITY_PATTERN,
+        default=None,
         description="Local disk per pod (its ephemeral-storage request and limit), e.g. 200Gi: every volume of the "
         "pod on the node's disk, /cache (models from object storage staged there, tokenized data unless "
         "data.cacheDir names a volume), /tmp, and the output directory when output.claimName is unset (checkpoints, "
@@ -107,7 +107,6 @@ class ResourcesSpec(ApiModel):
     )
     shm_size: PositiveQuantity = Field(
         default="8Gi",
-        pattern=QUANTITY_PATTERN,
         description="Size of /dev/shm (a memory-backed emptyDir); dataloader workers and NCCL need more than 64Mi.",
     )
 

@@ -196,9 +196,10 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
         term = _terminated(pod)
         over = _over_its_disk(pod)
         if over is not None:
-            failures.append((None, STORAGE_EXCEEDED, f"{pod['metadata']['name']}: {over}; raise "
-                             "spec.resources.ephemeralStorage, or move what fills it to a volume: output.claimName "
-                             "for checkpoints, data.cacheDir for models and tokenized data"))
+            fix = ("raise that volume's sizeLimit in spec.pod.volumes" if "emptydir volume" in over.lower() else
+                   "raise spec.resources.ephemeralStorage, or move what fills it to a volume: output.claimName for "
+                   "checkpoints, data.cacheDir for models and tokenized data")
+            failures.append((None, STORAGE_EXCEEDED, f"{pod['metadata']['name']}: {over.strip()}; {fix}"))
             continue
         disruption = _disruption(pod)
         if disruption is not None:
@@ -223,7 +224,9 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
     if not failures:  # its pod is gone: deleted by someone (kubectl delete pod, a drain, the pod GC)
         return None, DISRUPTED, ("a pod of the attempt was deleted (kubectl delete pod, a drain, an eviction) before "
                                  "it could say why; nothing in the job failed")
-    failures.sort(key=lambda f: (not exit_codes.is_permanent(f[0] or 0), f[0] is None))
+    # A disruption explains a failed attempt last: a gang's other pods stopped with 143 while one was evicted for its
+    # own disk use (the pods are listed by name, whichever came first).
+    failures.sort(key=lambda f: (not exit_codes.is_permanent(f[0] or 0), f[0] is None, f[1] == DISRUPTED))
     return failures[0]
 
 
