@@ -33,13 +33,11 @@ QUANTITY_PATTERN = (
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 
-def positive_quantity(value: str | None) -> str | None:
+def positive_quantity(value: str) -> str:
     """A size or CPU count above zero: the pattern alone takes -5Gi (the apiserver refuses the pod) and 0 (a limit
-    of nothing, which the kubelet enforces)."""
-    mantissa = re.match(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", value or "")
-    if value is None or mantissa is None or not re.fullmatch(QUANTITY_PATTERN, value):
-        return value  # not a quantity at all: the pattern says so
-    if value.startswith("-") or float(mantissa.group(0)) == 0:
+    of nothing, which the kubelet enforces). Runs after the pattern (PositiveQuantity): `value` is a quantity."""
+    mantissa = re.match(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", value)
+    if value.startswith("-") or mantissa is None or float(mantissa.group(0)) == 0:
         raise ValueError(f"{value} is not above zero; give a positive quantity such as 500m, 16 or 200Gi, or leave "
                          "the field out")
     return value
