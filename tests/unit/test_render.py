@@ -345,6 +345,30 @@ def test_spec_hash_changes_with_the_spec():
     assert a != b and len(a) == 16
 
 
+@pytest.mark.parametrize("digest", ["spec_hash", "attempt_spec_hash"])
+def test_a_field_a_newer_operator_adds_with_a_default_leaves_the_digests(digest):
+    """The Jobs an operator wrote keep their digests across an upgrade that adds an optional field, or a suspended
+    job resumed by the new operator would read as edited (SpecChanged, a new attempt) though nobody touched it."""
+    from pydantic import Field
+
+    from finetune_operator.api.spec import FineTuneJobSpec
+    from finetune_operator.api.training import TrainingSpec
+    from finetune_operator.render import workload
+
+    class NewerTraining(TrainingSpec):
+        added_knob: int = Field(default=3, alias="addedKnob")
+
+    class NewerSpec(FineTuneJobSpec):
+        training: NewerTraining = Field(default_factory=NewerTraining)
+        added_section: str = Field(default="on", alias="addedSection")
+
+    written = make_job({"spec.training.learningRate": 0.5})["spec"]
+    before = getattr(workload, digest)(FineTuneJobSpec.model_validate(written))
+    assert getattr(workload, digest)(NewerSpec.model_validate(written)) == before
+    # A value set, even to the default of today, is the user's; a changed one changes the digest.
+    assert getattr(workload, digest)(NewerSpec.model_validate({**written, "addedSection": "off"})) != before
+
+
 def test_preflight_job_is_one_small_cpu_pod_with_the_trainers_config_and_volumes():
     from finetune_operator.render.preflight import render_preflight
 

@@ -38,7 +38,9 @@ def _hash(value: Any) -> str:
 
 
 def _digest(spec: FineTuneJobSpec, exclude: set[str] | None = None) -> str:
-    return _hash(spec.model_dump(mode="json", by_alias=True, exclude=exclude))
+    """Only the fields not at their default count (as in started_spec_digest): an operator upgrade that adds a field
+    with a default leaves every Job's digest, so a suspended job it resumes is not taken as edited."""
+    return _hash(spec.model_dump(mode="json", by_alias=True, exclude=exclude, exclude_defaults=True))
 
 
 def spec_hash(spec: FineTuneJobSpec) -> str:
