@@ -220,6 +220,10 @@ ENDPOINTS = {
                                                                              "offline": True}}},
     "tracking.mlflow.trackingUri": {"tracking": {"reportTo": ["mlflow"], "mlflow": {
         "trackingUri": "http://fiona.example"}}},
+    # The platform's own W&B server, but another team's runs (the key may belong to several teams).
+    "tracking.wandb.entity": {"tracking": {"reportTo": ["wandb"], "wandb": {"entity": "team-b", "offline": True}}},
+    "tracking.project": {"tracking": {"reportTo": ["wandb"], "project": "team-b-production",
+                                      "wandb": {"offline": True}}},
 }
 
 

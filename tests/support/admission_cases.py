@@ -191,7 +191,11 @@ FIELD_CHANGES: dict[str, dict[str, Change]] = {
                   "S3": _at("spec.s3", {"endpointURL": ELSEWHERE}),
                   "W&B": _at("spec.tracking", {"reportTo": ["wandb"], "wandb": {"baseUrl": ELSEWHERE,
                                                                                 "offline": True}}),
-                  "MLflow": _at("spec.tracking", {"reportTo": ["mlflow"], "mlflow": {"trackingUri": ELSEWHERE}})},
+                  "MLflow": _at("spec.tracking", {"reportTo": ["mlflow"], "mlflow": {"trackingUri": ELSEWHERE}}),
+                  "another W&B team": _at("spec.tracking", {"reportTo": ["wandb"], "wandb": {"entity": "team-b",
+                                                                                             "offline": True}}),
+                  "another tracker project": _at("spec.tracking", {"reportTo": ["wandb"], "project": "team-b-prod",
+                                                                   "wandb": {"offline": True}})},
     "outputs": {"another bucket prefix": _at("spec.output", {"uri": "s3://models/prod/llama-8b"}),
                 "another Hub repository": _at("spec.output", {"push": {"repo": "platform-org/production-model",
                                                                          "tokenSecret": {"name": "fiona-token"}}}),
@@ -242,7 +246,8 @@ LOCATIONS = re.compile("^(" + "|".join(re.escape(f).replace(r"\[\]", r"\[\d+\]")
 MUST_REFUSE = {"model sources": {"a tokenizer elsewhere", "an adapter elsewhere", "a checkpoint elsewhere",
                                  "remote code", "reward code from a ConfigMap", "a reward model elsewhere"},
                "locations climbing out": {"model", "data", "data, encoded", "reward model"},
-               "outputs": {"another bucket prefix", "another Hub repository"}}
+               "outputs": {"another bucket prefix", "another Hub repository"},
+               "endpoints": set(FIELD_CHANGES["endpoints"])}  # the strict runtime lends a Secret
 REASONS = {"rbac", "strategic", "unknown", "immutable", "schema", "selector", "limits", "identity", "nfs",
            "secrets", "configmaps"}
 

@@ -183,7 +183,8 @@ def test_lent_write_credentials_write_only_under_allowed_outputs(target, value, 
 
 SETS = {"pod.env": [{"name": "HF_ENDPOINT", "value": "http://mine"}], "s3.endpointURL": "http://mine:9000",
         "output.push.endpoint": "http://mine", "tracking.wandb.baseUrl": "http://mine",
-        "tracking.mlflow.trackingUri": "http://mine"}
+        "tracking.mlflow.trackingUri": "http://mine", "tracking.wandb.entity": "another-team",
+        "tracking.project": "another-teams-project"}
 LENDS = {"pod.secretEnv": [{"name": "PLATFORM_TOKEN", "secretName": "platform", "key": "t"}],
          "pod.volumes": [{"name": "creds", "mountPath": "/creds", "secret": "platform"}],
          "pod.serviceAccountName": "platform-identity", "s3.credentialsSecret": "platform-s3",
@@ -212,7 +213,7 @@ def test_a_credential_the_runtime_lends_goes_to_no_endpoint_the_job_sets(lent, e
     extra = {"spec.output.push.repo": "org/m"} if lent == "output.push.tokenSecret" or "push" in endpoint else {}
     if "push" in endpoint and lent != "output.push.tokenSecret":
         extra["spec.output.push.tokenSecret"] = {"name": "mine"}
-    if "wandb" in endpoint:
+    if "wandb" in endpoint or endpoint == "tracking.project":
         extra.update({"spec.tracking.reportTo": ["wandb"], "spec.tracking.wandb.offline": True})
     if "mlflow" in endpoint:
         extra["spec.tracking.reportTo"] = ["mlflow"]

@@ -124,6 +124,7 @@ def test_each_locked_field_set_by_the_job_is_refused_naming_the_runtime(path: Lo
               "resources": {"cpu": "1"}, "distributed.strategy": "ddp", "distributed.gpusPerNode": 1,
               "s3": {"region": "x"}, "s3.endpointURL": "http://mine:9000", "output.push.endpoint": "https://mine",
               "tracking.wandb.baseUrl": "https://mine", "tracking.mlflow.trackingUri": "https://mine",
+              "tracking.wandb.entity": "another-team", "tracking.project": "another-teams-project",
               "pod.schedulerName": "mine", "resources.gpuResourceName": "nvidia.com/gpu", "output.uri": "s3://mine/x",
               "output.push.repo": "mine/model"}
     doc = job()

@@ -52,6 +52,8 @@ LOCKABLE = {
     "output.push.endpoint": "the Hub server pushed to",
     "tracking.wandb.baseUrl": "the W&B server",
     "tracking.mlflow.trackingUri": "the MLflow tracking server",
+    "tracking.wandb.entity": "the W&B team or user runs are written to",
+    "tracking.project": "the tracker project (W&B or Comet project, MLflow experiment)",
     "queueName": "the Kueue queue",
 }
 OutputPrefix = Annotated[str, StringConstraints(min_length=2, max_length=1024, pattern=r"^.*/$")]
@@ -60,12 +62,13 @@ LockableField = Literal[
     "pod.priorityClassName", "pod.schedulerName", "pod.volumes", "pod.env", "pod.secretEnv", "resources",
     "resources.gpuResourceName", "distributed.strategy", "distributed.gpusPerNode", "s3", "s3.endpointURL",
     "output.uri", "output.push.repo", "output.push.endpoint", "tracking.wandb.baseUrl", "tracking.mlflow.trackingUri",
-    "queueName"]
+    "tracking.wandb.entity", "tracking.project", "queueName"]
 # A lock on a field also locks the FineTuneJob label that says the same to Kueue (copied to the attempt's Job).
 LOCKED_LABELS = {"pod.priorityClassName": c.LABEL_KUEUE_PRIORITY, "queueName": c.LABEL_KUEUE_QUEUE}
-# Where a job sends the credentials it has: a runtime that lends a credential locks all of these (runtime_limits.py).
+# Where a job sends the credentials it has, and what a tracker's key writes into there (the W&B team, the project:
+# another team's, on the same server): a runtime that lends a credential locks all of these (runtime_limits.py).
 ENDPOINT_FIELDS = ("pod.env", "s3.endpointURL", "output.push.endpoint", "tracking.wandb.baseUrl",
-                   "tracking.mlflow.trackingUri")
+                   "tracking.mlflow.trackingUri", "tracking.wandb.entity", "tracking.project")
 MethodName = Literal["full", "lora", "qlora", "freeze"]
 StrategyName = Literal["ddp", "fsdp", "deepspeed"]
 VolumeKind = Literal["persistentVolumeClaim", "configMap", "secret", "nfs"]
