@@ -7,8 +7,8 @@ S3 credentials, the Hub token) is the admin's grant: the job may use it, not dec
 runtime lends one, every field that says where a credential is sent (ENDPOINT_FIELDS: pod.env, which can point any
 client elsewhere or load other code, the S3 endpoint, the Hub server, the W&B and MLflow servers, and the W&B team and
 tracker project a key writes into: another team's on the same server) is locked as if the runtime listed it in
-limits.locked. The project is then the runtime's, else the job's namespace. A job that brings its own credentials (its own pod.secretEnv, volumes, ...)
-borrows nothing and may send them where it likes.
+limits.locked. The project is then the runtime's, else the job's namespace. A job that brings its own credentials
+(its own pod.secretEnv, volumes, ...) borrows nothing and may send them where it likes.
 """
 
 from collections.abc import Collection
