@@ -116,13 +116,20 @@ def test_queued_behind_a_busy_quota_says_why_and_its_deadline_waits(queued, kube
 def test_a_gang_larger_than_its_queue_and_a_misspelled_queue_are_warnings_at_once(queued, kubectl, operator):
     gang(kubectl, queued, "too-big", nodes=3)  # 24 GPUs > the ClusterQueue's 16
     gang(kubectl, queued, "typo", nodes=1, queue="gpu-queu")
+    # The ClusterQueue covers cpu, memory and GPUs: Kueue never admits a gang that also asks for local disk.
+    gang(kubectl, queued, "disk", nodes=1, **{"spec.resources.ephemeralStorage": "20Gi"})
     big = wait_for(lambda: (s := status(kubectl, queued, "too-big") or {}).get("reason") == "QueueTooSmall" and s,
                    60, "QueueTooSmall", operator)
     assert "maximum capacity (16)" in big["message"] and "will wait forever" in big["message"]
+    assert "fewer GPUs (nvidia.com/gpu: distributed.numNodes x gpusPerNode)" in big["message"]
+    disk = wait_for(lambda: (s := status(kubectl, queued, "disk") or {}).get("reason") == "QueueTooSmall" and s,
+                    60, "QueueTooSmall for a resource the queue does not cover", operator)
+    assert "resource ephemeral-storage unavailable in ClusterQueue" in disk["message"], disk
+    assert "coveredResources" in disk["message"] and "resources.ephemeralStorage unset" in disk["message"], disk
     typo = wait_for(lambda: (s := status(kubectl, queued, "typo") or {}).get("reason") == "LocalQueueMissing" and s,
                     60, "LocalQueueMissing", operator)
     assert "LocalQueue gpu-queu doesn't exist" in typo["message"]
-    for name, reason in (("too-big", "QueueTooSmall"), ("typo", "LocalQueueMissing")):
+    for name, reason in (("too-big", "QueueTooSmall"), ("typo", "LocalQueueMissing"), ("disk", "QueueTooSmall")):
         wait_events(kubectl, queued, name=name, reason=reason, type_="Warning", op=operator)
 
 

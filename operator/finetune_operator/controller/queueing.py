@@ -13,12 +13,20 @@ owner: Kueue starts that Job at once under the admission it already has. Kueue c
 pod count with its Workload's, so the hand-over happens only when they are unchanged (pod-set hash); otherwise, and
 when the job ends, the held Workload is deactivated and the quota released."""
 
+import re
 from typing import Any
 
 from ..api import constants as c
 
 # Queued reasons that will not go away by waiting: a Warning at once.
 NEVER_ADMITTED = ("QueueTooSmall", "LocalQueueMissing")
+# Kueue's flavor assigner (pkg/scheduler/flavorassigner, v0.17): a resource no resource group of the ClusterQueue
+# covers, and one the gang needs more of than the queue can ever lend.
+_UNCOVERED = re.compile(r"resource (\S+) unavailable in ClusterQueue")
+_OVER_CAPACITY = re.compile(r"insufficient quota for (\S+) in flavor [^,]+, [^;]*?> maximum capacity")
+# The field of a FineTuneJob that asks for each resource Kueue counts; any other is the GPU resource.
+_ASKED_BY = {"cpu": "resources.cpu", "memory": "resources.memory", "ephemeral-storage": "resources.ephemeralStorage",
+             "pods": "distributed.numNodes"}
 
 
 def kueue_workload(kueue_workloads: list[dict[str, Any]], job: dict[str, Any]) -> dict[str, Any] | None:
@@ -76,9 +84,19 @@ def waiting(kueue: dict[str, Any] | None) -> tuple[str, str]:
     if "doesn't exist" in text or "does not exist" in text:
         return "LocalQueueMissing", (f"Kueue: {text}; it will wait until that queue exists: fix the label "
                                      f"{c.LABEL_KUEUE_QUEUE} or create the LocalQueue")
+    uncovered = list(dict.fromkeys(_UNCOVERED.findall(text)))
+    if uncovered:
+        fields = [_ASKED_BY[r] for r in uncovered if r in _ASKED_BY and r != "pods"]
+        return "QueueTooSmall", (f"Kueue: {text}; the gang asks for {', '.join(uncovered)}, which its ClusterQueue "
+                                 "does not cover, and will wait forever: add it to the ClusterQueue's "
+                                 "coveredResources with a quota" + (f", or leave {' and '.join(fields)} unset"
+                                                                    if fields else ""))
     if "maximum capacity" in text:
+        short = list(dict.fromkeys(_OVER_CAPACITY.findall(text))) or ["GPUs"]
+        asks = ", ".join(f"less {r} ({_ASKED_BY[r]})" if r in _ASKED_BY else
+                         f"fewer GPUs ({r}: distributed.numNodes x gpusPerNode)" for r in short)
         return "QueueTooSmall", (f"Kueue: {text}; the gang asks for more than its ClusterQueue can ever hold and "
-                                 "will wait forever: ask for fewer GPUs or raise the queue's quota")
+                                 f"will wait forever: ask for {asks}, or raise the queue's quota")
     if reserved.get("status") == "True":
         return "Admitting", f"Kueue reserved quota; waiting for its admission checks ({text})"
     return "Queued", f"Kueue: {text}" if text else "waiting for Kueue to admit the workload"

@@ -50,7 +50,8 @@ REASONS: Final = {
     "Deactivated": Reason("Queued; Event Warning", "the Kueue workload is deactivated (spec.active: false)"),
     "LocalQueueMissing": Reason("Queued; Event Warning", "the kueue.x-k8s.io/queue-name label names a LocalQueue "
                                 "that does not exist"),
-    "QueueTooSmall": Reason("Queued; Event Warning", "the gang asks for more than its ClusterQueue can ever hold"),
+    "QueueTooSmall": Reason("Queued; Event Warning", "the gang asks for more than its ClusterQueue can ever hold, "
+                            "or for a resource it does not cover"),
     # Running, Suspended, Succeeded.
     "Running": Reason("Running; Event Normal", "every node's pod runs"),
     "Suspended": Reason("Suspended; Event Normal", "spec.suspend: true; the pods are gone, the checkpoints kept"),
