@@ -178,15 +178,19 @@ def test_ephemeral_storage_is_requested_and_bounded_beside_cpu_memory_and_gpus(g
     assert "ephemeral-storage" not in unset["requests"] and "ephemeral-storage" not in unset["limits"]
 
 
-def test_the_preflight_pod_asks_for_the_jobs_ephemeral_storage_and_keeps_its_own_small_cpu_and_memory():
-    """A namespace quota on ephemeral-storage refuses a pod that does not state it: the preflight states the job's."""
+@pytest.mark.parametrize("disk,asked", [("50Gi", "4Gi"), ("4Gi", "4Gi"), ("4000Mi", "4000Mi"), ("5G", "4Gi"),
+                                        ("1Gi", "1Gi")])
+def test_the_preflight_pod_states_ephemeral_storage_when_the_job_does_and_keeps_its_own_small_amounts(disk, asked):
+    """A namespace quota on ephemeral-storage (or limits.cpu) refuses a pod that does not state it: the preflight
+    states it, no more than it needs (no weights, no corpus), and never more than the job allows its pods."""
     from finetune_operator.render.preflight import PREFLIGHT_RESOURCES, render_preflight
 
-    job = validate_job(make_job({"spec.resources.ephemeralStorage": "50Gi", "spec.resources.memory": "64Gi"}))
+    job = validate_job(make_job({"spec.resources.ephemeralStorage": disk, "spec.resources.memory": "64Gi"}))
     (_, pre) = render_preflight(job.spec, CTX)
     res = pre["spec"]["template"]["spec"]["containers"][0]["resources"]
-    assert res == {"requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "50Gi"},
-                   "limits": {"memory": "8Gi", "ephemeral-storage": "50Gi"}}
+    assert res == {"requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": asked},
+                   "limits": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": asked}}
+    assert set(res["limits"]) >= set(res["requests"])  # every kind requested is limited too
     assert "ephemeral-storage" not in PREFLIGHT_RESOURCES["requests"]  # the shared constant is left alone
     (_, plain) = render_preflight(validate_job(make_job()).spec, CTX)
     assert plain["spec"]["template"]["spec"]["containers"][0]["resources"] == PREFLIGHT_RESOURCES

@@ -9,13 +9,17 @@ from typing import Any
 
 from ..api import constants as c
 from ..api.spec import FineTuneJobSpec
+from ..fit.host import quantity_bytes
 from .configmap import render_config_map
 from .context import RenderContext
 from .workload import render_workload
 
 PREFLIGHT_ATTEMPT = 0
-# Tokenizer, model config and a few rows of each source: small, whatever the model's size.
-PREFLIGHT_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}}
+# Tokenizer, model config and a few rows of each source: small, whatever the model's size. Every kind stated in
+# limits too: a namespace ResourceQuota on limits.cpu (or .memory) refuses a pod that leaves one out.
+PREFLIGHT_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+# Its local disk (the job's resources.ephemeralStorage, when that is smaller): no weights, no tokenized corpus.
+PREFLIGHT_DISK = "4Gi"
 PREFLIGHT_DEADLINE_SECONDS = 1800  # a hung download must not keep the job Pending forever
 
 
@@ -34,9 +38,11 @@ def render_preflight(spec: FineTuneJobSpec, ctx: RenderContext) -> list[dict[str
     template["metadata"]["labels"][c.LABEL_COMPONENT] = "preflight"
     container = template["spec"]["containers"][0]
     resources = {kind: dict(values) for kind, values in PREFLIGHT_RESOURCES.items()}
-    if spec.resources.ephemeral_storage is not None:  # a namespace quota on it would refuse a pod without it
+    disk = spec.resources.ephemeral_storage
+    if disk is not None:  # a namespace quota on it would refuse a pod without it
+        smaller = disk if quantity_bytes(disk) < quantity_bytes(PREFLIGHT_DISK) else PREFLIGHT_DISK
         for kind in ("requests", "limits"):
-            resources[kind]["ephemeral-storage"] = spec.resources.ephemeral_storage
+            resources[kind]["ephemeral-storage"] = smaller
     container.update(command=preflight_command(pre), resources=resources)
     container.pop("ports", None)
     return [render_config_map(spec, ctx), job]
