@@ -174,15 +174,21 @@ def _disruption(pod: dict[str, Any]) -> str | None:
 # its sizeLimit) with no DisruptionTarget condition: a cause of the job's own, counted against backoffLimit, never a
 # disruption (the trainer may exit 143 in the second it is given, which alone would read as one).
 STORAGE_EXCEEDED = "EphemeralStorageExceeded"
-STORAGE_EVICTION_WORDS = ("local ephemeral storage", "ephemeral local storage", "emptydir volume")  # its 3 messages
+_RAISE_STORAGE = ("raise spec.resources.ephemeralStorage, or move what fills it to a volume: output.claimName for "
+                  "checkpoints, data.cacheDir for models and tokenized data")
+# The kubelet's 3 messages (pkg/kubelet/eviction/helpers.go), each with what the user raises.
+STORAGE_EVICTION_WORDS = {"local ephemeral storage": _RAISE_STORAGE, "ephemeral local storage": _RAISE_STORAGE,
+                          "emptydir volume": "raise that volume's sizeLimit in spec.pod.volumes"}
 
 
 def _over_its_disk(pod: dict[str, Any]) -> str | None:
-    """The kubelet's message when it evicted the pod for its own local disk use, else None."""
+    """The kubelet's message and the fix when it evicted the pod for its own local disk use, else None."""
     status = pod.get("status") or {}
-    message = str(status.get("message") or "")
-    if status.get("reason") == "Evicted" and any(w in message.lower() for w in STORAGE_EVICTION_WORDS):
-        return message
+    message = str(status.get("message") or "").strip()
+    if status.get("reason") == "Evicted":
+        fix = next((f for words, f in STORAGE_EVICTION_WORDS.items() if words in message.lower()), None)
+        if fix is not None:
+            return f"{message}; {fix}"
     return None
 
 
@@ -196,10 +202,7 @@ def classify_failure(pods: list[dict[str, Any]]) -> tuple[int | None, str, str]:
         term = _terminated(pod)
         over = _over_its_disk(pod)
         if over is not None:
-            fix = ("raise that volume's sizeLimit in spec.pod.volumes" if "emptydir volume" in over.lower() else
-                   "raise spec.resources.ephemeralStorage, or move what fills it to a volume: output.claimName for "
-                   "checkpoints, data.cacheDir for models and tokenized data")
-            failures.append((None, STORAGE_EXCEEDED, f"{pod['metadata']['name']}: {over.strip()}; {fix}"))
+            failures.append((None, STORAGE_EXCEEDED, f"{pod['metadata']['name']}: {over}"))
             continue
         disruption = _disruption(pod)
         if disruption is not None:
