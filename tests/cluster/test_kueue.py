@@ -166,10 +166,14 @@ def test_suspending_an_admitted_job_deactivates_its_workload_without_a_loop(queu
     gang(kubectl, queued, "meanwhile")
     wait_phase(kubectl, queued, "meanwhile", "Running", operator, timeout=60)
     finish(kubectl, queued, "meanwhile")
+    # Raised in priority while suspended: the resumed gang queues (and runs) with it, not with the old one.
+    kubectl.run("label", "ftj", "paused", "-n", queued, f"{PRIORITY}=high", "--overwrite")
     kubectl.run("patch", "ftj", "paused", "-n", queued, "--type=merge", "-p",
                 json.dumps({"spec": {"suspend": False}}))
     st = wait_phase(kubectl, queued, "paused", "Running", operator, timeout=90, nodes="2/2")
-    assert workload_of(kubectl, queued, "paused")["spec"]["active"] is True
+    assert job_of(kubectl, queued, "paused", st["attempt"])["metadata"]["labels"][PRIORITY] == "high"
+    workload = workload_of(kubectl, queued, "paused", st["attempt"])
+    assert workload["spec"]["active"] is True and workload["spec"]["priority"] == 1000, workload["spec"]
     finish(kubectl, queued, "paused", attempt=st["attempt"])
     wait_phase(kubectl, queued, "paused", "Succeeded", operator, timeout=60)
 

@@ -58,12 +58,14 @@ class OperatorProcess:
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def refusals(self, lines: int = 400) -> list[str]:
+    def refusals(self) -> list[str]:
         """The log records (a record: its first line and what follows, e.g. a traceback) that tell of a request
         refused as Forbidden for another reason than its namespace being deleted: a right the identity lacks.
         (A namespace being deleted refuses new objects to every identity; the body that says so is lines below the
         record's "Reason: Forbidden".)"""
-        records = RECORD_START.split("\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:]))
+        # The whole log: a window of its last lines once began inside a record, and that record's traceback was
+        # judged without the response body below it that says why.
+        records = RECORD_START.split(self.log_path.read_text(errors="replace"))
         return [r for r in records if "orbidden" in r and "because it is being terminated" not in r]
 
 
