@@ -189,7 +189,7 @@ def test_the_preflight_pod_states_ephemeral_storage_when_the_job_does_and_keeps_
     (_, pre) = render_preflight(job.spec, CTX)
     res = pre["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert res == {"requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": asked},
-                   "limits": {"cpu": "2", "memory": "8Gi", "ephemeral-storage": asked}}
+                   "limits": {"cpu": "1", "memory": "8Gi", "ephemeral-storage": asked}}
     assert set(res["limits"]) >= set(res["requests"])  # every kind requested is limited too
     assert "ephemeral-storage" not in PREFLIGHT_RESOURCES["requests"]  # the shared constant is left alone
     (_, plain) = render_preflight(validate_job(make_job()).spec, CTX)
@@ -369,8 +369,25 @@ def test_a_field_a_newer_operator_adds_with_a_default_leaves_the_digests(digest)
     written = make_job({"spec.training.learningRate": 0.5})["spec"]
     before = getattr(workload, digest)(FineTuneJobSpec.model_validate(written))
     assert getattr(workload, digest)(NewerSpec.model_validate(written)) == before
-    # A value set, even to the default of today, is the user's; a changed one changes the digest.
+    # A value other than the default changes the digest (one written as the default is the same spec).
     assert getattr(workload, digest)(NewerSpec.model_validate({**written, "addedSection": "off"})) != before
+
+
+def test_a_job_whose_digest_an_operator_wrote_before_defaults_were_left_out_is_no_edit():
+    """The upgrade itself: Jobs carry the digest of every field, defaults included; resumed by this operator they
+    are not edited (SpecChanged, a new attempt), and an edit is still one."""
+    import hashlib
+
+    from finetune_operator.controller.suspension import edited
+    from finetune_operator.render.workload import APPLIED_AT_ONCE, attempt_spec_hash
+
+    spec = validate_job(make_job()).spec
+    everything = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE), sort_keys=True)
+    before = hashlib.sha256(everything.encode()).hexdigest()[:16]  # what the operator before wrote
+    job = {"metadata": {"annotations": {c.ANNOTATION_ATTEMPT_SPEC_HASH: before}}}
+    assert before != attempt_spec_hash(spec) and not edited(spec, job)
+    assert not edited(spec, {"metadata": {"annotations": {c.ANNOTATION_ATTEMPT_SPEC_HASH: attempt_spec_hash(spec)}}})
+    assert edited(validate_job(make_job({"spec.training.learningRate": 0.5})).spec, job)
 
 
 def test_preflight_job_is_one_small_cpu_pod_with_the_trainers_config_and_volumes():

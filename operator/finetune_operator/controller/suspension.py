@@ -4,7 +4,7 @@ spec applied by a resume, and a queued attempt that follows its FineTuneJob's Ku
 from typing import Any
 
 from ..api import constants as c
-from ..render.workload import attempt_spec_hash
+from ..render.workload import attempt_spec_hashes
 from . import queueing
 from .planning import Observed, Plan, finished
 
@@ -40,7 +40,7 @@ def edited(spec: Any, workload: dict[str, Any]) -> bool:
     """The attempt's Job was rendered from another spec than the current one (runPolicy and suspend aside); an
     attempt from an operator that wrote no such digest is taken as unedited."""
     rendered = ((workload.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_ATTEMPT_SPEC_HASH)
-    return rendered is not None and rendered != attempt_spec_hash(spec)
+    return rendered is not None and rendered not in attempt_spec_hashes(spec)
 
 
 def resuming(obs: Observed, workload: dict[str, Any], want_suspend: bool, is_suspended: bool) -> bool:

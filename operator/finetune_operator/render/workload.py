@@ -57,6 +57,13 @@ def attempt_spec_hash(spec: FineTuneJobSpec) -> str:
     return _digest(spec, APPLIED_AT_ONCE)
 
 
+def attempt_spec_hashes(spec: FineTuneJobSpec) -> set[str]:
+    """Every digest an operator may have written for an attempt rendered from `spec`: attempt_spec_hash, and the
+    form from before it left defaults out (every field dumped), so a Job written before the upgrade is no edit."""
+    legacy = _hash(spec.model_dump(mode="json", by_alias=True, exclude=APPLIED_AT_ONCE))
+    return {attempt_spec_hash(spec), legacy}
+
+
 def started_spec_digest(spec: FineTuneJobSpec, labels: dict[str, str]) -> str:
     """What a job that started with no runtime runs, recorded in status.startedSpecDigest: the spec but what applies
     at once, and the Kueue labels that choose its queue and priority (an empty one is none, as admission compares
