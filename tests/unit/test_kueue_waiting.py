@@ -8,8 +8,10 @@ import pytest
 from finetune_operator.controller.queueing import waiting
 
 GPU = "nvidia.com/gpu"
-FIELD = {"cpu": "resources.cpu", "memory": "resources.memory", "ephemeral-storage": "resources.ephemeralStorage",
-         GPU: "distributed.numNodes x gpusPerNode", "nvidia.com/mig-1g.10gb": "distributed.numNodes x gpusPerNode"}
+FIELD = {"cpu": "resources.cpu per pod", "memory": "resources.memory per pod",
+         "ephemeral-storage": "resources.ephemeralStorage per pod", GPU: "distributed.numNodes x gpusPerNode",
+         "nvidia.com/mig-1g.10gb": "distributed.numNodes x gpusPerNode", "pods": "fewer pods (distributed.numNodes)",
+         "rdma/hca": "less rdma/hca"}
 
 
 def over_capacity(resource: str) -> str:
@@ -37,7 +39,7 @@ def test_a_resource_over_the_queues_capacity_names_the_field_that_asks_for_it(re
     reason, message = waiting(workload(over_capacity(resource)))
     assert reason == "QueueTooSmall" and "will wait forever" in message
     assert FIELD[resource] in message, message
-    assert ("fewer GPUs" in message) is (resource not in ("cpu", "memory", "ephemeral-storage")), message
+    assert ("fewer GPUs" in message) is ("gpu" in resource or "mig" in resource), message
 
 
 @pytest.mark.parametrize("resource", ["cpu", "memory", "ephemeral-storage", GPU])
@@ -47,13 +49,27 @@ def test_a_resource_the_queue_does_not_cover_is_never_admitted_and_says_how_to_f
     reason, message = waiting(workload(uncovered(resource)))
     assert reason == "QueueTooSmall" and "will wait forever" in message and "coveredResources" in message
     assert f"asks for {resource}," in message, message
-    assert (FIELD[resource] in message) is (resource != GPU), message  # a GPU job cannot leave its GPUs out
+    # A GPU job cannot leave its GPUs out.
+    assert ("leave resources." in message) is (resource != GPU), message
 
 
 @pytest.mark.parametrize("first,second", list(itertools.permutations(["cpu", "ephemeral-storage", GPU], 2)))
 def test_every_resource_short_is_named_whatever_kueue_lists_first(first, second):
     _, message = waiting(workload(over_capacity(first), busy("memory"), over_capacity(second)))
     assert FIELD[first] in message and FIELD[second] in message and "resources.memory" not in message, message
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_a_gang_too_big_for_one_flavor_but_waiting_for_another_is_queued_not_too_small(first):
+    """Kueue lists every flavor it tried (in the order it tried them, which rotates): a gang one flavor can hold
+    once it is free waits, no more."""
+    reasons = [over_capacity(GPU).replace("default-flavor", "h100"), busy(GPU).replace("default-flavor", "a100")]
+    text = "couldn't assign flavors to pod set main: " + ", ".join(reasons[first:] + reasons[:first])
+    kueue = {"name": "w", "active": True, "conditions": [{"type": "QuotaReserved", "status": "False",
+                                                          "message": text}]}
+    assert waiting(kueue)[0] == "Queued"
+    # Over every flavor's capacity for one resource, busy for another: too small all the same.
+    assert waiting(workload(over_capacity(GPU), busy("cpu")))[0] == "QueueTooSmall"
 
 
 def test_a_busy_queue_is_plain_queued():

@@ -24,9 +24,20 @@ NEVER_ADMITTED = ("QueueTooSmall", "LocalQueueMissing")
 # covers, and one the gang needs more of than the queue can ever lend.
 _UNCOVERED = re.compile(r"resource (\S+) unavailable in ClusterQueue")
 _OVER_CAPACITY = re.compile(r"insufficient quota for (\S+) in flavor [^,]+, [^;]*?> maximum capacity")
-# The field of a FineTuneJob that asks for each resource Kueue counts; any other is the GPU resource.
-_ASKED_BY = {"cpu": "resources.cpu", "memory": "resources.memory", "ephemeral-storage": "resources.ephemeralStorage",
-             "pods": "distributed.numNodes"}
+# A flavor that could hold the gang once it is free: Kueue lists every flavor it tried (the gang waits, no more).
+_BUSY = re.compile(r"insufficient unused quota for (\S+) in flavor")
+# The field of a FineTuneJob that asks for each resource Kueue counts, per pod (x the nodes of the gang).
+_ASKED_BY = {"cpu": "resources.cpu", "memory": "resources.memory", "ephemeral-storage": "resources.ephemeralStorage"}
+
+
+def _ask_for_less(resource: str) -> str:
+    if resource in _ASKED_BY:
+        return f"less {resource} ({_ASKED_BY[resource]} per pod x distributed.numNodes)"
+    if resource == "pods":
+        return "fewer pods (distributed.numNodes)"
+    if "gpu" in resource.lower() or "/mig-" in resource:  # nvidia.com/gpu, amd.com/gpu, MIG slices
+        return f"fewer GPUs ({resource}: distributed.numNodes x gpusPerNode)"
+    return f"less {resource}"
 
 
 def kueue_workload(kueue_workloads: list[dict[str, Any]], job: dict[str, Any]) -> dict[str, Any] | None:
@@ -86,15 +97,15 @@ def waiting(kueue: dict[str, Any] | None) -> tuple[str, str]:
                                      f"{c.LABEL_KUEUE_QUEUE} or create the LocalQueue")
     uncovered = list(dict.fromkeys(_UNCOVERED.findall(text)))
     if uncovered:
-        fields = [_ASKED_BY[r] for r in uncovered if r in _ASKED_BY and r != "pods"]
+        fields = [_ASKED_BY[r] for r in uncovered if r in _ASKED_BY]
         return "QueueTooSmall", (f"Kueue: {text}; the gang asks for {', '.join(uncovered)}, which its ClusterQueue "
                                  "does not cover, and will wait forever: add it to the ClusterQueue's "
                                  "coveredResources with a quota" + (f", or leave {' and '.join(fields)} unset"
                                                                     if fields else ""))
-    if "maximum capacity" in text:
-        short = list(dict.fromkeys(_OVER_CAPACITY.findall(text))) or ["GPUs"]
-        asks = ", ".join(f"less {r} ({_ASKED_BY[r]})" if r in _ASKED_BY else
-                         f"fewer GPUs ({r}: distributed.numNodes x gpusPerNode)" for r in short)
+    busy = set(_BUSY.findall(text))
+    short = [r for r in dict.fromkeys(_OVER_CAPACITY.findall(text)) if r not in busy]
+    if short:
+        asks = ", ".join(_ask_for_less(r) for r in short)
         return "QueueTooSmall", (f"Kueue: {text}; the gang asks for more than its ClusterQueue can ever hold and "
                                  f"will wait forever: ask for {asks}, or raise the queue's quota")
     if reserved.get("status") == "True":
