@@ -45,7 +45,7 @@ AUDIT_POLICY = {
 # the controller manager) would measure client-go's throttle, not the operator.
 CLIENT_QPS = ["--kube-api-qps=300", "--kube-api-burst=600"]
 # The Go components' garbage collector ran a fifth of the apiservers' CPU in the suite (pprof) on a 2-core machine
-# with memory to spare: collect half as often (a larger heap, a few hundred MiB in all).
+# with memory to spare: collect half as often (a larger heap, a few hundred MiB in all), unless GOGC is set.
 GO_ENV = {"GOGC": "200"}
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # A kubelet runs init containers first (Kubeflow PyTorchJob workers have one): the general stages do that too.
@@ -159,7 +159,7 @@ class ControlPlane:
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **GO_ENV})
+                                stdin=subprocess.DEVNULL, env={**GO_ENV, **os.environ})
         self.procs[name] = proc
         return proc
 

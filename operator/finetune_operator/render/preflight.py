@@ -16,8 +16,9 @@ from .workload import render_workload
 
 PREFLIGHT_ATTEMPT = 0
 # Tokenizer, model config and a few rows of each source: small, whatever the model's size. Every kind stated in
-# limits too: a namespace ResourceQuota on limits.cpu (or .memory) refuses a pod that leaves one out.
-PREFLIGHT_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+# limits too: a namespace ResourceQuota on limits.cpu (or .memory) refuses a pod that leaves one out (cpu's limit its
+# request: a LimitRange's maxLimitRequestRatio of 1 is common for cpu).
+PREFLIGHT_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "8Gi"}}
 # Its local disk (the job's resources.ephemeralStorage, when that is smaller): no weights, no tokenized corpus.
 PREFLIGHT_DISK = "4Gi"
 PREFLIGHT_DEADLINE_SECONDS = 1800  # a hung download must not keep the job Pending forever
