@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from finetune_operator.api.errors import InvalidSpec
-from finetune_operator.api.runtime import ENDPOINT_FIELDS
+from finetune_operator.api.runtime import ENDPOINT_FIELDS, TRACKER_FIELDS
 from finetune_operator.api.runtime_layers import resolve_offline
 from finetune_operator.api.validation import validate_job
 from finetune_operator.controller.deadlines import JOB_DEADLINE_GRACE_SECONDS
@@ -227,7 +227,7 @@ ENDPOINTS = {
 }
 
 
-@pytest.mark.parametrize("path", ENDPOINT_FIELDS)
+@pytest.mark.parametrize("path", ENDPOINT_FIELDS + TRACKER_FIELDS)
 def test_a_credential_the_runtime_lends_goes_to_no_endpoint_the_tenant_chooses(arena, kubectl, path):
     """The hole: the platform lent HF_TOKEN (pod.secretEnv, locked); fiona, who may not get that Secret, set
     output.push.endpoint to her own server and the trainer sent her the token. Every field that says where a

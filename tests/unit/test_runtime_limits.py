@@ -9,7 +9,7 @@ import re
 import pytest
 
 from finetune_operator.api.errors import InvalidSpec
-from finetune_operator.api.runtime import ENDPOINT_FIELDS, LOCKABLE
+from finetune_operator.api.runtime import ENDPOINT_FIELDS, LOCKABLE, TRACKER_FIELDS, TRACKER_LENDING
 from finetune_operator.api.runtime_layers import recorded, resolve_offline
 from finetune_operator.api.runtime_limits import LENDING, parse_runtime
 from finetune_operator.api.sources import LOCATION_PATTERN, MODEL_SOURCE_FIELDS, data_sources, normalised, under
@@ -183,8 +183,8 @@ def test_lent_write_credentials_write_only_under_allowed_outputs(target, value, 
 
 SETS = {"pod.env": [{"name": "HF_ENDPOINT", "value": "http://mine"}], "s3.endpointURL": "http://mine:9000",
         "output.push.endpoint": "http://mine", "tracking.wandb.baseUrl": "http://mine",
-        "tracking.mlflow.trackingUri": "http://mine", "tracking.wandb.entity": "another-team",
-        "tracking.project": "another-teams-project"}
+        "tracking.mlflow.trackingUri": "http://mine"}
+TRACKER_SETS = {"tracking.wandb.entity": "another-team", "tracking.project": "another-teams-project"}
 LENDS = {"pod.secretEnv": [{"name": "PLATFORM_TOKEN", "secretName": "platform", "key": "t"}],
          "pod.volumes": [{"name": "creds", "mountPath": "/creds", "secret": "platform"}],
          "pod.serviceAccountName": "platform-identity", "s3.credentialsSecret": "platform-s3",
@@ -213,7 +213,7 @@ def test_a_credential_the_runtime_lends_goes_to_no_endpoint_the_job_sets(lent, e
     extra = {"spec.output.push.repo": "org/m"} if lent == "output.push.tokenSecret" or "push" in endpoint else {}
     if "push" in endpoint and lent != "output.push.tokenSecret":
         extra["spec.output.push.tokenSecret"] = {"name": "mine"}
-    if "wandb" in endpoint or endpoint == "tracking.project":
+    if "wandb" in endpoint:
         extra.update({"spec.tracking.reportTo": ["wandb"], "spec.tracking.wandb.offline": True})
     if "mlflow" in endpoint:
         extra["spec.tracking.reportTo"] = ["mlflow"]
@@ -228,6 +228,37 @@ def test_a_credential_the_runtime_lends_goes_to_no_endpoint_the_job_sets(lent, e
     # A lock the runtime lists says so itself, once.
     locked = judged({"locked": [endpoint]}, template, **setting)
     assert [e.path for e in locked.errors] == [f"spec.{endpoint}"] and "limits.locked" in locked.errors[0].message
+
+
+@pytest.mark.parametrize("lent", sorted(LENDS))
+@pytest.mark.parametrize("field", TRACKER_FIELDS)
+def test_what_a_lent_tracker_key_writes_into_is_the_runtimes(lent, field):
+    """The platform's W&B key (pod.secretEnv), or what MLflow may log in with (a Secret volume, the ServiceAccount),
+    writes into the runtime's project and team, never another team's. S3 or Hub credentials alone lock neither:
+    the job's own tracker key is its own to point (api/runtime_limits.py)."""
+    assert set(TRACKER_SETS) == set(TRACKER_FIELDS) and set(TRACKER_FIELDS) <= set(LOCKABLE)
+    template = _tree(lent, LENDS[lent])
+    if lent == "output.push.tokenSecret":
+        template["output"]["push"]["repo"] = "platform/model"
+    setting = {f"spec.{field}": TRACKER_SETS[field], "spec.tracking.reportTo": ["wandb"],
+               "spec.tracking.wandb.offline": True, **({"spec.output.push.repo": "org/m"}
+                                                       if lent == "output.push.tokenSecret" else {})}
+    judged_ = judged({}, template, **setting)
+    validate_job(judged_.obj)
+    refused = [e for e in judged_.errors if e.path == f"spec.{field}"]
+    assert bool(refused) is (lent in TRACKER_LENDING), judged_.errors
+    if refused:
+        assert f"what a tracker logs in with (spec.template.{lent}" in refused[0].message
+        assert "the job's namespace" in refused[0].fix
+        # The job that brings its own (replacing what the runtime lends) borrows nothing.
+        own = judged({}, template, **setting, **{f"spec.{lent}": ANSWER[lent]})
+        assert [e for e in own.errors if e.path == f"spec.{field}"] == []
+        # Started under an operator from before these locks (its record has no trackerLocks): it keeps them.
+        started = {**judged_.snapshot}
+        assert started.pop("trackerLocks") is True
+        doc = job(**{"spec.runtimeRef": {"name": "r"}, **setting})
+        assert [e for e in recorded(doc, started).errors if e.path == f"spec.{field}"] == []
+        assert [e.path for e in recorded(doc, judged_.snapshot).errors] == [f"spec.{field}"]
 
 
 NFS = {"name": "export", "mountPath": "/export", "nfs": {"server": "nfs.local", "path": "/x"}}

@@ -49,6 +49,15 @@ def test_only_a_resumed_attempt_reads_the_recorded_runs(tmp_path, monkeypatch):
     assert resumed == fresh
 
 
+@pytest.mark.parametrize("resuming", [False, True])
+def test_an_mlflow_run_id_from_the_pods_environment_is_never_continued(tmp_path, monkeypatch, resuming):
+    """A Secret variable of the job's (MLFLOW_RUN_ID=<another team's run>) would log into that run, whatever the
+    experiment, with the credentials the runtime lends: only the job's own recorded run is continued."""
+    monkeypatch.setattr(os, "environ", {"MLFLOW_RUN_ID": "another-teams-run"})
+    tracking.configure(config(TRACKED, tmp_path), resuming=resuming, rank=1)  # rank 1: MLflow is not asked
+    assert "MLFLOW_RUN_ID" not in os.environ
+
+
 def test_no_trackers_no_environment(tmp_path):
     assert tracking.configure(config({}, tmp_path), resuming=True, rank=0) == {}
     assert not (tmp_path / tracking.RUNS_FILE).exists()

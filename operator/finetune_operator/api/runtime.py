@@ -65,10 +65,13 @@ LockableField = Literal[
     "tracking.wandb.entity", "tracking.project", "queueName"]
 # A lock on a field also locks the FineTuneJob label that says the same to Kueue (copied to the attempt's Job).
 LOCKED_LABELS = {"pod.priorityClassName": c.LABEL_KUEUE_PRIORITY, "queueName": c.LABEL_KUEUE_QUEUE}
-# Where a job sends the credentials it has, and what a tracker's key writes into there (the W&B team, the project:
-# another team's, on the same server): a runtime that lends a credential locks all of these (runtime_limits.py).
+# Where a job sends the credentials it has: a runtime that lends a credential locks all of these (runtime_limits.py).
 ENDPOINT_FIELDS = ("pod.env", "s3.endpointURL", "output.push.endpoint", "tracking.wandb.baseUrl",
-                   "tracking.mlflow.trackingUri", "tracking.wandb.entity", "tracking.project")
+                   "tracking.mlflow.trackingUri")
+# What a tracker's key writes into on its server (another team's W&B team or project, MLflow experiment): locked
+# while the runtime lends what a tracker authenticates with (TRACKER_LENDING), not for S3 or Hub credentials alone.
+TRACKER_FIELDS = ("tracking.wandb.entity", "tracking.project")
+TRACKER_LENDING = ("pod.secretEnv", "pod.volumes", "pod.serviceAccountName")
 MethodName = Literal["full", "lora", "qlora", "freeze"]
 StrategyName = Literal["ddp", "fsdp", "deepspeed"]
 VolumeKind = Literal["persistentVolumeClaim", "configMap", "secret", "nfs"]

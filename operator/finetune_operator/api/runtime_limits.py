@@ -5,10 +5,11 @@
 What a runtime lends a job it does not replace (a Secret in pod.secretEnv or a Secret volume, its ServiceAccount, the
 S3 credentials, the Hub token) is the admin's grant: the job may use it, not decide where it goes. So while a
 runtime lends one, every field that says where a credential is sent (ENDPOINT_FIELDS: pod.env, which can point any
-client elsewhere or load other code, the S3 endpoint, the Hub server, the W&B and MLflow servers, and the W&B team and
-tracker project a key writes into: another team's on the same server) is locked as if the runtime listed it in
-limits.locked. The project is then the runtime's, else the job's namespace. A job that brings its own credentials
-(its own pod.secretEnv, volumes, ...) borrows nothing and may send them where it likes.
+client elsewhere or load other code, the S3 endpoint, the Hub server, the W&B and MLflow servers) is locked as if the
+runtime listed it in limits.locked. While it lends what a tracker authenticates with (Secret variables or volumes,
+its ServiceAccount), so are TRACKER_FIELDS, what the key writes into on its server (another team's W&B team or
+project): the project is then the runtime's, else the job's namespace. A job that brings its own credentials (its
+own pod.secretEnv, volumes, ...) borrows nothing and may send them where it likes.
 """
 
 from collections.abc import Collection
@@ -23,6 +24,8 @@ from .runtime import (
     LOCKABLE,
     LOCKED_LABELS,
     TEMPLATE_SECTIONS,
+    TRACKER_FIELDS,
+    TRACKER_LENDING,
     ClusterFineTuneRuntimeSpec,
     FineTuneRuntimeSpec,
     RuntimeLimits,
@@ -156,19 +159,29 @@ def lent_credentials(template: dict[str, Any], spec: dict[str, Any]) -> list[str
     return lent
 
 
-def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str,
-                already_locked: Collection[str]) -> list[FieldError]:
-    """Every endpoint field the job sets while its runtime lends it a credential (module docstring); the fields
-    `already_locked` are said by the lock itself."""
+def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str, already_locked: Collection[str],
+                tracker_locks: bool = True) -> list[FieldError]:
+    """Every endpoint field the job sets while its runtime lends it a credential, and every tracker field while it
+    lends what a tracker authenticates with (module docstring); the fields `already_locked` are said by the lock
+    itself. `tracker_locks` False: a job recorded before the tracker fields were locked keeps what it runs with."""
     spec = obj.get("spec") or {}
     lent = lent_credentials(template, spec)
     if not lent:
         return []
     lends = ", ".join(f"spec.template.{p} ({LENDING[p]})" for p in lent)
-    return [FieldError(f"spec.{path}", at_path(spec, path), f"{LOCKABLE[path]} is locked: {who} lends the job "
-                       f"credentials ({lends}), and a job may not say where they are sent",
-                       f"remove spec.{path}, or give the job its own credentials instead of the runtime's")
-            for path in ENDPOINT_FIELDS if path not in already_locked and at_path(spec, path) is not None]
+    errors = [FieldError(f"spec.{path}", at_path(spec, path), f"{LOCKABLE[path]} is locked: {who} lends the job "
+                         f"credentials ({lends}), and a job may not say where they are sent",
+                         f"remove spec.{path}, or give the job its own credentials instead of the runtime's")
+              for path in ENDPOINT_FIELDS if path not in already_locked and at_path(spec, path) is not None]
+    tracker_lent = [p for p in lent if p in TRACKER_LENDING]
+    if tracker_locks and tracker_lent:
+        lends = ", ".join(f"spec.template.{p} ({LENDING[p]})" for p in tracker_lent)
+        errors += [FieldError(f"spec.{path}", at_path(spec, path), f"{LOCKABLE[path]} is locked: {who} lends the "
+                              f"job what a tracker logs in with ({lends}), and a job may not choose what it writes "
+                              "into", f"remove spec.{path} (the runtime's is used; for the project, else the job's "
+                              "namespace), or give the job its own pod.secretEnv instead of the runtime's")
+                   for path in TRACKER_FIELDS if path not in already_locked and at_path(spec, path) is not None]
+    return errors
 
 
 def check_limits(kind: str, name: str, limits: RuntimeLimits, spec: Any) -> list[FieldError]:

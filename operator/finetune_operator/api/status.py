@@ -218,6 +218,10 @@ class RuntimeSnapshot(ApiModel):
                                        "the cluster default first.")
     template: dict[str, Any] = Field(default_factory=dict, description="The template the job runs with (the "
                                      "layers merged): the defaults under its spec.")
+    tracker_locks: bool | None = Field(default=None, description="The job's tracking.project and "
+                                       "tracking.wandb.entity are locked while the runtime lends the pods' "
+                                       "credentials; unset on a job recorded before those locks, which keeps what "
+                                       "it started with.")
 
 
 class MemoryEstimateStatus(ApiModel):

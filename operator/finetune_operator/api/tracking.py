@@ -33,7 +33,7 @@ class MlflowSettings(ApiModel):
 class WandbSettings(ApiModel):
     entity: str | None = Field(default=None, min_length=1, max_length=128,
                                description="WANDB_ENTITY: the team or user the run belongs to. Locked, like "
-                               "baseUrl, while a runtime lends the job credentials.")
+                               "tracking.project, while a runtime lends the job what a tracker logs in with.")
     base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://\S+$",
                                  description="WANDB_BASE_URL: a self-hosted W&B server; default wandb's cloud.")
     offline: bool = Field(
@@ -53,8 +53,9 @@ class TrackingSpec(ApiModel):
     project: str | None = Field(
         default=None, min_length=1, max_length=128,
         description="The wandb project / MLflow experiment / Comet project; defaults to the job's namespace. A job "
-        "whose runtime lends it credentials may not set it (the runtime's, else the namespace, is used): with the "
-        "runtime's key it could write into another team's project.")
+        "whose runtime lends it what a tracker logs in with (Secret variables or volumes, a ServiceAccount) may not "
+        "set it (the runtime's, else the namespace, is used): with the runtime's key it could write into another "
+        "team's project.")
     run_name: str | None = Field(default=None, min_length=1, max_length=128,
                                  description="The run's display name; defaults to the job's name.")
     mlflow: MlflowSettings | None = Field(default=None, description="Where mlflow logs (needed with mlflow).")

@@ -23,7 +23,8 @@ from typing import Any
 
 from ..api import constants as c
 from ..api.grpo import MAX_REWARDS
-from ..api.runtime import ENDPOINT_FIELDS, LOCKABLE, LOCKED_LABELS
+from ..api.runtime import ENDPOINT_FIELDS, LOCKABLE, LOCKED_LABELS, TRACKER_FIELDS, TRACKER_LENDING
+from ..api.runtime_layers import TRACKER_LOCKS
 from ..api.runtime_limits import LENDING
 from ..api.sources import MODEL_SOURCE_FIELDS, RESUME_FIELD
 from .job_rights_policy import changed_variable
@@ -239,14 +240,25 @@ def checks(limits: str, limits_present: str, who: str, remote_code_unset: str = 
     return out + [(f"!{limit(name)} || ({holds})", message) for name, holds, message in rules]
 
 
-def lent_rules(who: str, locked: Callable[[str], str]) -> list[Rule]:
+def lent_rules(who: str, locked: Callable[[str], str], tracker_locks: str = "true") -> list[Rule]:
     """While the runtime lends the job a credential (variables.lent), every field that says where credentials go
-    is locked (api/runtime_limits.py); `locked(path)` (CEL) says when the lock itself says so already."""
-    return [(f"{locked(path)} || size(variables.lent) == 0 || !({_has('object.spec', path)})",
-             f"'spec.{path}: {LOCKABLE[path]} is locked: ' + {who} + ' lends the job credentials (' + "
-             "variables.lent.join(', ') + '), and a job may not say where they are sent; remove it, or give the job "
-             "its own credentials instead of the runtime\\'s'")
-            for path in ENDPOINT_FIELDS]
+    is locked, and while it lends what a tracker logs in with, what the tracker writes into, when `tracker_locks`
+    (CEL) holds (api/runtime_limits.py); `locked(path)` (CEL) says when the lock itself says so already."""
+    endpoints = [(f"{locked(path)} || size(variables.lent) == 0 || !({_has('object.spec', path)})",
+                  f"'spec.{path}: {LOCKABLE[path]} is locked: ' + {who} + ' lends the job credentials (' + "
+                  "variables.lent.join(', ') + '), and a job may not say where they are sent; remove it, or give "
+                  "the job its own credentials instead of the runtime\\'s'")
+                 for path in ENDPOINT_FIELDS]
+    lending = "[" + ", ".join(f"'spec.template.{p}'" for p in TRACKER_LENDING) + "]"
+    tracker_lent = f"variables.lent.filter(l, l in {lending})"
+    trackers = [(f"{locked(path)} || !({tracker_locks}) || size({tracker_lent}) == 0 || "
+                 f"!({_has('object.spec', path)})",
+                 f"'spec.{path}: {LOCKABLE[path]} is locked: ' + {who} + ' lends the job what a tracker logs in "
+                 f"with (' + {tracker_lent}.join(', ') + '), and a job may not choose what it writes into; remove "
+                 "it (the runtime\\'s is used; for the project, else the job\\'s namespace), or give the job its "
+                 "own pod.secretEnv instead of the runtime\\'s'")
+                for path in TRACKER_FIELDS]
+    return endpoints + trackers
 
 
 def _label_value(root: str, key: str) -> str:
@@ -336,6 +348,7 @@ def snapshot_policy() -> list[dict[str, Any]]:
                                     checks(f"{layer}.limits", "true", who, remote_code_unset="true")))
     who = f"{SNAPSHOT}.kind + ' ' + {SNAPSHOT}.name + ' as recorded when the job started'"
     validations.append(combined("variables.recorded", lent_rules(who, lambda path: (
-        f"{SNAPSHOT}.layers.exists(l, has(l.limits.locked) && '{path}' in l.limits.locked)"))))
+        f"{SNAPSHOT}.layers.exists(l, has(l.limits.locked) && '{path}' in l.limits.locked)"),
+        f"has({SNAPSHOT}.{TRACKER_LOCKS}) && {SNAPSHOT}.{TRACKER_LOCKS}")))
     variables = [{"name": "recorded", "expression": RECORDED}] + value_variables(f"{SNAPSHOT}.template")
     return _policy(SNAPSHOT_POLICY, variables, validations, None)

@@ -65,6 +65,9 @@ def configure(cfg: TrainerConfig, resuming: bool, rank: int) -> dict[str, str]:
     if not cfg.spec.tracking.report_to:
         return {}
     recorded = read_runs(cfg.output_dir) if resuming else {}
+    # The run to continue is only ever the job's own recorded one: an MLFLOW_RUN_ID from the pod's environment (a
+    # Secret variable of the job's) would send the metrics, with the credentials the runtime lends, into any run.
+    os.environ.pop("MLFLOW_RUN_ID", None)
     os.environ.update(tracker_environment(cfg, recorded))
     if rank == 0 and recorded.get("mlflow") and not own_mlflow_run(cfg, recorded["mlflow"]):
         # tracking.json sits on the output volume: a run id planted there would send this job's metrics (with the
