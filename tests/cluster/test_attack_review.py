@@ -64,6 +64,8 @@ LOCKED = runtime("attack-locked", {
     "maxActiveDeadlineSeconds": 3600})
 # Claims limited to the team's own, volumes otherwise open.
 CLAIMS = runtime("attack-claims", {"distributed": {"gpusPerNode": 1}}, {"allowedClaims": ["team-data"]})
+# Lends the platform's S3 credentials only, and locks nothing.
+S3_LENT = runtime("attack-s3", {"s3": {"credentialsSecret": "platform-hf"}, "distributed": {"gpusPerNode": 1}}, {})
 # For the cases with a running operator: 2 GPUs, a short deadline.
 SMALL = runtime("attack-small", {"pod": {"image": "registry.local/trainer:small"}, "distributed": {"gpusPerNode": 1}},
                 {"locked": ["pod.image"], "maxGpusPerJob": 2, "maxActiveDeadlineSeconds": 120})
@@ -102,7 +104,7 @@ def arena(control_plane, kubectl):
         kubectl.run("create", "role", "fiona-token", "--verb=get", "--resource=secrets", "--resource-name=fiona-token",
                     "-n", NS)
         kubectl.run("create", "rolebinding", "fiona-token", "--role=fiona-token", "--user=fiona", "-n", NS)
-        apply_list(kubectl, LOCKED, CLAIMS, SMALL)
+        apply_list(kubectl, LOCKED, CLAIMS, SMALL, S3_LENT)
         wait_can(kubectl, "eddie", NS, "create", FTJ)
         wait_can(kubectl, "fiona", NS, "create", FTJ)
         apis = {user: TenantApi(control_plane.kubeconfig, user=user) for user in ("eddie", "fiona", "vera")}
@@ -242,6 +244,23 @@ def test_a_credential_the_runtime_lends_goes_to_no_endpoint_the_tenant_chooses(a
     if path == "output.push.endpoint":
         mine["spec"]["output"]["push"]["tokenSecret"] = {"name": "fiona-token"}
     assert arena["fiona"].create(mine).admitted and _operator_says(mine, CLAIMS) == []
+
+
+@pytest.mark.parametrize("name,refused", [("AWS_ENDPOINT_URL", True), ("HF_ENDPOINT", True), ("HTTPS_PROXY", True),
+                                           ("HF_TOKEN", False), ("WANDB_API_KEY", False)])
+def test_a_secret_variable_of_the_tenants_own_is_no_setting_while_the_runtime_lends_credentials(arena, name, refused):
+    """The hole: the runtime lent only its S3 credentials (pod.env locked by that); fiona's own pod.secretEnv, from
+    a Secret she may read, set AWS_ENDPOINT_URL, and the lent keys went to her server. Her own Secret variables are
+    credentials she brings, never settings, while the runtime lends anything."""
+    job = lean("own-env", runtimeRef={"name": "attack-s3"},
+               pod={"secretEnv": [{"name": name, "secretName": "fiona-token", "key": "token"}]})
+    answer = arena["fiona"].create(job)
+    says = _operator_says(job, S3_LENT)
+    if refused:
+        assert _refused(answer, "spec.pod.secretEnv names " + name, "lends the job credentials"), answer.message
+        assert [e for e in says if e.startswith("spec.pod.secretEnv[0].name: ")], says
+    else:
+        assert answer.admitted and says == [], (answer.message, says)
 
 
 # --- 3. Volumes a FineTuneJob-only user cannot reach directly --------------------------------------------------------

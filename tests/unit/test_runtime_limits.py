@@ -9,7 +9,13 @@ import re
 import pytest
 
 from finetune_operator.api.errors import InvalidSpec
-from finetune_operator.api.runtime import ENDPOINT_FIELDS, LOCKABLE, TRACKER_FIELDS, TRACKER_LENDING
+from finetune_operator.api.runtime import (
+    ENDPOINT_FIELDS,
+    LOCKABLE,
+    OWN_SECRET_ENV_NAMES,
+    TRACKER_FIELDS,
+    TRACKER_LENDING,
+)
 from finetune_operator.api.runtime_layers import recorded, resolve_offline
 from finetune_operator.api.runtime_limits import LENDING, parse_runtime
 from finetune_operator.api.sources import LOCATION_PATTERN, MODEL_SOURCE_FIELDS, data_sources, normalised, under
@@ -253,12 +259,35 @@ def test_what_a_lent_tracker_key_writes_into_is_the_runtimes(lent, field):
         # The job that brings its own (replacing what the runtime lends) borrows nothing.
         own = judged({}, template, **setting, **{f"spec.{lent}": ANSWER[lent]})
         assert [e for e in own.errors if e.path == f"spec.{field}"] == []
-        # Started under an operator from before these locks (its record has no trackerLocks): it keeps them.
+        # Started under an operator from before these locks (its record has no lendingLocks): it keeps them.
         started = {**judged_.snapshot}
-        assert started.pop("trackerLocks") is True
+        assert started.pop("lendingLocks") is True
         doc = job(**{"spec.runtimeRef": {"name": "r"}, **setting})
         assert [e for e in recorded(doc, started).errors if e.path == f"spec.{field}"] == []
         assert [e.path for e in recorded(doc, judged_.snapshot).errors] == [f"spec.{field}"]
+
+
+@pytest.mark.parametrize("lent", sorted(LENDS))
+@pytest.mark.parametrize("name", ["HF_ENDPOINT", "AWS_ENDPOINT_URL", "PYTHONPATH", "hf_endpoint", "HF_TOKEN",
+                                  "AWS_ACCESS_KEY_ID", "WANDB_API_KEY"])
+def test_a_jobs_own_secret_variables_are_credentials_only_while_the_runtime_lends_any(lent, name):
+    """pod.env is locked while anything is lent; a variable of the job's own from its own Secret is an environment
+    variable too (HF_ENDPOINT would send the lent Hub token to the tenant's server)."""
+    template = _tree(lent, LENDS[lent])
+    extra = {}
+    if lent == "output.push.tokenSecret":
+        template["output"]["push"]["repo"] = "platform/model"
+        extra["spec.output.push.repo"] = "org/m"
+    own = {"spec.pod.secretEnv": [{"name": name, "secretName": "mine", "key": "k"}], **extra}
+    found = judged({}, template, **own)
+    refused = [e for e in found.errors if e.path == "spec.pod.secretEnv[0].name"]
+    # Its own pod.secretEnv replaces the template's: then nothing is lent.
+    assert bool(refused) is (lent != "pod.secretEnv" and name.upper() not in OWN_SECRET_ENV_NAMES), found.errors
+    if refused:
+        assert "lends the job credentials" in refused[0].message and "HF_TOKEN" in refused[0].fix
+        doc = job(**{"spec.runtimeRef": {"name": "r"}, **own})
+        before = {k: v for k, v in found.snapshot.items() if k != "lendingLocks"}  # an older operator's record
+        assert [e for e in recorded(doc, before).errors if e.path == "spec.pod.secretEnv[0].name"] == []
 
 
 NFS = {"name": "export", "mountPath": "/export", "nfs": {"server": "nfs.local", "path": "/x"}}

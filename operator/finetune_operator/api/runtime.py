@@ -72,6 +72,10 @@ ENDPOINT_FIELDS = ("pod.env", "s3.endpointURL", "output.push.endpoint", "trackin
 # while the runtime lends what a tracker authenticates with (TRACKER_LENDING), not for S3 or Hub credentials alone.
 TRACKER_FIELDS = ("tracking.wandb.entity", "tracking.project")
 TRACKER_LENDING = ("pod.secretEnv", "pod.volumes", "pod.serviceAccountName")
+# What a job's own pod.secretEnv may name while the runtime still lends it something (its S3 credentials, the Hub
+# token, its ServiceAccount): credentials only. Any other variable is an environment variable like pod.env, which
+# that lending locks: HF_ENDPOINT or AWS_ENDPOINT_URL from a Secret of the tenant's would send the lent token to her.
+OWN_SECRET_ENV_NAMES = tuple(sorted(c.SECRET_ENV_NAMES | {"AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_USERNAME"}))
 MethodName = Literal["full", "lora", "qlora", "freeze"]
 StrategyName = Literal["ddp", "fsdp", "deepspeed"]
 VolumeKind = Literal["persistentVolumeClaim", "configMap", "secret", "nfs"]

@@ -22,9 +22,9 @@ from .selectors import describe, matches
 
 RUNTIME_NOT_FOUND = "RuntimeNotFound"
 ALLOW_REMOTE_CODE = "allowTrustRemoteCode"  # the one limit that limits when unset (forbidden unless allowed)
-# In status.runtime: the job is judged with TRACKER_FIELDS locked (runtime_limits.lent_errors); a job recorded by an
-# operator from before those locks keeps the tracker fields it started with.
-TRACKER_LOCKS = "trackerLocks"
+# In status.runtime: the job is judged with the later lending locks (TRACKER_FIELDS, its own pod.secretEnv names:
+# runtime_limits.lent_errors); a job recorded by an operator from before them keeps what it started with.
+LENDING_LOCKS = "lendingLocks"
 RUNTIME_NOT_ALLOWED = "RuntimeNotAllowed"
 Layer = tuple[str, str, RuntimeLimits]  # kind, name, limits
 
@@ -43,9 +43,9 @@ def digest(template: dict[str, Any]) -> str:
 
 
 def judge(obj: dict[str, Any], template: dict[str, Any], layers: list[Layer],
-          tracker_locks: bool = True) -> tuple[dict[str, Any], list[FieldError]]:
+          lending_locks: bool = True) -> tuple[dict[str, Any], list[FieldError]]:
     """The job over `template`, and every lock and limit of every layer it breaks (each said in its layer's
-    name); `tracker_locks` as in lent_errors."""
+    name); `lending_locks` as in lent_errors."""
     from .validation import validate_job
 
     merged, _ = effective_job(obj, "", "", template, RuntimeLimits())
@@ -56,7 +56,7 @@ def judge(obj: dict[str, Any], template: dict[str, Any], layers: list[Layer],
         return merged, errors  # nothing to limit: the plan validates the job once, as for any job
     locked = {path for _, _, limits in layers for path in limits.locked}
     errors += lent_errors(obj, template, " over ".join(runtime_label(k, n) for k, n, _ in layers), locked,
-                          tracker_locks)
+                          lending_locks)
     try:
         job = validate_job(merged)
     except InvalidSpec:
@@ -90,7 +90,7 @@ def apply_layers(obj: dict[str, Any], layers: list[dict[str, Any]]) -> Resolved:
                             # the one limit that holds when unset said, so a record without it is an old one's.
                             "limits": {ALLOW_REMOTE_CODE: False, **dict((r.get("spec") or {}).get("limits") or {})}}
                            for r in layers],
-                "template": template, TRACKER_LOCKS: True}
+                "template": template, LENDING_LOCKS: True}
     return Resolved(merged, snapshot, errors)
 
 
@@ -98,11 +98,11 @@ def recorded(obj: dict[str, Any], snapshot: dict[str, Any]) -> Resolved:
     """A started job judged against the runtime it recorded (status.runtime), whatever the runtime is now. A layer
     recorded without limits (by an operator from before they were recorded) limits nothing here, one recorded
     without allowTrustRemoteCode (before that limit existed) does not limit remote code, and a record without
-    trackerLocks (before those locks) leaves the tracker fields the job runs with."""
+    lendingLocks (before those locks) keeps the tracker fields and Secret variables it runs with."""
     layers = [(layer.get("kind", ""), layer.get("name", ""), RuntimeLimits.model_validate(
         {ALLOW_REMOTE_CODE: True, **layer["limits"]}, by_alias=True, by_name=False))
         for layer in snapshot.get("layers") or [] if "limits" in layer]
-    merged, errors = judge(obj, snapshot.get("template") or {}, layers, bool(snapshot.get(TRACKER_LOCKS)))
+    merged, errors = judge(obj, snapshot.get("template") or {}, layers, bool(snapshot.get(LENDING_LOCKS)))
     return Resolved(merged, snapshot, errors)
 
 

@@ -23,6 +23,7 @@ from .runtime import (
     ENDPOINT_FIELDS,
     LOCKABLE,
     LOCKED_LABELS,
+    OWN_SECRET_ENV_NAMES,
     TEMPLATE_SECTIONS,
     TRACKER_FIELDS,
     TRACKER_LENDING,
@@ -160,10 +161,11 @@ def lent_credentials(template: dict[str, Any], spec: dict[str, Any]) -> list[str
 
 
 def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str, already_locked: Collection[str],
-                tracker_locks: bool = True) -> list[FieldError]:
+                lending_locks: bool = True) -> list[FieldError]:
     """Every endpoint field the job sets while its runtime lends it a credential, and every tracker field while it
     lends what a tracker authenticates with (module docstring); the fields `already_locked` are said by the lock
-    itself. `tracker_locks` False: a job recorded before the tracker fields were locked keeps what it runs with."""
+    itself; while it lends anything, the job's own pod.secretEnv holds credentials only (OWN_SECRET_ENV_NAMES).
+    `lending_locks` False: a job recorded before these two locks keeps what it runs with."""
     spec = obj.get("spec") or {}
     lent = lent_credentials(template, spec)
     if not lent:
@@ -173,8 +175,17 @@ def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str, already
                          f"credentials ({lends}), and a job may not say where they are sent",
                          f"remove spec.{path}, or give the job its own credentials instead of the runtime's")
               for path in ENDPOINT_FIELDS if path not in already_locked and at_path(spec, path) is not None]
+    for i, var in enumerate((at_path(spec, "pod.secretEnv") or []) if lending_locks else []):
+        name = var.get("name") if isinstance(var, dict) else None
+        if name is not None and name.upper() not in OWN_SECRET_ENV_NAMES:
+            errors.append(FieldError(f"spec.pod.secretEnv[{i}].name", name, f"{who} lends the job credentials "
+                                     f"({lends}), and while it does, a variable of the job's own is one of the "
+                                     "credentials it may bring, not a setting (pod.env is locked: such a variable "
+                                     "can send a lent token elsewhere)", "use one of "
+                                     f"{', '.join(OWN_SECRET_ENV_NAMES)}, or give the job its own credentials for "
+                                     "everything instead of the runtime's"))
     tracker_lent = [p for p in lent if p in TRACKER_LENDING]
-    if tracker_locks and tracker_lent:
+    if lending_locks and tracker_lent:
         lends = ", ".join(f"spec.template.{p} ({LENDING[p]})" for p in tracker_lent)
         errors += [FieldError(f"spec.{path}", at_path(spec, path), f"{LOCKABLE[path]} is locked: {who} lends the "
                               f"job what a tracker logs in with ({lends}), and a job may not choose what it writes "
