@@ -1,6 +1,7 @@
 """The trainer's side of spec.tracking and spec.output.push that needs no run: the trackers' environment, the model
 card, and which Hub failures are retried."""
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -26,12 +27,21 @@ TRACKED = {"spec.tracking": {"reportTo": ["wandb", "mlflow"], "mlflow": {"tracki
 
 
 def test_a_fresh_run_gets_new_tracker_runs_in_the_namespace_project(tmp_path):
-    env = tracking.tracker_environment(config(TRACKED, tmp_path), recorded={})
+    pod = dataclasses.replace(config(TRACKED, tmp_path / "output"), pod_cache_dir=tmp_path / "cache")  # as in a pod
+    env = tracking.tracker_environment(pod, recorded={})
     assert env["WANDB_PROJECT"] == env["MLFLOW_EXPERIMENT_NAME"] == "team-a"
     assert env["WANDB_ENTITY"] == "acme" and env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-    assert env["WANDB_DIR"] == str(tmp_path) and env["WANDB_RESUME"] == "allow" and len(env["WANDB_RUN_ID"]) == 12
+    # Online: the run's files (and the settings wandb reads there) in the pod's own cache, never on the output volume.
+    assert env["WANDB_DIR"] == env["WANDB_CONFIG_DIR"] == str(tmp_path / "cache" / "wandb")
+    assert env["WANDB_RESUME"] == "allow" and len(env["WANDB_RUN_ID"]) == 12
     assert "MLFLOW_RUN_ID" not in env and "MLFLOW_ALLOW_FILE_STORE" not in env and "WANDB_MODE" not in env
     assert yaml.safe_load(env["MLFLOW_TAGS"]) == {"finetunejob.name": "llama-sft", "finetunejob.namespace": "team-a"}
+
+
+def test_an_offline_run_is_written_beside_the_model(tmp_path):
+    offline = {**TRACKED, "spec.tracking": {**TRACKED["spec.tracking"], "wandb": {"offline": True}}}
+    env = tracking.tracker_environment(config(offline, tmp_path), recorded={})
+    assert env["WANDB_DIR"] == str(tmp_path) and env["WANDB_MODE"] == "offline"
 
 
 def test_a_resumed_run_continues_the_recorded_runs_and_keeps_its_parameters(tmp_path):

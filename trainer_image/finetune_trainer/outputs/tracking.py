@@ -26,18 +26,22 @@ def tracker_environment(cfg: TrainerConfig, recorded: dict[str, str]) -> dict[st
     project = t.project or cfg.namespace
     env: dict[str, str] = {}
     if "wandb" in t.report_to:
-        # Run files beside the model (offline runs are synced from there); the root filesystem is read-only. The
-        # settings wandb reads (its config directory) live in the pod's own cache, and the server is always named:
-        # a settings file someone planted on the output volume would otherwise send the API key to its base_url.
+        # An offline run's files beside the model (`wandb sync` uploads them from there); an online run's in the
+        # pod's own cache, as its settings (the config directory) are: wandb reads <WANDB_DIR>/wandb/settings,
+        # and one planted on the output volume (which others may write) between our removal of it and wandb.init
+        # would choose the team (entity) the run, with the lent key, is written into. The root filesystem is
+        # read-only; the server is always named.
         wandb_home = str((cfg.pod_cache_dir or cfg.cache) / "wandb")
         w = t.wandb
-        env.update(WANDB_PROJECT=project, WANDB_DIR=str(cfg.output_dir), WANDB_CACHE_DIR=wandb_home,
+        offline = w is not None and w.offline
+        env.update(WANDB_PROJECT=project, WANDB_DIR=str(cfg.output_dir) if offline else wandb_home,
+                   WANDB_CACHE_DIR=wandb_home,
                    WANDB_CONFIG_DIR=wandb_home, WANDB_DATA_DIR=wandb_home,
                    WANDB_RUN_ID=recorded.get("wandb") or uuid.uuid4().hex[:12], WANDB_RESUME="allow",
                    WANDB_USE_DOT_WANDB="false",  # not <output>/.wandb, which it would use if someone made one
                    WANDB_BASE_URL=(w.base_url if w is not None and w.base_url else None)
                    or os.environ.get("WANDB_BASE_URL") or DEFAULT_WANDB_BASE_URL)
-        if w is not None and w.offline:
+        if offline:
             env["WANDB_MODE"] = "offline"
         if w is not None and w.entity:
             env["WANDB_ENTITY"] = w.entity
