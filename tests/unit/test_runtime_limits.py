@@ -259,11 +259,9 @@ def test_what_a_lent_tracker_key_writes_into_is_the_runtimes(lent, field):
         # The job that brings its own (replacing what the runtime lends) borrows nothing.
         own = judged({}, template, **setting, **{f"spec.{lent}": ANSWER[lent]})
         assert [e for e in own.errors if e.path == f"spec.{field}"] == []
-        # Started under an operator from before these locks (its record has no lendingLocks): it keeps them.
-        started = {**judged_.snapshot}
-        assert started.pop("lendingLocks") is True
+        assert f"give the job its own ({lent})" in refused[0].fix
+        # A started job is held to it as recorded (an edit adding it later, a resume).
         doc = job(**{"spec.runtimeRef": {"name": "r"}, **setting})
-        assert [e for e in recorded(doc, started).errors if e.path == f"spec.{field}"] == []
         assert [e.path for e in recorded(doc, judged_.snapshot).errors] == [f"spec.{field}"]
 
 
@@ -286,8 +284,7 @@ def test_a_jobs_own_secret_variables_are_credentials_only_while_the_runtime_lend
     if refused:
         assert "lends the job credentials" in refused[0].message and "HF_TOKEN" in refused[0].fix
         doc = job(**{"spec.runtimeRef": {"name": "r"}, **own})
-        before = {k: v for k, v in found.snapshot.items() if k != "lendingLocks"}  # an older operator's record
-        assert [e for e in recorded(doc, before).errors if e.path == "spec.pod.secretEnv[0].name"] == []
+        assert [e.path for e in recorded(doc, found.snapshot).errors] == ["spec.pod.secretEnv[0].name"]
 
 
 NFS = {"name": "export", "mountPath": "/export", "nfs": {"server": "nfs.local", "path": "/x"}}

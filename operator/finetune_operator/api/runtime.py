@@ -75,7 +75,8 @@ TRACKER_LENDING = ("pod.secretEnv", "pod.volumes", "pod.serviceAccountName")
 # What a job's own pod.secretEnv may name while the runtime still lends it something (its S3 credentials, the Hub
 # token, its ServiceAccount): credentials only. Any other variable is an environment variable like pod.env, which
 # that lending locks: HF_ENDPOINT or AWS_ENDPOINT_URL from a Secret of the tenant's would send the lent token to her.
-OWN_SECRET_ENV_NAMES = tuple(sorted(c.SECRET_ENV_NAMES | {"AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_USERNAME"}))
+OWN_SECRET_ENV_NAMES = tuple(sorted(c.SECRET_ENV_NAMES | {"AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_USERNAME",
+                                                          "CLEARML_API_ACCESS_KEY", "DATABRICKS_TOKEN"}))
 MethodName = Literal["full", "lora", "qlora", "freeze"]
 StrategyName = Literal["ddp", "fsdp", "deepspeed"]
 VolumeKind = Literal["persistentVolumeClaim", "configMap", "secret", "nfs"]

@@ -22,9 +22,6 @@ from .selectors import describe, matches
 
 RUNTIME_NOT_FOUND = "RuntimeNotFound"
 ALLOW_REMOTE_CODE = "allowTrustRemoteCode"  # the one limit that limits when unset (forbidden unless allowed)
-# In status.runtime: the job is judged with the later lending locks (TRACKER_FIELDS, its own pod.secretEnv names:
-# runtime_limits.lent_errors); a job recorded by an operator from before them keeps what it started with.
-LENDING_LOCKS = "lendingLocks"
 RUNTIME_NOT_ALLOWED = "RuntimeNotAllowed"
 Layer = tuple[str, str, RuntimeLimits]  # kind, name, limits
 
@@ -42,10 +39,10 @@ def digest(template: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def judge(obj: dict[str, Any], template: dict[str, Any], layers: list[Layer],
-          lending_locks: bool = True) -> tuple[dict[str, Any], list[FieldError]]:
+def judge(obj: dict[str, Any], template: dict[str, Any], layers: list[Layer]) -> tuple[dict[str, Any],
+                                                                                      list[FieldError]]:
     """The job over `template`, and every lock and limit of every layer it breaks (each said in its layer's
-    name); `lending_locks` as in lent_errors."""
+    name)."""
     from .validation import validate_job
 
     merged, _ = effective_job(obj, "", "", template, RuntimeLimits())
@@ -55,8 +52,7 @@ def judge(obj: dict[str, Any], template: dict[str, Any], layers: list[Layer],
     if not layers:
         return merged, errors  # nothing to limit: the plan validates the job once, as for any job
     locked = {path for _, _, limits in layers for path in limits.locked}
-    errors += lent_errors(obj, template, " over ".join(runtime_label(k, n) for k, n, _ in layers), locked,
-                          lending_locks)
+    errors += lent_errors(obj, template, " over ".join(runtime_label(k, n) for k, n, _ in layers), locked)
     try:
         job = validate_job(merged)
     except InvalidSpec:
@@ -90,19 +86,18 @@ def apply_layers(obj: dict[str, Any], layers: list[dict[str, Any]]) -> Resolved:
                             # the one limit that holds when unset said, so a record without it is an old one's.
                             "limits": {ALLOW_REMOTE_CODE: False, **dict((r.get("spec") or {}).get("limits") or {})}}
                            for r in layers],
-                "template": template, LENDING_LOCKS: True}
+                "template": template}
     return Resolved(merged, snapshot, errors)
 
 
 def recorded(obj: dict[str, Any], snapshot: dict[str, Any]) -> Resolved:
     """A started job judged against the runtime it recorded (status.runtime), whatever the runtime is now. A layer
-    recorded without limits (by an operator from before they were recorded) limits nothing here, one recorded
-    without allowTrustRemoteCode (before that limit existed) does not limit remote code, and a record without
-    lendingLocks (before those locks) keeps the tracker fields and Secret variables it runs with."""
+    recorded without limits (by an operator from before they were recorded) limits nothing here, and one recorded
+    without allowTrustRemoteCode (before that limit existed) does not limit remote code."""
     layers = [(layer.get("kind", ""), layer.get("name", ""), RuntimeLimits.model_validate(
         {ALLOW_REMOTE_CODE: True, **layer["limits"]}, by_alias=True, by_name=False))
         for layer in snapshot.get("layers") or [] if "limits" in layer]
-    merged, errors = judge(obj, snapshot.get("template") or {}, layers, bool(snapshot.get(LENDING_LOCKS)))
+    merged, errors = judge(obj, snapshot.get("template") or {}, layers)
     return Resolved(merged, snapshot, errors)
 
 

@@ -160,12 +160,11 @@ def lent_credentials(template: dict[str, Any], spec: dict[str, Any]) -> list[str
     return lent
 
 
-def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str, already_locked: Collection[str],
-                lending_locks: bool = True) -> list[FieldError]:
+def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str,
+                already_locked: Collection[str]) -> list[FieldError]:
     """Every endpoint field the job sets while its runtime lends it a credential, and every tracker field while it
     lends what a tracker authenticates with (module docstring); the fields `already_locked` are said by the lock
-    itself; while it lends anything, the job's own pod.secretEnv holds credentials only (OWN_SECRET_ENV_NAMES).
-    `lending_locks` False: a job recorded before these two locks keeps what it runs with."""
+    itself; while it lends anything, the job's own pod.secretEnv holds credentials only (OWN_SECRET_ENV_NAMES)."""
     spec = obj.get("spec") or {}
     lent = lent_credentials(template, spec)
     if not lent:
@@ -175,7 +174,7 @@ def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str, already
                          f"credentials ({lends}), and a job may not say where they are sent",
                          f"remove spec.{path}, or give the job its own credentials instead of the runtime's")
               for path in ENDPOINT_FIELDS if path not in already_locked and at_path(spec, path) is not None]
-    for i, var in enumerate((at_path(spec, "pod.secretEnv") or []) if lending_locks else []):
+    for i, var in enumerate(at_path(spec, "pod.secretEnv") or []):
         name = var.get("name") if isinstance(var, dict) else None
         if name is not None and name.upper() not in OWN_SECRET_ENV_NAMES:
             errors.append(FieldError(f"spec.pod.secretEnv[{i}].name", name, f"{who} lends the job credentials "
@@ -185,12 +184,13 @@ def lent_errors(obj: dict[str, Any], template: dict[str, Any], who: str, already
                                      f"{', '.join(OWN_SECRET_ENV_NAMES)}, or give the job its own credentials for "
                                      "everything instead of the runtime's"))
     tracker_lent = [p for p in lent if p in TRACKER_LENDING]
-    if lending_locks and tracker_lent:
+    if tracker_lent:
         lends = ", ".join(f"spec.template.{p} ({LENDING[p]})" for p in tracker_lent)
         errors += [FieldError(f"spec.{path}", at_path(spec, path), f"{LOCKABLE[path]} is locked: {who} lends the "
                               f"job what a tracker logs in with ({lends}), and a job may not choose what it writes "
                               "into", f"remove spec.{path} (the runtime's is used; for the project, else the job's "
-                              "namespace), or give the job its own pod.secretEnv instead of the runtime's")
+                              f"namespace), or give the job its own ({', '.join(tracker_lent)}) instead of the "
+                              "runtime's")
                    for path in TRACKER_FIELDS if path not in already_locked and at_path(spec, path) is not None]
     return errors
 

@@ -218,11 +218,6 @@ class RuntimeSnapshot(ApiModel):
                                        "the cluster default first.")
     template: dict[str, Any] = Field(default_factory=dict, description="The template the job runs with (the "
                                      "layers merged): the defaults under its spec.")
-    lending_locks: bool | None = Field(default=None, description="The job is held to the locks that came with "
-                                       "lending later (tracking.project and tracking.wandb.entity while the "
-                                       "runtime lends what a tracker logs in with; only credential names in its own "
-                                       "pod.secretEnv while it lends anything); unset on a job recorded before "
-                                       "them, which keeps what it started with.")
 
 
 class MemoryEstimateStatus(ApiModel):

@@ -23,9 +23,10 @@ NEVER_ADMITTED = ("QueueTooSmall", "LocalQueueMissing")
 # Kueue's flavor assigner (pkg/scheduler/flavorassigner, v0.17): a resource no resource group of the ClusterQueue
 # covers, and one the gang needs more of than the queue can ever lend.
 _UNCOVERED = re.compile(r"resource (\S+) unavailable in ClusterQueue")
-_OVER_CAPACITY = re.compile(r"insufficient quota for (\S+) in flavor [^,]+, [^;]*?> maximum capacity")
-# A flavor that could hold the gang once it is free: Kueue lists every flavor it tried (the gang waits, no more).
-_BUSY = re.compile(r"insufficient unused quota for (\S+) in flavor")
+_OVER_CAPACITY = re.compile(r"insufficient quota for (\S+) in flavor ([^,]+), [^;]*?> maximum capacity")
+# A flavor that could hold the gang once its quota is free: Kueue lists the flavors it tried, each with the first
+# resource that did not fit (in map order), so the gang is too small for the queue only if no flavor is merely busy.
+_BUSY = re.compile(r"insufficient unused quota for \S+ in flavor ([^,]+),")
 # The field of a FineTuneJob that asks for each resource Kueue counts, per pod (x the nodes of the gang).
 _ASKED_BY = {"cpu": "resources.cpu", "memory": "resources.memory", "ephemeral-storage": "resources.ephemeralStorage"}
 
@@ -102,9 +103,10 @@ def waiting(kueue: dict[str, Any] | None) -> tuple[str, str]:
                                  "does not cover, and will wait forever: add it to the ClusterQueue's "
                                  "coveredResources with a quota" + (f", or leave {' and '.join(fields)} unset"
                                                                     if fields else ""))
-    busy = set(_BUSY.findall(text))
-    short = [r for r in dict.fromkeys(_OVER_CAPACITY.findall(text)) if r not in busy]
-    if short:
+    over = _OVER_CAPACITY.findall(text)
+    busy = set(_BUSY.findall(text)) - {flavor for _, flavor in over}
+    short = list(dict.fromkeys(resource for resource, _ in over))
+    if short and not busy:
         asks = ", ".join(_ask_for_less(r) for r in short)
         return "QueueTooSmall", (f"Kueue: {text}; the gang asks for more than its ClusterQueue can ever hold and "
                                  f"will wait forever: ask for {asks}, or raise the queue's quota")

@@ -31,7 +31,6 @@ from ..api.runtime import (
     TRACKER_FIELDS,
     TRACKER_LENDING,
 )
-from ..api.runtime_layers import LENDING_LOCKS
 from ..api.runtime_limits import LENDING
 from ..api.sources import MODEL_SOURCE_FIELDS, RESUME_FIELD
 from .job_rights_policy import changed_variable
@@ -247,10 +246,11 @@ def checks(limits: str, limits_present: str, who: str, remote_code_unset: str = 
     return out + [(f"!{limit(name)} || ({holds})", message) for name, holds, message in rules]
 
 
-def lent_rules(who: str, locked: Callable[[str], str], lending_locks: str = "true") -> list[Rule]:
+def lent_rules(who: str, locked: Callable[[str], str]) -> list[Rule]:
     """While the runtime lends the job a credential (variables.lent), every field that says where credentials go
-    is locked, and while it lends what a tracker logs in with, what the tracker writes into, when `lending_locks`
-    (CEL) holds (api/runtime_limits.py); `locked(path)` (CEL) says when the lock itself says so already."""
+    is locked, while it lends what a tracker logs in with, what the tracker writes into, and while it lends
+    anything, the job's own Secret variables are credentials only (api/runtime_limits.py); `locked(path)` (CEL) says
+    when the lock itself says so already."""
     endpoints = [(f"{locked(path)} || size(variables.lent) == 0 || !({_has('object.spec', path)})",
                   f"'spec.{path}: {LOCKABLE[path]} is locked: ' + {who} + ' lends the job credentials (' + "
                   "variables.lent.join(', ') + '), and a job may not say where they are sent; remove it, or give "
@@ -258,16 +258,17 @@ def lent_rules(who: str, locked: Callable[[str], str], lending_locks: str = "tru
                  for path in ENDPOINT_FIELDS]
     lending = "[" + ", ".join(f"'spec.template.{p}'" for p in TRACKER_LENDING) + "]"
     tracker_lent = f"variables.lent.filter(l, l in {lending})"
-    trackers = [(f"{locked(path)} || !({lending_locks}) || size({tracker_lent}) == 0 || "
+    trackers = [(f"{locked(path)} || size({tracker_lent}) == 0 || "
                  f"!({_has('object.spec', path)})",
                  f"'spec.{path}: {LOCKABLE[path]} is locked: ' + {who} + ' lends the job what a tracker logs in "
                  f"with (' + {tracker_lent}.join(', ') + '), and a job may not choose what it writes into; remove "
                  "it (the runtime\\'s is used; for the project, else the job\\'s namespace), or give the job its "
-                 "own pod.secretEnv instead of the runtime\\'s'")
+                 "own (' + " + f"{tracker_lent}.map(l, l.substring(14)).join(', ') + ') instead of the "
+                 "runtime\\'s'")
                 for path in TRACKER_FIELDS]
     names = "[" + ", ".join(f"'{n}'" for n in OWN_SECRET_ENV_NAMES) + "]"
     settings = f"object.spec.pod.secretEnv.filter(e, !(e.name.upperAscii() in {names}))"
-    own_secret_env = (f"!({lending_locks}) || size(variables.lent) == 0 || "
+    own_secret_env = (f"size(variables.lent) == 0 || "
                       f"!({_has('object.spec', 'pod.secretEnv')}) || size({settings}) == 0",
                       f"'spec.pod.secretEnv names ' + {settings}.map(e, e.name).join(', ') + ': ' + {who} + ' lends "
                       "the job credentials (' + variables.lent.join(', ') + '), and while it does, a variable of the "
@@ -364,7 +365,6 @@ def snapshot_policy() -> list[dict[str, Any]]:
                                     checks(f"{layer}.limits", "true", who, remote_code_unset="true")))
     who = f"{SNAPSHOT}.kind + ' ' + {SNAPSHOT}.name + ' as recorded when the job started'"
     validations.append(combined("variables.recorded", lent_rules(who, lambda path: (
-        f"{SNAPSHOT}.layers.exists(l, has(l.limits.locked) && '{path}' in l.limits.locked)"),
-        f"has({SNAPSHOT}.{LENDING_LOCKS}) && {SNAPSHOT}.{LENDING_LOCKS}")))
+        f"{SNAPSHOT}.layers.exists(l, has(l.limits.locked) && '{path}' in l.limits.locked)"))))
     variables = [{"name": "recorded", "expression": RECORDED}] + value_variables(f"{SNAPSHOT}.template")
     return _policy(SNAPSHOT_POLICY, variables, validations, None)
