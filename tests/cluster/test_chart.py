@@ -48,7 +48,7 @@ def test_lint_and_template(helm):
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole"] * 7 + ["ClusterRoleBinding"] * 4 + [
         "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"] + [
-        "ValidatingAdmissionPolicy"] * 13 + ["ValidatingAdmissionPolicyBinding"] * 13
+        "ValidatingAdmissionPolicy"] * 14 + ["ValidatingAdmissionPolicyBinding"] * 14
     # Three of them are users' rights, gathered into the built-in admin/edit/view roles (no binding of their own).
     users = [d for d in docs if d["kind"] == "ClusterRole" and any(
         k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in d["metadata"]["labels"])]

@@ -222,12 +222,37 @@ def test_a_crashed_leader_leads_again_once_restarted_and_a_frozen_one_is_taken_o
     wait_for(lambda: restart_count(kubectl, leader) == frozen_restarts + 1, 60,
              "the frozen container stepped down, restarted", _Tail(pods, kubectl))
     time.sleep(1.5)  # the audit log is written asynchronously
-    late = [e for e in audit.events(control_plane.audit_log, start=frozen + took, user=SA_USER)
-            if e["user"]["extra"][POD_NAME][0] == leader and e["verb"] in audit.WRITE_VERBS
-            and e["objectRef"].get("resource") != "leases"]
+    tried = [e for e in audit.events(control_plane.audit_log, start=frozen + took, user=SA_USER)
+             if e["user"]["extra"][POD_NAME][0] == leader and e["verb"] in audit.WRITE_VERBS
+             and e["objectRef"].get("resource") != "leases"]
+    # A write it checked just before it froze goes out when it resumes: the chart's leader policy refuses it.
+    late = [e for e in tried if audit.accepted(e)]
     assert not late, [(e["verb"], e["requestURI"]) for e in late]
+    assert all((e.get("responseStatus") or {}).get("code") == 403 for e in tried), tried
     assert holder(kubectl) == other
     print(f"\nleader pod frozen: the other pod led after {took:.1f} s; resumed, the old one wrote nothing")
+
+
+def test_only_the_leading_replicas_pod_may_write_as_the_operator(pods, kubectl):
+    """The API server's side of the fence (the chart's leader policy): the operator's identity, from a token bound to
+    the standby's pod, is refused any write; from the leader's, it writes. (The Lease itself stays writable by both,
+    which is how a standby comes to lead: the failovers above take it over.)"""
+    leader = holder(kubectl)
+    (standby,) = names(operator_pods(kubectl)) - {leader}
+
+    def as_pod(name: str, *args: str):
+        pod = pod_of(kubectl, name)
+        token = kubectl.run("create", "token", OPERATOR, "-n", SYSTEM_NS, "--bound-object-kind=Pod",
+                            f"--bound-object-name={name}", f"--bound-object-uid={pod['metadata']['uid']}",
+                            "--duration=10m").stdout.strip()
+        return kubectl.run(*args, f"--token={token}", check=False)
+
+    refused = as_pod(standby, "create", "configmap", "probe-standby", "-n", JOBS_NS)
+    assert refused.returncode != 0 and "does not hold the Lease" in refused.stderr, refused.stderr
+    assert f"its holder: {leader}" in refused.stderr, refused.stderr
+    allowed = as_pod(leader, "create", "configmap", "probe-leader", "-n", JOBS_NS)
+    assert allowed.returncode == 0, allowed.stderr
+    kubectl.run("delete", "configmap", "probe-leader", "-n", JOBS_NS)
 
 
 def pod_of(kubectl, name: str) -> dict:

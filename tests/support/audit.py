@@ -18,6 +18,11 @@ def received(event: dict) -> float:
     return datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
 
 
+def accepted(event: dict) -> bool:
+    """The request was carried out: one refused (by an admission policy, say) wrote nothing."""
+    return int((event.get("responseStatus") or {}).get("code", 200)) < 400
+
+
 def events(log: Path, start: float = 0.0, end: float = float("inf"), namespace: str | None = None,
            user: str = AUDITED_USER) -> Iterator[dict]:
     """`user`'s completed requests received in [start, end) (epoch seconds); with `namespace`, only those about
