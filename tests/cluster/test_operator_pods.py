@@ -237,9 +237,6 @@ def test_only_the_leading_replicas_pod_may_write_as_the_operator(pods, kubectl):
     """The API server's side of the fence (the chart's leader policy): the operator's identity, from a token bound to
     the standby's pod, is refused any write; from the leader's, it writes. (The Lease itself stays writable by both,
     which is how a standby comes to lead: the failovers above take it over.)"""
-    leader = holder(kubectl)
-    (standby,) = names(operator_pods(kubectl)) - {leader}
-
     def as_pod(name: str, *args: str):
         pod = pod_of(kubectl, name)
         token = kubectl.run("create", "token", OPERATOR, "-n", SYSTEM_NS, "--bound-object-kind=Pod",
@@ -248,14 +245,20 @@ def test_only_the_leading_replicas_pod_may_write_as_the_operator(pods, kubectl):
         return kubectl.run(*args, f"--token={token}", check=False)
 
     def standby_refused():
+        # Read each time: an earlier case may leave the Lease changing hands (a drain, a rolling update).
+        leader = holder(kubectl)
+        standby = (names(operator_pods(kubectl)) - {leader} or {None}).pop()
+        if standby is None:
+            return None
         answer = as_pod(standby, "create", "configmap", "probe-standby", "-n", JOBS_NS)
-        if answer.returncode == 0:  # the policy not in force yet (just installed): the API server syncs it
+        if answer.returncode == 0:  # the policy not in force yet (just installed), or the Lease just moved to it
             kubectl.run("delete", "configmap", "probe-standby", "-n", JOBS_NS)
             return None
-        return answer
+        return leader, answer
 
-    refused = wait_for(standby_refused, 60, "the leader policy in force", _Tail(pods, kubectl))
+    leader, refused = wait_for(standby_refused, 60, "the leader policy in force", _Tail(pods, kubectl))
     assert "does not hold the Lease" in refused.stderr and f"its holder: {leader}" in refused.stderr, refused.stderr
+    leader = holder(kubectl)
     allowed = as_pod(leader, "create", "configmap", "probe-leader", "-n", JOBS_NS)
     assert allowed.returncode == 0, allowed.stderr
     kubectl.run("delete", "configmap", "probe-leader", "-n", JOBS_NS)
