@@ -256,14 +256,15 @@ def lent_rules(who: str, locked: Callable[[str], str]) -> list[Rule]:
                   "variables.lent.join(', ') + '), and a job may not say where they are sent; remove it, or give "
                   "the job its own credentials instead of the runtime\\'s'")
                  for path in ENDPOINT_FIELDS]
-    lending = "[" + ", ".join(f"'spec.template.{p}'" for p in TRACKER_LENDING) + "]"
+    lent_from = "spec.template."  # how variables.lent names each lent field
+    lending = "[" + ", ".join(f"'{lent_from}{p}'" for p in TRACKER_LENDING) + "]"
     tracker_lent = f"variables.lent.filter(l, l in {lending})"
     trackers = [(f"{locked(path)} || size({tracker_lent}) == 0 || "
                  f"!({_has('object.spec', path)})",
                  f"'spec.{path}: {LOCKABLE[path]} is locked: ' + {who} + ' lends the job what a tracker logs in "
                  f"with (' + {tracker_lent}.join(', ') + '), and a job may not choose what it writes into; remove "
                  "it (the runtime\\'s is used; for the project, else the job\\'s namespace), or give the job its "
-                 "own (' + " + f"{tracker_lent}.map(l, l.substring(14)).join(', ') + ') instead of the "
+                 "own (' + " + f"{tracker_lent}.map(l, l.substring({len(lent_from)})).join(', ') + ') instead of the "
                  "runtime\\'s'")
                 for path in TRACKER_FIELDS]
     names = "[" + ", ".join(f"'{n}'" for n in OWN_SECRET_ENV_NAMES) + "]"
